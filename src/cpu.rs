@@ -1,0 +1,58 @@
+//! The CPU reference backend: exact softmax attention accumulated in f64.
+
+use crate::element::Element;
+use crate::tensor::Tensor;
+use crate::validate::Problem;
+
+/// Computes attention for host tensors. `lse` receives `max + ln(sum exp)` per query row.
+pub(crate) fn attention<T: Element>(
+    p: &Problem,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    mut lse: Option<&mut Tensor<f32>>,
+) {
+    let (Some(qd), Some(kd), Some(vd)) = (q.host_data(), k.host_data(), v.host_data()) else {
+        unreachable!("validate() checked that all operands are on the host");
+    };
+    let group = p.heads_q / p.heads_kv.max(1);
+    let d = p.head_dim;
+    let scale = f64::from(p.scale);
+    let mut scores = vec![0f64; p.seq_k];
+    let mut acc = vec![0f64; d];
+    for b in 0..p.batch {
+        for h in 0..p.heads_q {
+            let kvh = h / group;
+            for i in 0..p.seq_q {
+                let n = p.visible_keys(i);
+                let q0 = q.offset(b, i, h, 0);
+                for (j, s) in scores[..n].iter_mut().enumerate() {
+                    let k0 = k.offset(b, j, kvh, 0);
+                    let dot: f64 = (0..d).map(|x| qd[q0 + x].to_f64() * kd[k0 + x].to_f64()).sum();
+                    *s = dot * scale;
+                }
+                let max = scores[..n].iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                acc.fill(0.0);
+                let mut sum = 0.0;
+                for (j, s) in scores[..n].iter().enumerate() {
+                    let w = (s - max).exp();
+                    sum += w;
+                    let v0 = v.offset(b, j, kvh, 0);
+                    for (x, a) in acc.iter_mut().enumerate() {
+                        *a += w * vd[v0 + x].to_f64();
+                    }
+                }
+                let o0 = out.offset(b, i, h, 0);
+                let od = out.host_data_mut().expect("validated host output");
+                for (x, a) in acc.iter().enumerate() {
+                    od[o0 + x] = T::from_f64(a / sum);
+                }
+                if let Some(l) = lse.as_deref_mut() {
+                    let l0 = l.offset(b, i, h, 0);
+                    l.host_data_mut().expect("validated host lse")[l0] = (max + sum.ln()) as f32;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Launching the GPU kernels: stream ordering, the FFI call, and nothing else (the tile was
+//! chosen by `plan`, the arguments checked by `validate`).
+
+use super::ffi::{self, FmhaBuffers, FmhaCall, RawEvent};
+use super::stream::Stream;
+use crate::element::{AttentionElement, DType};
+use crate::error::{Error, Result};
+use crate::options::Causal;
+use crate::plan::TileRow;
+use crate::tensor::{Storage, Tensor};
+use crate::validate::Problem;
+
+/// Makes later work on `stream` wait for the work enqueued so far on each of `others`.
+pub(crate) fn order_after(stream: &Stream, others: &[&Stream]) -> Result<()> {
+    for other in others.iter().filter(|o| !o.same_as(stream)) {
+        let event = RawEvent::create(other.ordinal())?;
+        event.record(other.raw())?;
+        stream.raw().wait(&event)?;
+    }
+    Ok(())
+}
+
+fn device_stream<T: crate::element::Element>(t: &Tensor<T>) -> Result<&Stream> {
+    t.stream().ok_or_else(|| Error::BackendUnavailable {
+        backend: "cutlass-sm80",
+        reason: "operands must be device tensors".into(),
+    })
+}
+
+fn strides3(s: [usize; 4]) -> [i64; 3] {
+    // Validated against 32-bit limits by `plan::check_index_limits`, so these fit.
+    [s[0] as i64, s[1] as i64, s[2] as i64]
+}
+
+/// Enqueues the CUTLASS Ampere/Ada kernel of `row` on the output's stream.
+pub(crate) fn run_cutlass<T: AttentionElement>(
+    p: &Problem,
+    row: &TileRow,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    lse: Option<&mut Tensor<f32>>,
+) -> Result<()> {
+    let stream = device_stream(out)?.clone();
+    let mut inputs = vec![device_stream(q)?, device_stream(k)?, device_stream(v)?];
+    if let Some(l) = lse.as_deref() {
+        inputs.push(device_stream(l)?);
+    }
+    let inputs: Vec<Stream> = inputs.into_iter().cloned().collect();
+    let input_refs: Vec<&Stream> = inputs.iter().collect();
+    order_after(&stream, &input_refs)?;
+
+    let call = FmhaCall {
+        ordinal: 0,
+        stream: 0,
+        dtype: if T::DTYPE == DType::F16 { 0 } else { 1 },
+        q: 0,
+        k: 0,
+        v: 0,
+        out: 0,
+        lse: 0,
+        batch: p.batch as i64,
+        seq_q: p.seq_q as i64,
+        seq_k: p.seq_k as i64,
+        heads_q: p.heads_q as i64,
+        heads_kv: p.heads_kv as i64,
+        head_dim: p.head_dim as i64,
+        q_stride: strides3(q.strides()),
+        k_stride: strides3(k.strides()),
+        v_stride: strides3(v.strides()),
+        o_stride: strides3(out.strides()),
+        scale: p.scale,
+        causal: match p.causal {
+            Causal::None => 0,
+            Causal::TopLeft => 1,
+            Causal::BottomRight => 2,
+        },
+        tile_q: row.tile.queries_per_block as i32,
+        tile_k: row.tile.keys_per_block as i32,
+        tile_d: row.tile.max_head_dim as i32,
+    };
+    let buffers = FmhaBuffers {
+        q: device_buffer(q)?,
+        k: device_buffer(k)?,
+        v: device_buffer(v)?,
+        out: device_buffer_mut(out)?,
+        lse: match lse {
+            Some(l) => Some(device_buffer_mut(l)?),
+            None => None,
+        },
+    };
+    ffi::fmha_sm80(call, stream.raw(), buffers)?;
+    // Frees and copies later enqueued on the inputs' streams must follow the kernel.
+    for s in &inputs {
+        order_after(s, &[&stream])?;
+    }
+    Ok(())
+}
+
+fn device_buffer<T: crate::element::Element>(t: &Tensor<T>) -> Result<&ffi::RawBuffer> {
+    match &t.storage {
+        Storage::Device(b) => Ok(b.raw()),
+        Storage::Host(_) => Err(Error::BackendUnavailable {
+            backend: "cutlass-sm80",
+            reason: "operands must be device tensors".into(),
+        }),
+    }
+}
+
+fn device_buffer_mut<T: crate::element::Element>(
+    t: &mut Tensor<T>,
+) -> Result<&mut ffi::RawBuffer> {
+    match &mut t.storage {
+        Storage::Device(b) => Ok(b.raw_mut()),
+        Storage::Host(_) => Err(Error::BackendUnavailable {
+            backend: "cutlass-sm80",
+            reason: "operands must be device tensors".into(),
+        }),
+    }
+}

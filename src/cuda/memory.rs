@@ -1,0 +1,117 @@
+//! Typed device memory and the host <-> device copies of [`Tensor`].
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use super::ffi::RawBuffer;
+use super::stream::Stream;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::tensor::{Layout, Shape, Storage, Tensor};
+
+/// `len` elements of `T` in device memory, allocated and freed stream-ordered on one stream.
+#[derive(Debug)]
+pub(crate) struct DeviceBuffer<T: Element> {
+    raw: RawBuffer,
+    len: usize,
+    stream: Stream,
+    _element: PhantomData<T>,
+}
+
+impl<T: Element> DeviceBuffer<T> {
+    /// Allocates `len` elements (contents unspecified).
+    pub(crate) fn alloc(stream: &Stream, len: usize) -> Result<Self> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or(Error::SizeOverflow {
+                shape: [len, 0, 0, 0],
+                strides: [0; 4],
+            })?;
+        Ok(DeviceBuffer {
+            raw: RawBuffer::alloc(Arc::clone(stream.raw()), bytes)?,
+            len,
+            stream: stream.clone(),
+            _element: PhantomData,
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    pub(crate) fn raw(&self) -> &RawBuffer {
+        &self.raw
+    }
+
+    pub(crate) fn raw_mut(&mut self) -> &mut RawBuffer {
+        &mut self.raw
+    }
+}
+
+impl<T: Element> Tensor<T> {
+    /// A device tensor on `stream` with unspecified contents, dense in `layout`.
+    pub fn uninit_on(stream: &Stream, dims: &[usize], layout: Layout) -> Result<Self> {
+        let shape = Shape::from_dims(dims, layout)?;
+        let buffer = DeviceBuffer::alloc(stream, shape.numel()?)?;
+        Tensor::from_device(buffer, shape, shape.strides(layout)?)
+    }
+
+    /// Copies this tensor (storage and strides as they are) to the device of `stream`.
+    /// A device tensor is copied device-to-device.
+    pub fn to_device(&self, stream: &Stream) -> Result<Self> {
+        match &self.storage {
+            Storage::Host(data) => {
+                let mut buffer = DeviceBuffer::alloc(stream, data.len())?;
+                buffer.raw.copy_from_host(bytemuck::cast_slice(data))?;
+                Tensor::from_device(buffer, self.shape(), self.strides())
+            }
+            Storage::Device(src) => {
+                if src.stream.ordinal() != stream.ordinal() {
+                    return Err(Error::DeviceMismatch {
+                        operand: crate::error::Operand::Q,
+                        got: self.location(),
+                        expected: crate::tensor::Location::Cuda(stream.ordinal()),
+                    });
+                }
+                let mut buffer = DeviceBuffer::alloc(stream, src.len)?;
+                super::launch::order_after(stream, &[&src.stream])?;
+                buffer.raw.copy_from_device(&src.raw)?;
+                super::launch::order_after(&src.stream, &[stream])?;
+                Tensor::from_device(buffer, self.shape(), self.strides())
+            }
+        }
+    }
+
+    /// Copies this tensor to the host (waits for the copy). A host tensor is cloned.
+    pub fn to_host(&self) -> Result<Self> {
+        let data = match &self.storage {
+            Storage::Host(data) => data.clone(),
+            Storage::Device(src) => {
+                let mut data = vec![T::default(); src.len];
+                src.raw.copy_to_host(bytemuck::cast_slice_mut(&mut data))?;
+                data
+            }
+        };
+        Tensor::from_vec_strided(data, self.shape(), self.strides())
+    }
+
+    /// The stream a device tensor is allocated on (`None` on the host).
+    pub fn stream(&self) -> Option<&Stream> {
+        match &self.storage {
+            Storage::Host(_) => None,
+            Storage::Device(b) => Some(&b.stream),
+        }
+    }
+
+    /// The device address of element `[0, 0, 0, 0]` (`None` on the host).
+    pub fn device_ptr(&self) -> Option<usize> {
+        match &self.storage {
+            Storage::Host(_) => None,
+            Storage::Device(b) => Some(b.raw.ptr()),
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! Dispatch: resolve the backend for a validated problem and run it.
+
+use crate::element::AttentionElement;
+use crate::error::{Error, Result};
+use crate::options::{AttentionOptions, Backend, BackendKind};
+use crate::plan::TileRow;
+use crate::tensor::{Location, Tensor};
+use crate::validate::Problem;
+
+/// What ran: the backend, and for GPU backends the tile-table row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Execution {
+    /// The backend that ran.
+    pub backend: BackendKind,
+    /// The tile-table row used (GPU backends).
+    pub tile: Option<TileRow>,
+}
+
+/// The backend that serves `requested` for operands at `location`.
+pub(crate) fn resolve(requested: Backend, location: Location) -> Result<BackendKind> {
+    match (requested, location) {
+        (Backend::Auto | Backend::Cpu, Location::Host) => Ok(BackendKind::Cpu),
+        (Backend::Auto | Backend::CutlassSm80, Location::Cuda(_)) => Ok(BackendKind::CutlassSm80),
+        (Backend::Cpu, Location::Cuda(_)) => Err(Error::BackendUnavailable {
+            backend: "cpu",
+            reason: "operands are on a GPU; copy them with Tensor::to_host first".into(),
+        }),
+        (Backend::CutlassSm80, Location::Host) => Err(Error::BackendUnavailable {
+            backend: "cutlass-sm80",
+            reason: "operands are on the host; copy them with Tensor::to_device first".into(),
+        }),
+    }
+}
+
+/// Runs `problem` (already validated) on the resolved backend.
+pub(crate) fn run<T: AttentionElement>(
+    problem: &Problem,
+    opts: &AttentionOptions,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    lse: Option<&mut Tensor<f32>>,
+) -> Result<Execution> {
+    match resolve(opts.backend, problem.location)? {
+        BackendKind::Cpu => {
+            if !problem.is_empty() {
+                crate::cpu::attention(problem, q, k, v, out, lse);
+            }
+            Ok(Execution {
+                backend: BackendKind::Cpu,
+                tile: None,
+            })
+        }
+        BackendKind::CutlassSm80 => run_cutlass(problem, opts, q, k, v, out, lse),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn run_cutlass<T: AttentionElement>(
+    problem: &Problem,
+    opts: &AttentionOptions,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    lse: Option<&mut Tensor<f32>>,
+) -> Result<Execution> {
+    let device = match out.stream() {
+        Some(s) => s.device().clone(),
+        None => return Err(Error::CudaNotBuilt),
+    };
+    crate::plan::check_index_limits(
+        problem,
+        &[q.strides(), k.strides(), v.strides(), out.strides()],
+    )?;
+    let row = crate::plan::plan_cutlass(
+        problem,
+        device.compute_capability(),
+        device.shared_memory_per_block_optin(),
+        opts.force_arch_class,
+    )?;
+    if !problem.is_empty() {
+        crate::cuda::launch::run_cutlass(problem, row, q, k, v, out, lse)?;
+    }
+    Ok(Execution {
+        backend: BackendKind::CutlassSm80,
+        tile: Some(*row),
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cutlass<T: AttentionElement>(
+    _: &Problem,
+    _: &AttentionOptions,
+    _: &Tensor<T>,
+    _: &Tensor<T>,
+    _: &Tensor<T>,
+    _: &mut Tensor<T>,
+    _: Option<&mut Tensor<f32>>,
+) -> Result<Execution> {
+    Err(Error::CudaNotBuilt)
+}

@@ -1,0 +1,197 @@
+//! The error type: every failure of the public API is one of these variants; no panic crosses it.
+
+use crate::tensor::Location;
+
+/// Which tensor an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operand {
+    /// The queries.
+    Q,
+    /// The keys.
+    K,
+    /// The values.
+    V,
+    /// The output.
+    Out,
+    /// The logsumexp output.
+    Lse,
+}
+
+impl std::fmt::Display for Operand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Operand::Q => "q",
+            Operand::K => "k",
+            Operand::V => "v",
+            Operand::Out => "out",
+            Operand::Lse => "lse",
+        })
+    }
+}
+
+/// Errors returned by flashcore.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A shape slice had the wrong number of dimensions.
+    #[error("expected a rank-{expected} shape, got rank {got}")]
+    Rank {
+        /// Dimensions expected.
+        expected: usize,
+        /// Dimensions given.
+        got: usize,
+    },
+    /// Multiplying out a shape or stride overflowed `usize` (or the device's 64-bit offsets).
+    #[error("element count overflows for shape {shape:?} with strides {strides:?}")]
+    SizeOverflow {
+        /// The shape (batch, seq, heads, head_dim).
+        shape: [usize; 4],
+        /// The strides in elements.
+        strides: [usize; 4],
+    },
+    /// The storage given is smaller than the shape and strides address.
+    #[error("storage holds {len} elements but the shape and strides address {needed}")]
+    StorageTooSmall {
+        /// Elements provided.
+        len: usize,
+        /// Elements addressed.
+        needed: usize,
+    },
+    /// Two operands disagree on a dimension.
+    #[error("{operand}: {dim} is {got}, expected {expected}")]
+    ShapeMismatch {
+        /// The operand whose dimension is wrong.
+        operand: Operand,
+        /// The dimension's name.
+        dim: &'static str,
+        /// What it is.
+        got: usize,
+        /// What it should be.
+        expected: usize,
+    },
+    /// The number of key/value heads does not divide the number of query heads.
+    #[error("{kv_heads} key/value heads do not divide {q_heads} query heads")]
+    HeadsNotDivisible {
+        /// Query heads.
+        q_heads: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+    },
+    /// The head dim is not a multiple of 8 in 8..=256.
+    #[error("head dim {0} is not supported (must be a multiple of 8, from 8 to 256)")]
+    UnsupportedHeadDim(usize),
+    /// The innermost (head dim) stride is not 1.
+    #[error("{operand}: the head-dim stride is {stride}; the last dimension must be contiguous")]
+    NonContiguousHeadDim {
+        /// The operand.
+        operand: Operand,
+        /// Its head-dim stride.
+        stride: usize,
+    },
+    /// A stride is not a multiple of 8 elements (16 bytes), which the kernels load at once.
+    #[error("{operand}: stride {stride} of dimension {dim} is not a multiple of 8 elements")]
+    MisalignedStride {
+        /// The operand.
+        operand: Operand,
+        /// The dimension's name.
+        dim: &'static str,
+        /// The stride in elements.
+        stride: usize,
+    },
+    /// A device pointer is not 16-byte aligned.
+    #[error("{operand}: device pointer {ptr:#x} is not 16-byte aligned")]
+    MisalignedPointer {
+        /// The operand.
+        operand: Operand,
+        /// The address.
+        ptr: usize,
+    },
+    /// The logsumexp tensor is not a dense `[batch, heads, seq_q]` (BHSD, head dim 1) tensor.
+    #[error("lse must be a dense [batch, heads, seq_q] f32 tensor (Layout::Bhsd, head dim 1)")]
+    LseLayout,
+    /// Operands live on different devices (host vs GPU, or two GPUs).
+    #[error("{operand} is on {got}, but q is on {expected}")]
+    DeviceMismatch {
+        /// The operand on the wrong device.
+        operand: Operand,
+        /// Where it is.
+        got: Location,
+        /// Where q is.
+        expected: Location,
+    },
+    /// Query rows would see no key (`seq_k == 0`, or bottom-right causal with `seq_q > seq_k`):
+    /// softmax over an empty set is undefined, so flashcore refuses rather than emit NaN.
+    #[error("{rows} query rows would attend to no key (seq_q {seq_q}, seq_k {seq_k})")]
+    NoVisibleKeys {
+        /// How many rows see nothing.
+        rows: usize,
+        /// Query length.
+        seq_q: usize,
+        /// Key length.
+        seq_k: usize,
+    },
+    /// The softmax scale is NaN or infinite.
+    #[error("softmax scale {0} is not finite")]
+    InvalidScale(f32),
+    /// A dimension or stride exceeds what a backend's 32-bit indexing can address.
+    #[error("{what} = {value} exceeds the {backend} backend's limit of {limit}")]
+    IndexOverflow {
+        /// The backend.
+        backend: &'static str,
+        /// What overflowed.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The requested backend cannot run on these tensors or this device.
+    #[error("backend {backend} is unavailable: {reason}")]
+    BackendUnavailable {
+        /// The backend asked for.
+        backend: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The chosen tile needs more shared memory per block than the device offers.
+    #[error("tile needs {needed} bytes of shared memory per block, the device offers {available}")]
+    SharedMemoryExceeded {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes available (opt-in maximum).
+        available: usize,
+    },
+    /// The device's compute capability has no kernels in this build.
+    #[error("compute capability {major}.{minor} is not supported (needs 8.0 to 9.x)")]
+    UnsupportedDevice {
+        /// Major version.
+        major: i32,
+        /// Minor version.
+        minor: i32,
+    },
+    /// No CUDA device (or no driver) is present, or the ordinal is out of range.
+    #[error("no CUDA device {ordinal}: {reason}")]
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// Why.
+        reason: String,
+    },
+    /// This build has no CUDA support (the `cuda` feature is off).
+    #[error("flashcore was built without the `cuda` feature")]
+    CudaNotBuilt,
+    /// A CUDA runtime call or kernel launch failed, or an earlier asynchronous fault surfaced.
+    #[error("CUDA error {name}: {message}")]
+    Cuda {
+        /// CUDA's error name, e.g. `cudaErrorIllegalAddress`.
+        name: String,
+        /// The call that failed and CUDA's message.
+        message: String,
+    },
+    /// The kernel layer rejected a launch (e.g. CUTLASS's own argument check).
+    #[error("kernel launch rejected: {0}")]
+    Launch(String),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,78 @@
+//! # flashcore
+//!
+//! Fast, safe fused attention — `softmax(scale * Q K^T + mask) V` — on NVIDIA GPUs, with a CPU
+//! reference backend that runs everywhere.
+//!
+//! * **GPU**: CUTLASS's fused multi-head attention (example 41, the Ampere/Ada kernel, compute
+//!   capability 8.0 to 9.x) instantiated with flashcore's own tile table ([`plan::TILE_TABLE`]).
+//! * **CPU**: an exact float64-accumulating reference, used on hosts without a GPU and by tests.
+//!
+//! The same call runs on either: put the tensors where you want the work done.
+//!
+//! ```
+//! use flashcore::{attention, AttentionOptions, Layout, Tensor};
+//! use half::f16;
+//! let (b, s, h, d) = (1, 16, 2, 64);
+//! let x: Vec<f16> = (0..b * s * h * d).map(|i| f16::from_f32(((i * 37) % 11) as f32 / 11.0)).collect();
+//! let q = Tensor::from_vec(x.clone(), &[b, s, h, d], Layout::Bshd)?;
+//! let k = Tensor::from_vec(x.clone(), &[b, s, h, d], Layout::Bshd)?;
+//! let v = Tensor::from_vec(x, &[b, s, h, d], Layout::Bshd)?;
+//! let res = attention(&q, &k, &v, &AttentionOptions::default())?;
+//! println!("ran on {:?}", res.execution.backend);
+//! # Ok::<(), flashcore::Error>(())
+//! ```
+//!
+//! On a GPU (feature `cuda`, on by default):
+//!
+//! ```no_run
+//! # fn main() -> flashcore::Result<()> {
+//! use flashcore::{attention, AttentionOptions, Causal, Device, Layout, Stream, Tensor};
+//! use half::bf16;
+//! let device = Device::open(0)?;
+//! let stream = Stream::new(&device)?;
+//! let host = Tensor::full(bf16::ONE, &[1, 8, 512, 64], Layout::Bhsd)?;
+//! let q = host.to_device(&stream)?;
+//! let res = attention(&q, &q, &q, &AttentionOptions::default().causal(Causal::BottomRight))?;
+//! let out = res.out.to_host()?; // waits; asynchronous faults surface here as Error::Cuda
+//! # Ok(()) }
+//! ```
+//!
+//! Errors: every bad input is its own [`Error`] variant, returned before anything is launched;
+//! CUDA failures (including asynchronous kernel faults, at the next synchronisation) are
+//! [`Error::Cuda`] with CUDA's error name and message. No panic crosses the API.
+#![deny(missing_docs)]
+#![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
+
+mod attention;
+mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod dispatch;
+mod element;
+mod error;
+mod options;
+pub mod plan;
+mod tensor;
+mod validate;
+
+pub use attention::{attention, attention_into, AttentionOutput};
+#[cfg(feature = "cuda")]
+pub use cuda::{Device, Event, Stream};
+pub use dispatch::Execution;
+pub use element::{AttentionElement, DType, Element};
+pub use error::{Error, Operand, Result};
+pub use options::{AttentionOptions, Backend, BackendKind, Causal};
+pub use tensor::{Layout, Location, Shape, Tensor};
+pub use validate::{HEAD_DIM_MULTIPLE, MAX_HEAD_DIM};
+
+/// Number of CUDA devices visible (0 without a driver, a GPU, or the `cuda` feature).
+pub fn cuda_device_count() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        Device::count()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        0
+    }
+}

@@ -1,0 +1,92 @@
+//! Planning: which tile-table row runs a validated problem on a given device. Pure data, testable
+//! without a GPU.
+
+mod tiles;
+
+pub use tiles::{distinct_tiles, ArchClass, Tile, TileRow, TILE_TABLE};
+
+use crate::error::{Error, Result};
+use crate::validate::Problem;
+
+impl ArchClass {
+    /// The class of a compute capability, or `None` where this build has no Ampere/Ada kernels
+    /// (below 8.0, or 10.0 and newer).
+    pub fn from_compute_capability(major: i32, minor: i32) -> Option<ArchClass> {
+        match (major, minor) {
+            (8, 0) => Some(ArchClass::Sm80),
+            (8, _) => Some(ArchClass::Sm86Sm89),
+            (9, _) => Some(ArchClass::Sm90),
+            _ => None,
+        }
+    }
+}
+
+/// The row of `arch` serving `head_dim`, or `None` above the largest tier.
+pub fn select_row(arch: ArchClass, head_dim: usize) -> Option<&'static TileRow> {
+    TILE_TABLE
+        .iter()
+        .find(|r| r.arch == arch && head_dim <= r.max_head_dim as usize)
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+const I32_MAX: u64 = i32::MAX as u64;
+/// CUDA's limit on `gridDim.y` and `gridDim.z` (heads and batch).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+const GRID_YZ_MAX: u64 = 65_535;
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn limit(what: &'static str, value: usize, limit: u64) -> Result<()> {
+    if value as u64 <= limit {
+        Ok(())
+    } else {
+        Err(Error::IndexOverflow {
+            backend: "cutlass-sm80",
+            what,
+            value: value as u64,
+            limit,
+        })
+    }
+}
+
+/// Example 41 indexes with 32-bit sequence lengths and seq/head strides, and puts heads and
+/// batch on the grid's y and z axes.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn check_index_limits(p: &Problem, strides: &[[usize; 4]]) -> Result<()> {
+    limit("seq_q", p.seq_q, I32_MAX)?;
+    limit("seq_k", p.seq_k, I32_MAX)?;
+    limit("heads", p.heads_q, GRID_YZ_MAX)?;
+    limit("batch", p.batch, GRID_YZ_MAX)?;
+    limit("batch * seq_q", p.batch.saturating_mul(p.seq_q), u32::MAX as u64)?;
+    for s in strides {
+        limit("seq stride", s[1], I32_MAX)?;
+        limit("head stride", s[2], I32_MAX)?;
+        limit("batch stride", s[0], i64::MAX as u64)?;
+    }
+    Ok(())
+}
+
+/// Chooses the CUTLASS Ampere/Ada row for a device of compute capability `cc` that lets one
+/// block opt in to `smem_optin` bytes, or for `forced` when set.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn plan_cutlass(
+    p: &Problem,
+    cc: (i32, i32),
+    smem_optin: usize,
+    forced: Option<ArchClass>,
+) -> Result<&'static TileRow> {
+    let arch = match forced {
+        Some(a) => a,
+        None => ArchClass::from_compute_capability(cc.0, cc.1).ok_or(Error::UnsupportedDevice {
+            major: cc.0,
+            minor: cc.1,
+        })?,
+    };
+    let row = select_row(arch, p.head_dim).ok_or(Error::UnsupportedHeadDim(p.head_dim))?;
+    if row.smem_bytes > smem_optin {
+        return Err(Error::SharedMemoryExceeded {
+            needed: row.smem_bytes,
+            available: smem_optin,
+        });
+    }
+    Ok(row)
+}
