@@ -30,7 +30,13 @@ fn main() {
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    for path in ["build", "build.rs", "cpp", "src/plan/tiles.rs", "scripts/fetch_toolchain.py"] {
+    for path in [
+        "build",
+        "build.rs",
+        "cpp",
+        "src/plan/tiles.rs",
+        "scripts/fetch_toolchain.py",
+    ] {
         println!("cargo:rerun-if-changed={path}");
     }
     println!("cargo:rerun-if-changed=third_party/toolchain.lock");
@@ -55,7 +61,13 @@ fn main() {
     // OUT_DIR is <target>/<profile>/build/<pkg>/out: share one cache across profiles.
     let cache = env::var_os("FLASHCORE_CACHE_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| out_dir.ancestors().nth(4).unwrap().join("flashcore-nvcc-cache"));
+        .unwrap_or_else(|| {
+            out_dir
+                .ancestors()
+                .nth(4)
+                .unwrap()
+                .join("flashcore-nvcc-cache")
+        });
     let jobs = env::var("FLASHCORE_NVCC_JOBS")
         .ok()
         .and_then(|j| j.parse().ok())

@@ -120,10 +120,19 @@ impl Config<'_> {
         let mut h = Sha256::new();
         h.update(self.cuda.version_text.as_bytes());
         h.update(format!("{:?}", self.build().get_compiler().args()).as_bytes());
-        h.update(self.build().get_compiler().path().to_string_lossy().as_bytes());
+        h.update(
+            self.build()
+                .get_compiler()
+                .path()
+                .to_string_lossy()
+                .as_bytes(),
+        );
         hash_tree(&mut h, self.cpp);
         h.update(fs::read(self.cutlass.join("include/cutlass/version.h")).unwrap_or_default());
-        hash_tree(&mut h, &self.cutlass.join("examples/41_fused_multi_head_attention"));
+        hash_tree(
+            &mut h,
+            &self.cutlass.join("examples/41_fused_multi_head_attention"),
+        );
         h
     }
 
@@ -142,7 +151,9 @@ impl Config<'_> {
                 self.cache.join(format!("{}-{}.o", u.name, &key[..16]))
             })
             .collect();
-        let todo: Vec<usize> = (0..units.len()).filter(|&i| !objects[i].is_file()).collect();
+        let todo: Vec<usize> = (0..units.len())
+            .filter(|&i| !objects[i].is_file())
+            .collect();
         println!(
             "cargo:warning=flashcore: {} of {} CUDA kernel objects cached; compiling {} with {} job(s)",
             units.len() - todo.len(),
@@ -159,7 +170,10 @@ impl Config<'_> {
                         break;
                     };
                     if let Err(e) = self.compile_one(&units[i], &objects[i]) {
-                        failures.lock().unwrap().push(format!("{}: {e}", units[i].name));
+                        failures
+                            .lock()
+                            .unwrap()
+                            .push(format!("{}: {e}", units[i].name));
                     }
                 });
             }

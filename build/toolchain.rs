@@ -34,8 +34,12 @@ fn provision(manifest: &Path, third_party: &Path, only: &str) {
         .status();
     match status {
         Ok(s) if s.success() => {}
-        Ok(s) => fail(&format!("provisioning the pinned {only} wheels failed ({s})")),
-        Err(e) => fail(&format!("cannot run {python} to provision the pinned {only} wheels: {e}")),
+        Ok(s) => fail(&format!(
+            "provisioning the pinned {only} wheels failed ({s})"
+        )),
+        Err(e) => fail(&format!(
+            "cannot run {python} to provision the pinned {only} wheels: {e}"
+        )),
     }
 }
 
@@ -97,10 +101,13 @@ pub fn find_cuda(manifest: &Path, third_party: &Path) -> Cuda {
         .map(|d| root.join(d))
         .find(|d| d.join("libcudart_static.a").is_file())
         .unwrap_or_else(|| fail(&format!("no libcudart_static.a under {}", root.display())));
-    let include = [root.join("include"), root.join("targets/x86_64-linux/include")]
-        .into_iter()
-        .find(|d| d.join("cuda_runtime_api.h").is_file())
-        .unwrap_or_else(|| fail(&format!("no cuda_runtime_api.h under {}", root.display())));
+    let include = [
+        root.join("include"),
+        root.join("targets/x86_64-linux/include"),
+    ]
+    .into_iter()
+    .find(|d| d.join("cuda_runtime_api.h").is_file())
+    .unwrap_or_else(|| fail(&format!("no cuda_runtime_api.h under {}", root.display())));
     Cuda {
         nvcc,
         include,

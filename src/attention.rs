@@ -8,6 +8,7 @@ use crate::tensor::{Layout, Location, Tensor};
 use crate::validate::validate;
 
 /// The result of [`attention`].
+#[derive(Debug)]
 pub struct AttentionOutput<T: Element> {
     /// `[batch, seq_q, heads_q, head_dim]`, dense BSHD, where the inputs live.
     pub out: Tensor<T>,

@@ -29,10 +29,15 @@ pub(crate) fn attention<T: Element>(
                 let q0 = q.offset(b, i, h, 0);
                 for (j, s) in scores[..n].iter_mut().enumerate() {
                     let k0 = k.offset(b, j, kvh, 0);
-                    let dot: f64 = (0..d).map(|x| qd[q0 + x].to_f64() * kd[k0 + x].to_f64()).sum();
+                    let dot: f64 = (0..d)
+                        .map(|x| qd[q0 + x].to_f64() * kd[k0 + x].to_f64())
+                        .sum();
                     *s = dot * scale;
                 }
-                let max = scores[..n].iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let max = scores[..n]
+                    .iter()
+                    .copied()
+                    .fold(f64::NEG_INFINITY, f64::max);
                 acc.fill(0.0);
                 let mut sum = 0.0;
                 for (j, s) in scores[..n].iter().enumerate() {

@@ -74,8 +74,8 @@ fn run_cutlass<T: AttentionElement>(
         problem,
         &[q.strides(), k.strides(), v.strides(), out.strides()],
     )?;
-    let row = crate::plan::plan_cutlass(
-        problem,
+    let row = crate::plan::choose_row(
+        problem.head_dim,
         device.compute_capability(),
         device.shared_memory_per_block_optin(),
         opts.force_arch_class,

@@ -21,7 +21,9 @@ pub enum DType {
 }
 
 /// A tensor element (sealed: `f16`, `bf16`, `f32`).
-pub trait Element: bytemuck::Pod + Default + Send + Sync + std::fmt::Debug + 'static + sealed::Sealed {
+pub trait Element:
+    bytemuck::Pod + Default + Send + Sync + std::fmt::Debug + 'static + sealed::Sealed
+{
     /// The runtime tag.
     const DTYPE: DType;
     /// Widens to `f64`.

@@ -25,6 +25,8 @@
 //! On a GPU (feature `cuda`, on by default):
 //!
 //! ```no_run
+//! # #[cfg(not(feature = "cuda"))] fn main() {}
+//! # #[cfg(feature = "cuda")]
 //! # fn main() -> flashcore::Result<()> {
 //! use flashcore::{attention, AttentionOptions, Causal, Device, Layout, Stream, Tensor};
 //! use half::bf16;

@@ -136,7 +136,9 @@ fn addressed_len(shape: Shape, strides: [usize; 4]) -> Result<usize> {
     }
     dims.iter()
         .zip(strides)
-        .try_fold(1usize, |acc, (&n, s)| acc.checked_add((n - 1).checked_mul(s)?))
+        .try_fold(1usize, |acc, (&n, s)| {
+            acc.checked_add((n - 1).checked_mul(s)?)
+        })
         .ok_or(Error::SizeOverflow {
             shape: dims,
             strides,
@@ -247,5 +249,16 @@ impl<T: Element> Tensor<T> {
             return None;
         }
         self.host_data().map(|v| v[self.offset(b, s, h, d)])
+    }
+}
+
+impl<T: Element> std::fmt::Debug for Tensor<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("dtype", &T::DTYPE)
+            .field("shape", &self.shape)
+            .field("strides", &self.strides)
+            .field("location", &self.location())
+            .finish()
     }
 }

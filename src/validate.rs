@@ -35,7 +35,9 @@ impl Problem {
         match self.causal {
             Causal::None => self.seq_k,
             Causal::TopLeft => (i + 1).min(self.seq_k),
-            Causal::BottomRight => (i + 1 + self.seq_k).saturating_sub(self.seq_q).min(self.seq_k),
+            Causal::BottomRight => (i + 1 + self.seq_k)
+                .saturating_sub(self.seq_q)
+                .min(self.seq_k),
         }
     }
 }

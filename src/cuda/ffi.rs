@@ -71,8 +71,12 @@ mod sys {
         unsafe fn free_async(ordinal: i32, ptr: usize, stream: usize) -> Result<()>;
         unsafe fn copy_to_device(ordinal: i32, dst: usize, src: &[u8], stream: usize)
             -> Result<()>;
-        unsafe fn copy_to_host(ordinal: i32, dst: &mut [u8], src: usize, stream: usize)
-            -> Result<()>;
+        unsafe fn copy_to_host(
+            ordinal: i32,
+            dst: &mut [u8],
+            src: usize,
+            stream: usize,
+        ) -> Result<()>;
         unsafe fn copy_device(
             ordinal: i32,
             dst: usize,
@@ -274,7 +278,10 @@ impl RawBuffer {
 
     /// Copies all of `src` into the start of `self`, on `self`'s stream.
     pub(crate) fn copy_from_device(&mut self, src: &RawBuffer) -> Result<()> {
-        assert!(src.bytes <= self.bytes, "copy_from_device beyond the buffer");
+        assert!(
+            src.bytes <= self.bytes,
+            "copy_from_device beyond the buffer"
+        );
         if src.bytes == 0 {
             return Ok(());
         }
@@ -339,7 +346,10 @@ impl crate::cuda::Stream {
     /// # Safety
     /// `raw` must be a valid stream of `device` (or null for the legacy default stream) and must
     /// outlive the returned `Stream`, its clones, and every tensor allocated on it.
-    pub unsafe fn from_raw(device: &crate::cuda::Device, raw: *mut std::ffi::c_void) -> Result<Self> {
+    pub unsafe fn from_raw(
+        device: &crate::cuda::Device,
+        raw: *mut std::ffi::c_void,
+    ) -> Result<Self> {
         // SAFETY: forwarded to the caller's contract above.
         let raw = unsafe { RawStream::borrowed(device.ordinal(), raw as usize) }?;
         Ok(Self::from_parts(device.clone(), Arc::new(raw)))

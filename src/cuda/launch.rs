@@ -108,9 +108,7 @@ fn device_buffer<T: crate::element::Element>(t: &Tensor<T>) -> Result<&ffi::RawB
     }
 }
 
-fn device_buffer_mut<T: crate::element::Element>(
-    t: &mut Tensor<T>,
-) -> Result<&mut ffi::RawBuffer> {
+fn device_buffer_mut<T: crate::element::Element>(t: &mut Tensor<T>) -> Result<&mut ffi::RawBuffer> {
     match &mut t.storage {
         Storage::Device(b) => Ok(b.raw_mut()),
         Storage::Host(_) => Err(Error::BackendUnavailable {

@@ -56,7 +56,11 @@ pub(crate) fn check_index_limits(p: &Problem, strides: &[[usize; 4]]) -> Result<
     limit("seq_k", p.seq_k, I32_MAX)?;
     limit("heads", p.heads_q, GRID_YZ_MAX)?;
     limit("batch", p.batch, GRID_YZ_MAX)?;
-    limit("batch * seq_q", p.batch.saturating_mul(p.seq_q), u32::MAX as u64)?;
+    limit(
+        "batch * seq_q",
+        p.batch.saturating_mul(p.seq_q),
+        u32::MAX as u64,
+    )?;
     for s in strides {
         limit("seq stride", s[1], I32_MAX)?;
         limit("head stride", s[2], I32_MAX)?;
@@ -65,11 +69,19 @@ pub(crate) fn check_index_limits(p: &Problem, strides: &[[usize; 4]]) -> Result<
     Ok(())
 }
 
-/// Chooses the CUTLASS Ampere/Ada row for a device of compute capability `cc` that lets one
-/// block opt in to `smem_optin` bytes, or for `forced` when set.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn plan_cutlass(
-    p: &Problem,
+/// Chooses the CUTLASS Ampere/Ada row for `head_dim` on a device of compute capability `cc`
+/// that lets one block opt in to `smem_optin` bytes, or from class `forced` when set.
+///
+/// ```
+/// use flashcore::plan::{choose_row, ArchClass};
+/// // An L4 (sm_89, 99 KB per block) at head dim 128:
+/// let row = choose_row(128, (8, 9), 99 * 1024, None)?;
+/// assert_eq!(row.arch, ArchClass::Sm86Sm89);
+/// assert_eq!((row.tile.queries_per_block, row.tile.keys_per_block), (32, 128));
+/// # Ok::<(), flashcore::Error>(())
+/// ```
+pub fn choose_row(
+    head_dim: usize,
     cc: (i32, i32),
     smem_optin: usize,
     forced: Option<ArchClass>,
@@ -81,7 +93,7 @@ pub(crate) fn plan_cutlass(
             minor: cc.1,
         })?,
     };
-    let row = select_row(arch, p.head_dim).ok_or(Error::UnsupportedHeadDim(p.head_dim))?;
+    let row = select_row(arch, head_dim).ok_or(Error::UnsupportedHeadDim(head_dim))?;
     if row.smem_bytes > smem_optin {
         return Err(Error::SharedMemoryExceeded {
             needed: row.smem_bytes,

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds the GPU tests and examples (and benches, when present) as self-contained release binaries
+# (cudart linked statically) into bundle/, with bundle/run.sh to run them on a GPU host that has
+# no Rust toolchain. Usage: scripts/bundle.sh [extra cargo args]; then on the GPU host:
+#   bash bundle/run.sh [OUT_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf bundle && mkdir -p bundle
+json=$(cargo build --release --tests --examples --benches --message-format=json "$@")
+# Copy each test / bench / example executable under its target name.
+python3 - "$json" <<'PY'
+import json, shutil, sys
+for line in sys.argv[1].splitlines():
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    t = m["target"]
+    kind = t["kind"][0]
+    if kind == "test" and t["name"] != "gpu":
+        continue  # CPU suites run in CI
+    if kind == "lib":
+        continue  # unit tests of the lib run in CI
+    name = {"test": "test-", "bench": "bench-", "example": "example-"}.get(kind, "") + t["name"]
+    shutil.copy(m["executable"], "bundle/" + name)
+    print("bundled", name)
+PY
+cp scripts/run_bundle.sh bundle/run.sh
+[ -f scripts/torch_sdpa.py ] && cp scripts/torch_sdpa.py bundle/ || true
+du -sh bundle

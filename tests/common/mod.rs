@@ -1,0 +1,145 @@
+//! Test helpers: seeded normal inputs, an independent naive attention in f64, relative L2 error.
+#![allow(dead_code)]
+
+use flashcore::{Causal, Element, Layout, Shape, Tensor};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// splitmix64: a small deterministic generator, freshly seeded per call site.
+pub struct Rng(u64);
+
+static SEED: AtomicU64 = AtomicU64::new(0x5eed_f1a5_c0de_0001);
+
+impl Rng {
+    /// A generator with a seed never handed out before in this process.
+    pub fn fresh() -> Rng {
+        Rng(SEED.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed))
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+}
+
+/// A host tensor of standard normal values, `dims` in `layout`'s order.
+pub fn randn<T: Element>(rng: &mut Rng, dims: &[usize], layout: Layout) -> Tensor<T> {
+    let n: usize = dims.iter().product();
+    let data = (0..n).map(|_| T::from_f64(rng.normal())).collect();
+    Tensor::from_vec(data, dims, layout).unwrap()
+}
+
+/// `dims` of a tensor of `shape` in `layout`'s order.
+pub fn dims(shape: Shape, layout: Layout) -> [usize; 4] {
+    match layout {
+        Layout::Bshd => [shape.batch, shape.seq, shape.heads, shape.head_dim],
+        Layout::Bhsd => [shape.batch, shape.heads, shape.seq, shape.head_dim],
+    }
+}
+
+/// Naive attention in f64, straight from the definition: full score matrix with masked entries
+/// at -inf, then softmax and the weighted sum. Returns (out `[b][s][h][d]` flattened, lse
+/// `[b][h][s]` flattened).
+pub fn naive<T: Element>(
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    scale: f64,
+    causal: Causal,
+) -> (Vec<f64>, Vec<f64>) {
+    let (qs, ks) = (q.shape(), k.shape());
+    let (b_n, sq, sk, hq, hk, d) = (qs.batch, qs.seq, ks.seq, qs.heads, ks.heads, qs.head_dim);
+    let mut out = vec![0.0; b_n * sq * hq * d];
+    let mut lse = vec![0.0; b_n * hq * sq];
+    for b in 0..b_n {
+        for h in 0..hq {
+            let kh = h * hk / hq;
+            for i in 0..sq {
+                let scores: Vec<f64> = (0..sk)
+                    .map(|j| {
+                        let masked = match causal {
+                            Causal::None => false,
+                            Causal::TopLeft => j > i,
+                            Causal::BottomRight => j as i64 > i as i64 + sk as i64 - sq as i64,
+                        };
+                        if masked {
+                            f64::NEG_INFINITY
+                        } else {
+                            scale
+                                * (0..d)
+                                    .map(|x| {
+                                        q.get(b, i, h, x).unwrap().to_f64()
+                                            * k.get(b, j, kh, x).unwrap().to_f64()
+                                    })
+                                    .sum::<f64>()
+                        }
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = w.iter().sum();
+                lse[(b * hq + h) * sq + i] = m + z.ln();
+                for x in 0..d {
+                    let acc: f64 = (0..sk)
+                        .map(|j| w[j] * v.get(b, j, kh, x).unwrap().to_f64())
+                        .sum();
+                    out[((b * sq + i) * hq + h) * d + x] = acc / z;
+                }
+            }
+        }
+    }
+    (out, lse)
+}
+
+/// Values of a host tensor in logical `[b][s][h][d]` order.
+pub fn logical<T: Element>(t: &Tensor<T>) -> Vec<f64> {
+    let s = t.shape();
+    let mut v = Vec::with_capacity(s.numel().unwrap());
+    for b in 0..s.batch {
+        for i in 0..s.seq {
+            for h in 0..s.heads {
+                for x in 0..s.head_dim {
+                    v.push(t.get(b, i, h, x).unwrap().to_f64());
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Values of an lse tensor (`[b, s, h, 1]` logical) in `[b][h][s]` order.
+pub fn lse_values(t: &Tensor<f32>) -> Vec<f64> {
+    let s = t.shape();
+    let mut v = Vec::new();
+    for b in 0..s.batch {
+        for h in 0..s.heads {
+            for i in 0..s.seq {
+                v.push(f64::from(t.get(b, i, h, 0).unwrap()));
+            }
+        }
+    }
+    v
+}
+
+/// ||got - want|| / ||want||; infinite when any value of `got` is not finite.
+pub fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    if got.iter().any(|x| !x.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}

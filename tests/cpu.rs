@@ -1,0 +1,424 @@
+//! CPU suite (runs in CI): the reference against the naive formula, every validation error, the
+//! tile table, and device discovery without a GPU.
+
+mod common;
+
+use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
+use flashcore::plan::{choose_row, select_row, ArchClass, TILE_TABLE};
+use flashcore::{
+    attention, attention_into, AttentionOptions, Backend, BackendKind, Causal, Error, Layout,
+    Operand, Shape, Tensor,
+};
+use half::{bf16, f16};
+
+fn check_reference<T: flashcore::AttentionElement>(
+    q_shape: Shape,
+    kv: (usize, usize),
+    causal: Causal,
+    layout: Layout,
+) {
+    let mut rng = Rng::fresh();
+    let k_shape = Shape::new(q_shape.batch, kv.0, kv.1, q_shape.head_dim);
+    let q = randn::<T>(&mut rng, &dims(q_shape, layout), layout);
+    let k = randn::<T>(&mut rng, &dims(k_shape, layout), layout);
+    let v = randn::<T>(&mut rng, &dims(k_shape, layout), layout);
+    let opts = AttentionOptions::default().causal(causal).with_lse();
+    let res = attention(&q, &k, &v, &opts).unwrap();
+    assert_eq!(res.execution.backend, BackendKind::Cpu);
+    let scale = 1.0 / (q_shape.head_dim as f64).sqrt();
+    let (want, want_lse) = naive(&q, &k, &v, scale, causal);
+    // The reference accumulates in f64 and rounds once to T.
+    let tol = if std::mem::size_of::<T>() == 2 && T::DTYPE == flashcore::DType::BF16 {
+        4e-3
+    } else {
+        5e-4
+    };
+    let err = rel_l2(&logical(&res.out), &want);
+    assert!(
+        err < tol,
+        "{q_shape:?} {kv:?} {causal:?} {layout:?}: rel L2 {err}"
+    );
+    let lse_err = rel_l2(&lse_values(res.lse.as_ref().unwrap()), &want_lse);
+    assert!(lse_err < 1e-6, "lse rel L2 {lse_err}");
+}
+
+#[test]
+fn reference_matches_naive_formula() {
+    for layout in [Layout::Bshd, Layout::Bhsd] {
+        for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+            check_reference::<f16>(Shape::new(2, 9, 4, 16), (9, 4), causal, layout);
+            check_reference::<bf16>(Shape::new(1, 7, 4, 8), (13, 2), causal, layout); // GQA 2:1
+            check_reference::<f16>(Shape::new(1, 5, 3, 24), (11, 1), causal, layout);
+            // MQA
+        }
+        check_reference::<f16>(Shape::new(1, 13, 2, 32), (6, 2), Causal::TopLeft, layout);
+    }
+}
+
+#[test]
+fn reference_is_softmax_weighted_mean_of_values() {
+    // With all-equal scores the output is the mean of the visible values, whatever q and k are.
+    let q = Tensor::full(f16::ZERO, &[1, 3, 1, 8], Layout::Bshd).unwrap();
+    let k = Tensor::full(f16::ONE, &[1, 3, 1, 8], Layout::Bshd).unwrap();
+    let vals: Vec<f16> = (0..3)
+        .flat_map(|j| [f16::from_f32(j as f32 * 3.0); 8])
+        .collect();
+    let v = Tensor::from_vec(vals, &[1, 3, 1, 8], Layout::Bshd).unwrap();
+    let res = attention(
+        &q,
+        &k,
+        &v,
+        &AttentionOptions::default().causal(Causal::TopLeft),
+    )
+    .unwrap();
+    let got: Vec<f32> = (0..3)
+        .map(|i| res.out.get(0, i, 0, 5).unwrap().to_f32())
+        .collect();
+    assert_eq!(got, vec![0.0, 1.5, 3.0]);
+}
+
+fn host(dims: &[usize]) -> Tensor<f16> {
+    Tensor::full(f16::ONE, dims, Layout::Bshd).unwrap()
+}
+
+fn run(q: &Tensor<f16>, k: &Tensor<f16>, v: &Tensor<f16>, opts: AttentionOptions) -> Error {
+    match attention(q, k, v, &opts) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn rank_and_storage_errors() {
+    let r = Tensor::from_vec(vec![f16::ZERO; 8], &[1, 8], Layout::Bshd);
+    assert!(matches!(
+        r,
+        Err(Error::Rank {
+            expected: 4,
+            got: 2
+        })
+    ));
+    let r = Tensor::from_vec(vec![f16::ZERO; 7], &[1, 1, 1, 8], Layout::Bshd);
+    assert!(matches!(
+        r,
+        Err(Error::StorageTooSmall { len: 7, needed: 8 })
+    ));
+    let huge = usize::MAX / 2;
+    let r = Tensor::<f16>::full(f16::ZERO, &[huge, huge, 1, 8], Layout::Bshd);
+    assert!(matches!(r, Err(Error::SizeOverflow { .. })), "{r:?}");
+    let r = Tensor::from_vec_strided(vec![f16::ZERO; 8], Shape::new(3, 1, 1, 8), [huge, 8, 8, 1]);
+    assert!(matches!(r, Err(Error::SizeOverflow { .. })));
+}
+
+#[test]
+fn shape_errors() {
+    let q = host(&[2, 4, 4, 8]);
+    let e = run(
+        &q,
+        &host(&[1, 4, 4, 8]),
+        &host(&[1, 4, 4, 8]),
+        Default::default(),
+    );
+    assert!(matches!(
+        e,
+        Error::ShapeMismatch {
+            operand: Operand::K,
+            dim: "batch",
+            ..
+        }
+    ));
+    let e = run(
+        &q,
+        &host(&[2, 4, 4, 16]),
+        &host(&[2, 4, 4, 16]),
+        Default::default(),
+    );
+    assert!(matches!(
+        e,
+        Error::ShapeMismatch {
+            operand: Operand::K,
+            dim: "head_dim",
+            ..
+        }
+    ));
+    let e = run(
+        &q,
+        &host(&[2, 4, 4, 8]),
+        &host(&[2, 5, 4, 8]),
+        Default::default(),
+    );
+    assert!(matches!(
+        e,
+        Error::ShapeMismatch {
+            operand: Operand::V,
+            dim: "seq",
+            ..
+        }
+    ));
+    let e = run(
+        &q,
+        &host(&[2, 4, 3, 8]),
+        &host(&[2, 4, 3, 8]),
+        Default::default(),
+    );
+    assert!(matches!(
+        e,
+        Error::HeadsNotDivisible {
+            q_heads: 4,
+            kv_heads: 3
+        }
+    ));
+    let e = run(
+        &q,
+        &host(&[2, 4, 0, 8]),
+        &host(&[2, 4, 0, 8]),
+        Default::default(),
+    );
+    assert!(matches!(
+        e,
+        Error::HeadsNotDivisible {
+            q_heads: 4,
+            kv_heads: 0
+        }
+    ));
+    let mut out = host(&[2, 4, 4, 16]);
+    let e = attention_into(&q, &q, &q, &mut out, None, &Default::default()).unwrap_err();
+    assert!(matches!(
+        e,
+        Error::ShapeMismatch {
+            operand: Operand::Out,
+            dim: "head_dim",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn head_dim_errors() {
+    for d in [0, 4, 12, 100, 264, 512] {
+        let t = host(&[1, 2, 1, d]);
+        assert_eq!(
+            run(&t, &t, &t, Default::default()),
+            Error::UnsupportedHeadDim(d)
+        );
+    }
+    for d in (8..=256).step_by(8) {
+        let t = host(&[1, 2, 1, d]);
+        assert!(attention(&t, &t, &t, &Default::default()).is_ok(), "d={d}");
+    }
+}
+
+#[test]
+fn stride_errors() {
+    let shape = Shape::new(1, 4, 2, 8);
+    // Head dim not contiguous.
+    let t = Tensor::from_vec_strided(vec![f16::ONE; 256], shape, [128, 32, 16, 2]).unwrap();
+    let ok = host(&[1, 4, 2, 8]);
+    let e = run(&t, &ok, &ok, Default::default());
+    assert_eq!(
+        e,
+        Error::NonContiguousHeadDim {
+            operand: Operand::Q,
+            stride: 2
+        }
+    );
+    // A seq stride that is not a multiple of 8 elements (16 bytes).
+    let t = Tensor::from_vec_strided(vec![f16::ONE; 256], shape, [128, 20, 8, 1]).unwrap();
+    let e = run(&ok, &t, &ok, Default::default());
+    assert_eq!(
+        e,
+        Error::MisalignedStride {
+            operand: Operand::K,
+            dim: "seq",
+            stride: 20
+        }
+    );
+    // Padded (but aligned) strides are fine, and give the same result as dense ones.
+    let mut rng = Rng::fresh();
+    let dense = randn::<f16>(&mut rng, &[1, 4, 2, 8], Layout::Bshd);
+    let mut padded = vec![f16::NAN; 4 * 48];
+    for i in 0..4 {
+        for h in 0..2 {
+            for x in 0..8 {
+                padded[i * 48 + h * 16 + x] = dense.get(0, i, h, x).unwrap();
+            }
+        }
+    }
+    let padded = Tensor::from_vec_strided(padded, shape, [192, 48, 16, 1]).unwrap();
+    let a = attention(&padded, &padded, &padded, &Default::default()).unwrap();
+    let b = attention(&dense, &dense, &dense, &Default::default()).unwrap();
+    assert_eq!(logical(&a.out), logical(&b.out));
+}
+
+#[test]
+fn lse_layout_error() {
+    let q = host(&[1, 4, 2, 8]);
+    let mut out = host(&[1, 4, 2, 8]);
+    let mut lse = Tensor::full(0f32, &[1, 4, 2, 1], Layout::Bshd).unwrap(); // BSHD, not BHSD
+    let e = attention_into(&q, &q, &q, &mut out, Some(&mut lse), &Default::default());
+    assert_eq!(e.unwrap_err(), Error::LseLayout);
+    let mut lse = Tensor::full(0f32, &[1, 3, 4, 1], Layout::Bhsd).unwrap(); // wrong heads
+    let e = attention_into(&q, &q, &q, &mut out, Some(&mut lse), &Default::default());
+    assert!(matches!(
+        e.unwrap_err(),
+        Error::ShapeMismatch {
+            operand: Operand::Lse,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn rows_without_keys_are_refused() {
+    let q = host(&[1, 4, 1, 8]);
+    let empty = host(&[1, 0, 1, 8]);
+    let e = run(&q, &empty, &empty, Default::default());
+    assert_eq!(
+        e,
+        Error::NoVisibleKeys {
+            rows: 4,
+            seq_q: 4,
+            seq_k: 0
+        }
+    );
+    let kv = host(&[1, 3, 1, 8]);
+    let e = run(
+        &q,
+        &kv,
+        &kv,
+        AttentionOptions::default().causal(Causal::BottomRight),
+    );
+    assert_eq!(
+        e,
+        Error::NoVisibleKeys {
+            rows: 1,
+            seq_q: 4,
+            seq_k: 3
+        }
+    );
+    // Top-left with seq_q > seq_k: every row sees key 0.
+    assert!(attention(
+        &q,
+        &kv,
+        &kv,
+        &AttentionOptions::default().causal(Causal::TopLeft)
+    )
+    .is_ok());
+}
+
+#[test]
+fn invalid_scale() {
+    let t = host(&[1, 2, 1, 8]);
+    for s in [f32::NAN, f32::INFINITY] {
+        assert!(matches!(
+            run(&t, &t, &t, AttentionOptions::default().scale(s)),
+            Error::InvalidScale(_)
+        ));
+    }
+}
+
+#[test]
+fn gpu_backend_on_host_tensors_is_refused() {
+    let t = host(&[1, 2, 1, 8]);
+    let e = run(
+        &t,
+        &t,
+        &t,
+        AttentionOptions::default().backend(Backend::CutlassSm80),
+    );
+    assert!(matches!(
+        e,
+        Error::BackendUnavailable {
+            backend: "cutlass-sm80",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn empty_problems_compute_nothing() {
+    for (q_dims, kv_dims) in [
+        ([0, 4, 2, 8], [0, 4, 2, 8]), // batch 0
+        ([1, 0, 2, 8], [1, 4, 2, 8]), // seq_q 0
+        ([1, 0, 2, 8], [1, 0, 2, 8]), // seq_q 0 and seq_k 0
+        ([1, 4, 0, 8], [1, 4, 0, 8]), // heads 0
+    ] {
+        let (q, kv) = (host(&q_dims), host(&kv_dims));
+        let res = attention(&q, &kv, &kv, &AttentionOptions::default().with_lse()).unwrap();
+        assert_eq!(res.out.shape().numel().unwrap(), 0);
+        assert_eq!(res.lse.unwrap().shape().numel().unwrap(), 0);
+    }
+}
+
+#[test]
+fn tile_table_choice_per_arch_class() {
+    let cases = [
+        ((8, 0), ArchClass::Sm80),
+        ((8, 6), ArchClass::Sm86Sm89),
+        ((8, 7), ArchClass::Sm86Sm89),
+        ((8, 9), ArchClass::Sm86Sm89),
+        ((9, 0), ArchClass::Sm90),
+    ];
+    for ((major, minor), class) in cases {
+        assert_eq!(
+            ArchClass::from_compute_capability(major, minor),
+            Some(class)
+        );
+        for d in (8..=256).step_by(8) {
+            let row = choose_row(d, (major, minor), class.smem_per_block_optin(), None).unwrap();
+            assert_eq!(row.arch, class);
+            assert!(d <= row.max_head_dim as usize && d <= row.tile.max_head_dim as usize);
+            // The tightest tier: the row below (if any) would not serve d.
+            let tier = [64, 128, 256].into_iter().find(|&t| d <= t).unwrap();
+            assert_eq!(row.max_head_dim as usize, tier, "d={d}");
+        }
+    }
+    assert_eq!(ArchClass::from_compute_capability(7, 5), None);
+    assert_eq!(ArchClass::from_compute_capability(10, 0), None);
+    assert!(matches!(
+        choose_row(64, (7, 5), 64 * 1024, None),
+        Err(Error::UnsupportedDevice { major: 7, minor: 5 })
+    ));
+    // The sm_89 rows are what an L4 gets, and can be forced on an H200.
+    let l4 = choose_row(256, (8, 9), 99 * 1024, None).unwrap();
+    let forced = choose_row(256, (9, 0), 227 * 1024, Some(ArchClass::Sm86Sm89)).unwrap();
+    assert_eq!(l4, forced);
+    // Forcing a class whose tile does not fit the device is an error, not a failed launch.
+    assert!(matches!(
+        choose_row(256, (8, 9), 48 * 1024, Some(ArchClass::Sm90)),
+        Err(Error::SharedMemoryExceeded {
+            needed: 69_632,
+            available: 49_152
+        })
+    ));
+}
+
+#[test]
+fn tile_table_rows_fit_their_class() {
+    for class in ArchClass::ALL {
+        let rows: Vec<_> = TILE_TABLE.iter().filter(|r| r.arch == class).collect();
+        assert_eq!(
+            rows.iter().map(|r| r.max_head_dim).collect::<Vec<_>>(),
+            [64, 128, 256]
+        );
+        for r in rows {
+            assert!(r.smem_bytes <= class.smem_per_block_optin(), "{r:?}");
+            // At least two blocks per SM, so one block's tail overlaps another's work.
+            assert!(2 * r.smem_bytes <= class.smem_per_sm(), "{r:?}");
+            assert!(r.tile.max_head_dim >= r.max_head_dim);
+            assert!(!r.reason.is_empty());
+            assert_eq!(select_row(class, r.max_head_dim as usize), Some(r));
+        }
+    }
+}
+
+#[test]
+fn device_discovery_never_panics() {
+    let n = flashcore::cuda_device_count();
+    #[cfg(feature = "cuda")]
+    {
+        let e = flashcore::Device::open(n).unwrap_err();
+        assert!(matches!(e, Error::NoDevice { .. }), "{e:?}");
+    }
+    let _ = n;
+}

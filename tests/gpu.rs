@@ -1,0 +1,364 @@
+//! GPU suite: CUTLASS vs the f64 reference over the matrix. Every test is ignored by
+//! default and *fails* (never passes silently) when no CUDA device is present. Run with
+//! `cargo test --release --test gpu -- --include-ignored`, or the bundle's runner.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
+use flashcore::plan::{ArchClass, TILE_TABLE};
+use flashcore::{
+    attention, attention_into, AttentionElement, AttentionOptions, Backend, BackendKind, Causal,
+    DType, Device, Error, Layout, Operand, Shape, Stream, Tensor,
+};
+use half::{bf16, f16};
+
+fn stream() -> Stream {
+    let device = Device::open(0).expect("this test needs a CUDA device");
+    Stream::new(&device).expect("create stream")
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    b: usize,
+    sq: usize,
+    sk: usize,
+    hq: usize,
+    hk: usize,
+    d: usize,
+    causal: Causal,
+    layout: Layout,
+    lse: bool,
+    force: Option<ArchClass>,
+}
+
+const fn case(b: usize, h: usize, s: usize, d: usize) -> Case {
+    Case {
+        b,
+        sq: s,
+        sk: s,
+        hq: h,
+        hk: h,
+        d,
+        causal: Causal::None,
+        layout: Layout::Bshd,
+        lse: false,
+        force: None,
+    }
+}
+
+/// Runs one case on the GPU with a NaN-poisoned output and returns the relative L2 error of
+/// the output (and of the lse, if asked) against the f64 reference.
+fn run_case<T: AttentionElement>(s: &Stream, c: Case) -> (f64, f64) {
+    let mut rng = Rng::fresh();
+    let (qs, ks) = (
+        Shape::new(c.b, c.sq, c.hq, c.d),
+        Shape::new(c.b, c.sk, c.hk, c.d),
+    );
+    let q = randn::<T>(&mut rng, &dims(qs, c.layout), c.layout);
+    let k = randn::<T>(&mut rng, &dims(ks, c.layout), c.layout);
+    let v = randn::<T>(&mut rng, &dims(ks, c.layout), c.layout);
+    let poison = T::from_f64(f64::NAN);
+    let mut out = Tensor::full(poison, &dims(qs, c.layout), c.layout)
+        .unwrap()
+        .to_device(s)
+        .unwrap();
+    let mut lse = c.lse.then(|| {
+        Tensor::full(f32::NAN, &[c.b, c.hq, c.sq, 1], Layout::Bhsd)
+            .unwrap()
+            .to_device(s)
+            .unwrap()
+    });
+    let opts = AttentionOptions {
+        causal: c.causal,
+        backend: Backend::CutlassSm80,
+        return_lse: c.lse,
+        force_arch_class: c.force,
+        ..Default::default()
+    };
+    let (dq, dk, dv) = (
+        q.to_device(s).unwrap(),
+        k.to_device(s).unwrap(),
+        v.to_device(s).unwrap(),
+    );
+    let exec = attention_into(&dq, &dk, &dv, &mut out, lse.as_mut(), &opts)
+        .unwrap_or_else(|e| panic!("{c:?}: {e}"));
+    assert_eq!(exec.backend, BackendKind::CutlassSm80);
+    if let Some(class) = c.force {
+        assert_eq!(exec.tile.unwrap().arch, class);
+    }
+    let got = logical(&out.to_host().unwrap());
+    let (want, want_lse) = naive(&q, &k, &v, 1.0 / (c.d as f64).sqrt(), c.causal);
+    let lse_err = lse.map_or(0.0, |l| {
+        rel_l2(&lse_values(&l.to_host().unwrap()), &want_lse)
+    });
+    (rel_l2(&got, &want), lse_err)
+}
+
+fn tolerance<T: AttentionElement>() -> f64 {
+    if T::DTYPE == DType::BF16 {
+        1e-2
+    } else {
+        2e-3
+    }
+}
+
+/// Runs every case and fails listing all cases over tolerance (NaN counts as infinite error).
+fn check_all<T: AttentionElement>(cases: &[Case]) {
+    let s = stream();
+    let mut failures = Vec::new();
+    for &c in cases {
+        let (err, lse_err) = run_case::<T>(&s, c);
+        println!("{:?} {c:?}: rel L2 {err:.2e} lse {lse_err:.2e}", T::DTYPE);
+        if !(err < tolerance::<T>()) || !(lse_err < 1e-4) {
+            failures.push(format!("{c:?}: out {err:.3e}, lse {lse_err:.3e}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} case(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+fn both_dtypes(cases: &[Case]) {
+    check_all::<f16>(cases);
+    check_all::<bf16>(cases);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn seed_shapes() {
+    both_dtypes(&[
+        case(1, 8, 512, 64),
+        case(4, 8, 256, 64),
+        case(1, 8, 1024, 64),
+    ]);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn odd_lengths_and_unequal_seqs() {
+    let mut cases = vec![case(2, 4, 1, 64), case(2, 4, 17, 64), case(1, 4, 1000, 64)];
+    for (sq, sk) in [(100, 300), (300, 100), (1, 777), (129, 65)] {
+        for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+            if causal == Causal::BottomRight && sq > sk {
+                continue; // refused by validation (rows without keys)
+            }
+            cases.push(Case {
+                sq,
+                sk,
+                causal,
+                ..case(2, 4, 0, 64)
+            });
+        }
+    }
+    both_dtypes(&cases);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn head_dims() {
+    let cases: Vec<Case> = [8, 64, 72, 96, 128, 160, 256]
+        .into_iter()
+        .flat_map(|d| {
+            [
+                case(2, 4, 200, d),
+                Case {
+                    causal: Causal::TopLeft,
+                    ..case(1, 2, 333, d)
+                },
+            ]
+        })
+        .collect();
+    both_dtypes(&cases);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn causal_alignments() {
+    let mut cases = Vec::new();
+    for causal in [Causal::TopLeft, Causal::BottomRight] {
+        for (sq, sk) in [(256, 256), (128, 384), (1, 512), (257, 1000)] {
+            cases.push(Case {
+                sq,
+                sk,
+                causal,
+                ..case(2, 8, 0, 64)
+            });
+            cases.push(Case {
+                sq,
+                sk,
+                causal,
+                ..case(1, 4, 0, 128)
+            });
+        }
+    }
+    both_dtypes(&cases);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gqa_and_mqa() {
+    let mut cases = Vec::new();
+    for hk in [2, 1] {
+        // GQA 8:1 (16 query heads, 2 kv heads) and MQA (1 kv head)
+        for causal in [Causal::None, Causal::BottomRight] {
+            for (sq, sk) in [(256, 256), (1, 300), (64, 500)] {
+                cases.push(Case {
+                    sq,
+                    sk,
+                    hk,
+                    causal,
+                    lse: true,
+                    ..case(2, 16, 0, 64)
+                });
+                cases.push(Case {
+                    sq,
+                    sk,
+                    hk,
+                    causal,
+                    ..case(1, 16, 0, 128)
+                });
+            }
+        }
+    }
+    both_dtypes(&cases);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn layouts_and_lse() {
+    let mut cases = Vec::new();
+    for layout in [Layout::Bshd, Layout::Bhsd] {
+        for lse in [false, true] {
+            cases.push(Case {
+                layout,
+                lse,
+                ..case(2, 8, 300, 64)
+            });
+            cases.push(Case {
+                layout,
+                lse,
+                causal: Causal::TopLeft,
+                sk: 500,
+                ..case(2, 4, 77, 128)
+            });
+            cases.push(Case {
+                layout,
+                lse,
+                hk: 2,
+                ..case(1, 8, 129, 256)
+            });
+        }
+    }
+    both_dtypes(&cases);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn every_tile_row_including_forced_sm89() {
+    let device = Device::open(0).expect("this test needs a CUDA device");
+    let mut cases = Vec::new();
+    for row in TILE_TABLE {
+        if row.smem_bytes > device.shared_memory_per_block_optin() {
+            continue; // cannot run here; the plan refuses it (tested on the CPU)
+        }
+        let d = row.max_head_dim as usize;
+        for d in [d, d - 8] {
+            for causal in [Causal::None, Causal::BottomRight] {
+                cases.push(Case {
+                    force: Some(row.arch),
+                    causal,
+                    lse: true,
+                    sk: 515,
+                    ..case(2, 4, 260, d)
+                });
+            }
+        }
+    }
+    let forced_sm89 = cases
+        .iter()
+        .filter(|c| c.force == Some(ArchClass::Sm86Sm89))
+        .count();
+    assert_eq!(forced_sm89, 12, "every sm_89 row must run here");
+    both_dtypes(&cases);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn auto_backend_and_results_on_other_streams() {
+    let (s1, s2) = (stream(), stream());
+    let mut rng = Rng::fresh();
+    let q = randn::<f16>(&mut rng, &[2, 64, 4, 64], Layout::Bshd);
+    let k = randn::<f16>(&mut rng, &[2, 96, 4, 64], Layout::Bshd);
+    let (dq, dk, dv) = (
+        q.to_device(&s1).unwrap(),
+        k.to_device(&s2).unwrap(),
+        k.to_device(&s2).unwrap(),
+    );
+    let res = attention(&dq, &dk, &dv, &AttentionOptions::default().with_lse()).unwrap();
+    assert_eq!(res.execution.backend, BackendKind::CutlassSm80);
+    assert!(res.out.stream().unwrap().same_as(&s1));
+    let (want, _) = naive(&q, &k, &k, 0.125, Causal::None);
+    let err = rel_l2(&logical(&res.out.to_host().unwrap()), &want);
+    assert!(err < 2e-3, "rel L2 {err}");
+    // The CPU backend on the host copy agrees with the GPU.
+    let cpu = attention(&q, &k, &k, &Default::default()).unwrap();
+    assert_eq!(cpu.execution.backend, BackendKind::Cpu);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_errors_launch_nothing() {
+    let s = stream();
+    let host = Tensor::full(f16::ONE, &[1, 8, 2, 64], Layout::Bshd).unwrap();
+    let dev = host.to_device(&s).unwrap();
+    let e = attention(&dev, &host, &dev, &Default::default()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DeviceMismatch {
+                operand: Operand::K,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = attention(
+        &dev,
+        &dev,
+        &dev,
+        &AttentionOptions::default().backend(Backend::Cpu),
+    );
+    assert!(matches!(
+        e,
+        Err(Error::BackendUnavailable { backend: "cpu", .. })
+    ));
+    // Empty problems validate and launch nothing.
+    let empty = Tensor::full(f16::ONE, &[0, 8, 2, 64], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let res = attention(&empty, &empty, &empty, &Default::default()).unwrap();
+    assert_eq!(res.out.shape().numel().unwrap(), 0);
+    s.synchronize().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn device_properties() {
+    let d = Device::open(0).expect("this test needs a CUDA device");
+    assert!(Device::count() >= 1);
+    let (major, _) = d.compute_capability();
+    assert!(major >= 8, "{}", d.name());
+    assert!(d.sm_count() > 0 && d.shared_memory_per_block_optin() >= 48 * 1024);
+    println!(
+        "{} cc {:?} sms {} smem/block {}",
+        d.name(),
+        d.compute_capability(),
+        d.sm_count(),
+        d.shared_memory_per_block_optin()
+    );
+}
