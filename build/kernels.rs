@@ -154,26 +154,27 @@ impl Config<'_> {
         let todo: Vec<usize> = (0..units.len())
             .filter(|&i| !objects[i].is_file())
             .collect();
-        println!(
+        if !todo.is_empty() {
+            println!(
             "cargo:warning=flashcore: {} of {} CUDA kernel objects cached; compiling {} with {} job(s)",
             units.len() - todo.len(),
             units.len(),
             todo.len(),
             self.jobs
         );
+        }
         let next = AtomicUsize::new(0);
         let failures = Mutex::new(Vec::new());
         std::thread::scope(|s| {
             for _ in 0..self.jobs.min(todo.len()) {
-                s.spawn(|| loop {
-                    let Some(&i) = todo.get(next.fetch_add(1, Ordering::SeqCst)) else {
-                        break;
-                    };
-                    if let Err(e) = self.compile_one(&units[i], &objects[i]) {
-                        failures
-                            .lock()
-                            .unwrap()
-                            .push(format!("{}: {e}", units[i].name));
+                s.spawn(|| {
+                    while let Some(&i) = todo.get(next.fetch_add(1, Ordering::SeqCst)) {
+                        if let Err(e) = self.compile_one(&units[i], &objects[i]) {
+                            failures
+                                .lock()
+                                .unwrap()
+                                .push(format!("{}: {e}", units[i].name));
+                        }
                     }
                 });
             }

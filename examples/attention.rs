@@ -101,7 +101,7 @@ fn run<T: AttentionElement>(args: &Args) -> flashcore::Result<()> {
         T::DTYPE,
         args.causal,
     );
-    if !(err < 1e-2) {
+    if err.is_nan() || err >= 1e-2 {
         return Err(flashcore::Error::Launch(format!("error {err} over 1e-2")));
     }
     Ok(())

@@ -110,7 +110,7 @@ fn check_all<T: AttentionElement>(cases: &[Case]) {
     for &c in cases {
         let (err, lse_err) = run_case::<T>(&s, c);
         println!("{:?} {c:?}: rel L2 {err:.2e} lse {lse_err:.2e}", T::DTYPE);
-        if !(err < tolerance::<T>()) || !(lse_err < 1e-4) {
+        if err.is_nan() || err >= tolerance::<T>() || lse_err.is_nan() || lse_err >= 1e-4 {
             failures.push(format!("{c:?}: out {err:.3e}, lse {lse_err:.3e}"));
         }
     }
