@@ -127,7 +127,11 @@ impl Config<'_> {
                 .to_string_lossy()
                 .as_bytes(),
         );
-        hash_tree(&mut h, self.cpp);
+        // What the kernel TUs include from cpp/ (bridge and dispatch sources do not count).
+        hash_tree(&mut h, &self.cpp.join("include"));
+        for file in ["src/sm80/launch.cuh", "src/check.h"] {
+            h.update(fs::read(self.cpp.join(file)).expect("read a kernel header under cpp/"));
+        }
         h.update(fs::read(self.cutlass.join("include/cutlass/version.h")).unwrap_or_default());
         hash_tree(
             &mut h,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the GPU tests and examples (and benches, when present) as self-contained release binaries
 # (cudart linked statically) into bundle/, with bundle/run.sh to run them on a GPU host that has
-# no Rust toolchain. Usage: scripts/bundle.sh [extra cargo args]; then on the GPU host:
+# no Rust toolchain. Criterion benches only with BUNDLE_CRITERION=1 (the transfer limit is 64 MiB).
+# Usage: scripts/bundle.sh [extra cargo args]; then on the GPU host:
 #   bash bundle/run.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +10,7 @@ rm -rf bundle && mkdir -p bundle
 json=$(cargo build --release --tests --examples --benches --message-format=json "$@")
 # Copy each test / bench / example executable under its target name.
 python3 - "$json" <<'PY'
-import json, shutil, sys
+import json, os, shutil, sys
 for line in sys.argv[1].splitlines():
     try:
         m = json.loads(line)
@@ -23,10 +24,12 @@ for line in sys.argv[1].splitlines():
         continue  # CPU suites run in CI
     if kind == "lib":
         continue  # unit tests of the lib run in CI
+    if kind == "bench" and os.environ.get("BUNDLE_CRITERION") != "1":
+        continue  # ~15 MB each (the fatbin); the bench CLI example covers the table
     name = {"test": "test-", "bench": "bench-", "example": "example-"}.get(kind, "") + t["name"]
     shutil.copy(m["executable"], "bundle/" + name)
     print("bundled", name)
 PY
 cp scripts/run_bundle.sh bundle/run.sh
-[ -f scripts/torch_sdpa.py ] && cp scripts/torch_sdpa.py bundle/ || true
+cp scripts/torch_sdpa.py scripts/merge_bench.py bundle/
 du -sh bundle

@@ -8,11 +8,19 @@ mkdir -p "$out"
 status=0
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee "$out/gpu.txt"
 echo "== GPU test suite"
-"$here/test-gpu" --include-ignored --test-threads=1 2>&1 | tee "$out/gpu-tests.log" || status=1
+"$here/test-gpu" --include-ignored --nocapture 2>&1 | tee "$out/gpu-tests.log" || status=1
 echo "== example (mission shape and a causal bf16 run)"
 "$here/example-attention" 2>&1 | tee "$out/example.log" || status=1
 "$here/example-attention" 4 8 2048 128 --causal --bf16 2>&1 | tee -a "$out/example.log" || status=1
 echo "== SASS in the fatbin"
 cuobjdump --list-elf "$here/example-attention" | sed -E 's/.*\.(sm_[0-9a-z]+)\..*/\1/' | sort | uniq -c | tee "$out/sass.txt"
+if [ -x "$here/example-bench" ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
+  echo "== benchmarks: flashcore and torch SDPA in the same run"
+  "$here/example-bench" --shapes-json "$out/shapes.json"
+  python3 "$here/torch_sdpa.py" "$out/shapes.json" "$out/torch.json" || status=1
+  peak=$(python3 -c "import json;print(json.load(open('$out/torch.json'))['ceilings']['bf16_matmul_tflops'])" 2>/dev/null || echo "")
+  "$here/example-bench" --json "$out/ours.json" ${peak:+--peak-tflops $peak} | tee "$out/bench.txt" || status=1
+  python3 "$here/merge_bench.py" "$out/shapes.json" "$out/ours.json" "$out/torch.json" | tee "$out/table.md" || status=1
+fi
 echo "== bundle status: $status"
 exit $status

@@ -56,6 +56,32 @@ pub(crate) fn run<T: AttentionElement>(
     }
 }
 
+/// The tile-table row for `problem` on the device of `out`'s stream.
+#[cfg(feature = "cuda")]
+fn plan_gpu<T: AttentionElement>(
+    problem: &Problem,
+    opts: &AttentionOptions,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &Tensor<T>,
+) -> Result<&'static TileRow> {
+    let device = match out.stream() {
+        Some(s) => s.device().clone(),
+        None => return Err(Error::CudaNotBuilt),
+    };
+    crate::plan::check_index_limits(
+        problem,
+        &[q.strides(), k.strides(), v.strides(), out.strides()],
+    )?;
+    crate::plan::choose_row(
+        problem.head_dim,
+        device.compute_capability(),
+        device.shared_memory_per_block_optin(),
+        opts.force_arch_class,
+    )
+}
+
 #[cfg(feature = "cuda")]
 fn run_cutlass<T: AttentionElement>(
     problem: &Problem,
@@ -66,20 +92,7 @@ fn run_cutlass<T: AttentionElement>(
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<Execution> {
-    let device = match out.stream() {
-        Some(s) => s.device().clone(),
-        None => return Err(Error::CudaNotBuilt),
-    };
-    crate::plan::check_index_limits(
-        problem,
-        &[q.strides(), k.strides(), v.strides(), out.strides()],
-    )?;
-    let row = crate::plan::choose_row(
-        problem.head_dim,
-        device.compute_capability(),
-        device.shared_memory_per_block_optin(),
-        opts.force_arch_class,
-    )?;
+    let row = plan_gpu(problem, opts, q, k, v, out)?;
     if !problem.is_empty() {
         crate::cuda::launch::run_cutlass(problem, row, q, k, v, out, lse)?;
     }
@@ -87,6 +100,25 @@ fn run_cutlass<T: AttentionElement>(
         backend: BackendKind::CutlassSm80,
         tile: Some(*row),
     })
+}
+
+/// Bench hook: host nanoseconds per launch when C++ calls the CUTLASS launcher directly
+/// `iters` times, for the same validated problem that [`crate::attention_into`] would run.
+/// The Rust-vs-C++ host-overhead comparison of `examples/bench.rs` uses it.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub fn cpp_direct_launch_ns<T: AttentionElement>(
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    opts: &AttentionOptions,
+    iters: u32,
+) -> Result<f64> {
+    let problem = crate::validate::validate(q, k, v, out, None, opts)?;
+    let row = plan_gpu(&problem, opts, q, k, v, out)?;
+    let iters = i32::try_from(iters).unwrap_or(i32::MAX);
+    crate::cuda::launch::cpp_launch_ns(&problem, row, q, k, v, out, iters)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -60,6 +60,9 @@ mod validate;
 pub use attention::{attention, attention_into, AttentionOutput};
 #[cfg(feature = "cuda")]
 pub use cuda::{Device, Event, Stream};
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub use dispatch::cpp_direct_launch_ns;
 pub use dispatch::Execution;
 pub use element::{AttentionElement, DType, Element};
 pub use error::{Error, Operand, Result};

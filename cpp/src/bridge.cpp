@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <string>
 
 #include "check.h"
@@ -38,6 +39,14 @@ DeviceInfo device_info(int32_t ordinal) {
   info.total_memory = prop.totalGlobalMem;
   info.l2_bytes = static_cast<size_t>(prop.l2CacheSize);
   return info;
+}
+
+void retain_pool_memory(int32_t ordinal) {
+  cudaMemPool_t pool = nullptr;
+  check_cuda(cudaDeviceGetDefaultMemPool(&pool, ordinal), "cudaDeviceGetDefaultMemPool");
+  uint64_t threshold = UINT64_MAX;
+  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+             "cudaMemPoolSetAttribute(ReleaseThreshold)");
 }
 
 size_t stream_create(int32_t ordinal) {
@@ -127,8 +136,9 @@ void copy_device(int32_t ordinal, size_t dst, size_t src, size_t bytes, size_t s
              "cudaMemcpyAsync(device to device)");
 }
 
-void fmha_sm80(const FmhaCall& c) {
-  use_device(c.ordinal);
+namespace {
+
+FmhaArgs to_args(const FmhaCall& c) {
   FmhaArgs a{};
   a.dtype = c.dtype == 0 ? DType::F16 : DType::BF16;
   a.q = as_ptr(c.q);
@@ -151,7 +161,25 @@ void fmha_sm80(const FmhaCall& c) {
   a.scale = c.scale;
   a.causal = static_cast<Causal>(c.causal);
   a.tile = Tile{c.tile_q, c.tile_k, c.tile_d};
-  fmha_forward_sm80(a, as_stream(c.stream));
+  return a;
+}
+
+}  // namespace
+
+void fmha_sm80(const FmhaCall& c) {
+  use_device(c.ordinal);
+  fmha_forward_sm80(to_args(c), as_stream(c.stream));
+}
+
+double fmha_sm80_host_ns(const FmhaCall& c, int32_t iters) {
+  use_device(c.ordinal);
+  const FmhaArgs args = to_args(c);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int32_t i = 0; i < iters; ++i) {
+    fmha_forward_sm80(args, as_stream(c.stream));
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / (iters > 0 ? iters : 1);
 }
 
 }  // namespace flashcore::bridge

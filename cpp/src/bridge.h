@@ -15,6 +15,9 @@ struct FmhaCall;
 
 int32_t device_count();
 DeviceInfo device_info(int32_t ordinal);
+// Keeps memory freed to the device's default pool cached (release threshold = max), so
+// stream-ordered allocations after the first are served without the driver.
+void retain_pool_memory(int32_t ordinal);
 
 size_t stream_create(int32_t ordinal);
 void stream_destroy(int32_t ordinal, size_t stream);
@@ -34,5 +37,8 @@ void copy_to_host(int32_t ordinal, rust::Slice<uint8_t> dst, size_t src, size_t 
 void copy_device(int32_t ordinal, size_t dst, size_t src, size_t bytes, size_t stream);
 
 void fmha_sm80(const FmhaCall& call);
+// Host nanoseconds per call of fmha_forward_sm80 over `iters` back-to-back launches (bench only:
+// the C++ side of the Rust-vs-C++ host-overhead comparison).
+double fmha_sm80_host_ns(const FmhaCall& call, int32_t iters);
 
 }  // namespace flashcore::bridge

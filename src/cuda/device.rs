@@ -24,7 +24,8 @@ impl Device {
         ffi::device_count().unwrap_or(0)
     }
 
-    /// Opens device `ordinal`. No driver, no GPU or an out-of-range ordinal is
+    /// Opens device `ordinal` and keeps memory freed to its default pool cached, so repeated
+    /// stream-ordered allocations do not reach the driver. No driver, no GPU or an out-of-range ordinal is
     /// [`Error::NoDevice`].
     pub fn open(ordinal: usize) -> Result<Device> {
         let count = ffi::device_count().map_err(|e| Error::NoDevice {
@@ -38,6 +39,7 @@ impl Device {
             });
         }
         let info = ffi::device_info(ordinal)?;
+        ffi::retain_pool_memory(ordinal)?;
         Ok(Device {
             ordinal,
             info: Arc::new(info),

@@ -55,6 +55,7 @@ mod sys {
 
         fn device_count() -> Result<i32>;
         fn device_info(ordinal: i32) -> Result<DeviceInfo>;
+        fn retain_pool_memory(ordinal: i32) -> Result<()>;
 
         fn stream_create(ordinal: i32) -> Result<usize>;
         unsafe fn stream_destroy(ordinal: i32, stream: usize) -> Result<()>;
@@ -86,6 +87,7 @@ mod sys {
         ) -> Result<()>;
 
         unsafe fn fmha_sm80(call: &FmhaCall) -> Result<()>;
+        unsafe fn fmha_sm80_host_ns(call: &FmhaCall, iters: i32) -> Result<f64>;
     }
 }
 
@@ -122,6 +124,11 @@ pub(crate) fn device_count() -> Result<usize> {
 /// Properties of device `ordinal`.
 pub(crate) fn device_info(ordinal: usize) -> Result<DeviceInfo> {
     sys::device_info(ordinal_i32(ordinal)?).map_err(map_err)
+}
+
+/// Keeps freed memory in device `ordinal`'s default pool for reuse.
+pub(crate) fn retain_pool_memory(ordinal: usize) -> Result<()> {
+    sys::retain_pool_memory(ordinal_i32(ordinal)?).map_err(map_err)
 }
 
 /// A CUDA stream: created and destroyed by us, or borrowed from the caller.
@@ -321,11 +328,7 @@ pub(crate) struct FmhaBuffers<'a> {
     pub lse: Option<&'a mut RawBuffer>,
 }
 
-/// Enqueues the CUTLASS Ampere/Ada kernel on `stream`; `call`'s pointer fields are filled here.
-///
-/// The caller (`cuda::launch`) orders every buffer's stream before `stream` and after the
-/// launch, so no free or copy on another stream overtakes the kernel.
-pub(crate) fn fmha_sm80(mut call: FmhaCall, stream: &RawStream, b: FmhaBuffers<'_>) -> Result<()> {
+fn fill_pointers(call: &mut FmhaCall, stream: &RawStream, b: FmhaBuffers<'_>) {
     call.ordinal = stream.ordinal;
     call.stream = stream.handle;
     call.q = b.q.ptr;
@@ -333,10 +336,31 @@ pub(crate) fn fmha_sm80(mut call: FmhaCall, stream: &RawStream, b: FmhaBuffers<'
     call.v = b.v.ptr;
     call.out = b.out.ptr;
     call.lse = b.lse.map_or(0, |l| l.ptr);
+}
+
+/// Enqueues the CUTLASS Ampere/Ada kernel on `stream`; `call`'s pointer fields are filled here.
+///
+/// The caller (`cuda::launch`) orders every buffer's stream before `stream` and after the
+/// launch, so no free or copy on another stream overtakes the kernel.
+pub(crate) fn fmha_sm80(mut call: FmhaCall, stream: &RawStream, b: FmhaBuffers<'_>) -> Result<()> {
+    fill_pointers(&mut call, stream, b);
     // SAFETY: the pointers are live allocations of `stream`'s device, large enough for the
     // validated shapes and strides; `out` and `lse` are exclusively borrowed; stream ordering
     // is the caller's (see above). The C++ launcher only reads `call`.
     unsafe { sys::fmha_sm80(&call) }.map_err(map_err)
+}
+
+/// Like [`fmha_sm80`], `iters` times from a C++ loop; returns host nanoseconds per launch.
+pub(crate) fn fmha_sm80_host_ns(
+    mut call: FmhaCall,
+    stream: &RawStream,
+    b: FmhaBuffers<'_>,
+    iters: i32,
+) -> Result<f64> {
+    fill_pointers(&mut call, stream, b);
+    // SAFETY: as for `fmha_sm80`; repeating the launch rewrites the same exclusively borrowed
+    // output on one stream, in order.
+    unsafe { sys::fmha_sm80_host_ns(&call, iters) }.map_err(map_err)
 }
 
 impl crate::cuda::Stream {

@@ -32,26 +32,16 @@ fn strides3(s: [usize; 4]) -> [i64; 3] {
     [s[0] as i64, s[1] as i64, s[2] as i64]
 }
 
-/// Enqueues the CUTLASS Ampere/Ada kernel of `row` on the output's stream.
-pub(crate) fn run_cutlass<T: AttentionElement>(
+/// Everything of the launch but the pointers (filled by the FFI layer from the buffers).
+fn describe<T: AttentionElement>(
     p: &Problem,
     row: &TileRow,
     q: &Tensor<T>,
     k: &Tensor<T>,
     v: &Tensor<T>,
-    out: &mut Tensor<T>,
-    lse: Option<&mut Tensor<f32>>,
-) -> Result<()> {
-    let stream = device_stream(out)?.clone();
-    let mut inputs = vec![device_stream(q)?, device_stream(k)?, device_stream(v)?];
-    if let Some(l) = lse.as_deref() {
-        inputs.push(device_stream(l)?);
-    }
-    let inputs: Vec<Stream> = inputs.into_iter().cloned().collect();
-    let input_refs: Vec<&Stream> = inputs.iter().collect();
-    order_after(&stream, &input_refs)?;
-
-    let call = FmhaCall {
+    out: &Tensor<T>,
+) -> FmhaCall {
+    FmhaCall {
         ordinal: 0,
         stream: 0,
         dtype: if T::DTYPE == DType::F16 { 0 } else { 1 },
@@ -79,7 +69,29 @@ pub(crate) fn run_cutlass<T: AttentionElement>(
         tile_q: row.tile.queries_per_block as i32,
         tile_k: row.tile.keys_per_block as i32,
         tile_d: row.tile.max_head_dim as i32,
-    };
+    }
+}
+
+/// Enqueues the CUTLASS Ampere/Ada kernel of `row` on the output's stream.
+pub(crate) fn run_cutlass<T: AttentionElement>(
+    p: &Problem,
+    row: &TileRow,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    lse: Option<&mut Tensor<f32>>,
+) -> Result<()> {
+    let stream = device_stream(out)?.clone();
+    let mut inputs = vec![device_stream(q)?, device_stream(k)?, device_stream(v)?];
+    if let Some(l) = lse.as_deref() {
+        inputs.push(device_stream(l)?);
+    }
+    let inputs: Vec<Stream> = inputs.into_iter().cloned().collect();
+    let input_refs: Vec<&Stream> = inputs.iter().collect();
+    order_after(&stream, &input_refs)?;
+
+    let call = describe(p, row, q, k, v, out);
     let buffers = FmhaBuffers {
         q: device_buffer(q)?,
         k: device_buffer(k)?,
@@ -98,6 +110,36 @@ pub(crate) fn run_cutlass<T: AttentionElement>(
     Ok(())
 }
 
+/// Host nanoseconds per launch when C++ calls the launcher directly `iters` times (bench only).
+/// All operands must be on `out`'s stream.
+pub(crate) fn cpp_launch_ns<T: AttentionElement>(
+    p: &Problem,
+    row: &TileRow,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    iters: i32,
+) -> Result<f64> {
+    let stream = device_stream(out)?.clone();
+    for t in [q, k, v] {
+        if !device_stream(t)?.same_as(&stream) {
+            return Err(Error::BackendUnavailable {
+                backend: "cutlass-sm80",
+                reason: "the C++ overhead probe needs all operands on one stream".into(),
+            });
+        }
+    }
+    let call = describe(p, row, q, k, v, out);
+    let buffers = FmhaBuffers {
+        q: device_buffer(q)?,
+        k: device_buffer(k)?,
+        v: device_buffer(v)?,
+        out: device_buffer_mut(out)?,
+        lse: None,
+    };
+    ffi::fmha_sm80_host_ns(call, stream.raw(), buffers, iters)
+}
 fn device_buffer<T: crate::element::Element>(t: &Tensor<T>) -> Result<&ffi::RawBuffer> {
     match &t.storage {
         Storage::Device(b) => Ok(b.raw()),

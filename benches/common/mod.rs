@@ -1,0 +1,185 @@
+//! Shared by the criterion bench (`benches/attention.rs`) and the bench CLI
+//! (`examples/bench.rs`): the shape list, FLOP counts, and CUDA-event timing with rotated inputs.
+#![allow(dead_code)]
+
+use flashcore::{
+    attention_into, AttentionElement, AttentionOptions, Backend, Causal, Device, Event, Layout,
+    Result, Stream, Tensor,
+};
+
+/// One benchmark problem (BHSD layout, like PyTorch).
+#[derive(Debug, Clone, Copy)]
+pub struct BenchShape {
+    pub group: &'static str,
+    pub b: usize,
+    pub h: usize,
+    pub hk: usize,
+    pub sq: usize,
+    pub sk: usize,
+    pub d: usize,
+    pub causal: bool,
+}
+
+impl BenchShape {
+    pub fn name(&self) -> String {
+        let heads = if self.hk == self.h {
+            format!("{}", self.h)
+        } else {
+            format!("{}kv{}", self.h, self.hk)
+        };
+        let seq = if self.sq == self.sk {
+            format!("{}", self.sq)
+        } else {
+            format!("{}q{}k", self.sq, self.sk)
+        };
+        format!(
+            "{}x{}x{}x{}{}",
+            self.b,
+            heads,
+            seq,
+            self.d,
+            if self.causal { "-causal" } else { "" }
+        )
+    }
+
+    /// 4·B·H·Sq·Sk·D, halved for causal.
+    pub fn flops(&self) -> f64 {
+        let f = 4.0 * (self.b * self.h * self.sq * self.sk * self.d) as f64;
+        if self.causal {
+            f / 2.0
+        } else {
+            f
+        }
+    }
+
+    /// Bytes of Q, K, V and the output (2-byte elements).
+    pub fn bytes(&self) -> usize {
+        2 * (2 * self.b * self.h * self.sq * self.d + 2 * self.b * self.hk * self.sk * self.d)
+    }
+}
+
+/// `[b, h, hk, sq, sk, d]`.
+const fn s(group: &'static str, [b, h, hk, sq, sk, d]: [usize; 6], causal: bool) -> BenchShape {
+    BenchShape {
+        group,
+        b,
+        h,
+        hk,
+        sq,
+        sk,
+        d,
+        causal,
+    }
+}
+
+/// The named shape list of the bench issue.
+pub fn shapes() -> Vec<BenchShape> {
+    let mut v = vec![
+        s("seed", [1, 8, 8, 512, 512, 64], false),
+        s("seed", [4, 8, 8, 256, 256, 64], false),
+        s("seed", [1, 8, 8, 1024, 1024, 64], false),
+    ];
+    for (b, h, n, d) in [
+        (8, 32, 2048, 64),
+        (2, 32, 8192, 64),
+        (8, 16, 2048, 128),
+        (2, 16, 8192, 128),
+    ] {
+        v.push(s("throughput", [b, h, h, n, n, d], false));
+        v.push(s("throughput", [b, h, h, n, n, d], true));
+    }
+    v.push(s("throughput", [4, 8, 8, 4096, 4096, 256], false));
+    v.push(s("gqa", [4, 32, 8, 4096, 4096, 128], true));
+    v.push(s("decode", [32, 32, 8, 1, 4096, 128], false));
+    v
+}
+
+/// Several input sets whose total size exceeds 3x the L2 cache, so rotating through them keeps
+/// each call's inputs out of L2 (the inputs of large shapes exceed it by themselves).
+pub struct Inputs<T: AttentionElement> {
+    sets: Vec<[Tensor<T>; 3]>,
+    out: Tensor<T>,
+    opts: AttentionOptions,
+}
+
+fn fill<T: AttentionElement>(stream: &Stream, dims: [usize; 4], seed: u64) -> Result<Tensor<T>> {
+    let n: usize = dims.iter().product();
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let data = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Sum of 4 uniforms, centred and scaled: close to a standard normal.
+            let u: f64 = (0..4)
+                .map(|k| ((x >> (16 * k)) & 0xffff) as f64 / 65535.0)
+                .sum();
+            T::from_f64((u - 2.0) * 1.7)
+        })
+        .collect();
+    Tensor::from_vec(data, &dims, Layout::Bhsd)?.to_device(stream)
+}
+
+impl<T: AttentionElement> Inputs<T> {
+    pub fn new(stream: &Stream, s: &BenchShape) -> Result<Self> {
+        let l2 = stream.device().l2_cache_bytes().max(1);
+        let n = (3 * l2).div_ceil(s.bytes().max(1)).clamp(1, 16);
+        let mut sets = Vec::with_capacity(n);
+        for i in 0..n as u64 {
+            sets.push([
+                fill(stream, [s.b, s.h, s.sq, s.d], 3 * i)?,
+                fill(stream, [s.b, s.hk, s.sk, s.d], 3 * i + 1)?,
+                fill(stream, [s.b, s.hk, s.sk, s.d], 3 * i + 2)?,
+            ]);
+        }
+        let out = Tensor::uninit_on(stream, &[s.b, s.h, s.sq, s.d], Layout::Bhsd)?;
+        let causal = if s.causal {
+            Causal::BottomRight
+        } else {
+            Causal::None
+        };
+        let opts = AttentionOptions::default()
+            .causal(causal)
+            .backend(Backend::CutlassSm80);
+        Ok(Inputs { sets, out, opts })
+    }
+
+    /// Runs call number `i` (rotating input sets).
+    pub fn call(&mut self, i: usize) -> Result<()> {
+        let [q, k, v] = &self.sets[i % self.sets.len()];
+        attention_into(q, k, v, &mut self.out, None, &self.opts).map(|_| ())
+    }
+}
+
+/// Per-call device times in microseconds: `warmup` untimed calls, then `iters` calls each
+/// bracketed by CUDA events.
+pub fn time_calls<T: AttentionElement>(
+    stream: &Stream,
+    inputs: &mut Inputs<T>,
+    warmup: usize,
+    iters: usize,
+) -> Result<Vec<f64>> {
+    let device: &Device = stream.device();
+    for i in 0..warmup {
+        inputs.call(i)?;
+    }
+    let events: Vec<(Event, Event)> = (0..iters)
+        .map(|_| Ok((Event::new(device)?, Event::new(device)?)))
+        .collect::<Result<_>>()?;
+    for (i, (a, b)) in events.iter().enumerate() {
+        a.record(stream)?;
+        inputs.call(warmup + i)?;
+        b.record(stream)?;
+    }
+    events
+        .iter()
+        .map(|(a, b)| a.elapsed_ms(b).map(|ms| f64::from(ms) * 1e3))
+        .collect()
+}
+
+/// (median, p10, p90) of `xs`.
+pub fn percentiles(xs: &mut [f64]) -> (f64, f64, f64) {
+    xs.sort_by(f64::total_cmp);
+    let at = |p: f64| xs[((xs.len() - 1) as f64 * p).round() as usize];
+    (at(0.5), at(0.1), at(0.9))
+}

@@ -1,0 +1,236 @@
+//! Bench CLI: races the backends over the named shape list and prints a table (backend, shape,
+//! median / p10 / p90 µs, TFLOP/s, % of peak); `--json PATH` writes the records, in the schema
+//! that `scripts/torch_sdpa.py` also writes, for `scripts/merge_bench.py`.
+//!
+//! `cargo run --release --example bench -- [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X]`
+//! `--shapes-json PATH` writes the shape list and exits.
+
+#[path = "../benches/common/mod.rs"]
+mod common;
+
+use std::time::Instant;
+
+use common::{percentiles, shapes, time_calls, BenchShape, Inputs};
+use flashcore::{
+    attention, AttentionElement, AttentionOptions, Causal, Device, Layout, Stream, Tensor,
+};
+use half::{bf16, f16};
+use serde_json::json;
+
+struct Args {
+    filter: String,
+    iters: usize,
+    json: Option<String>,
+    peak: Option<f64>,
+    shapes_json: Option<String>,
+}
+
+fn parse() -> Args {
+    let mut a = Args {
+        filter: String::new(),
+        iters: 50,
+        json: None,
+        peak: None,
+        shapes_json: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || {
+            it.next()
+                .unwrap_or_else(|| usage(&format!("{flag} needs a value")))
+        };
+        match flag.as_str() {
+            "--filter" => a.filter = val(),
+            "--iters" => a.iters = val().parse().unwrap_or_else(|_| usage("bad --iters")),
+            "--json" => a.json = Some(val()),
+            "--shapes-json" => a.shapes_json = Some(val()),
+            "--peak-tflops" => {
+                a.peak = Some(val().parse().unwrap_or_else(|_| usage("bad --peak-tflops")))
+            }
+            _ => usage(&format!("unknown argument {flag}")),
+        }
+    }
+    a
+}
+
+fn usage(msg: &str) -> ! {
+    eprintln!("{msg}\nusage: bench [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X] [--shapes-json PATH]");
+    std::process::exit(2)
+}
+
+struct Record {
+    backend: &'static str,
+    dtype: &'static str,
+    shape: BenchShape,
+    times_us: Vec<f64>,
+}
+
+fn gpu<T: AttentionElement>(
+    stream: &Stream,
+    shape: &BenchShape,
+    iters: usize,
+) -> flashcore::Result<Vec<f64>> {
+    let mut inputs = Inputs::<T>::new(stream, shape)?;
+    time_calls(stream, &mut inputs, 10, iters)
+}
+
+/// The CPU reference, wall clock, on host tensors (tiny shapes only).
+fn cpu<T: AttentionElement>(shape: &BenchShape, iters: usize) -> flashcore::Result<Vec<f64>> {
+    let q = Tensor::full(
+        T::from_f64(0.5),
+        &[shape.b, shape.h, shape.sq, shape.d],
+        Layout::Bhsd,
+    )?;
+    let kv = Tensor::full(
+        T::from_f64(0.25),
+        &[shape.b, shape.hk, shape.sk, shape.d],
+        Layout::Bhsd,
+    )?;
+    let causal = if shape.causal {
+        Causal::BottomRight
+    } else {
+        Causal::None
+    };
+    let opts = AttentionOptions::default().causal(causal);
+    (0..iters)
+        .map(|_| {
+            let t0 = Instant::now();
+            attention(&q, &kv, &kv, &opts)?;
+            Ok(t0.elapsed().as_secs_f64() * 1e6)
+        })
+        .collect()
+}
+
+/// Writes the shape list (for scripts/torch_sdpa.py, so both sides time the same problems).
+fn write_shapes(path: &str) {
+    let list: Vec<_> = shapes()
+        .iter()
+        .map(|s| {
+            json!({"name": s.name(), "group": s.group, "b": s.b, "h": s.h, "hk": s.hk,
+                        "sq": s.sq, "sk": s.sk, "d": s.d, "causal": s.causal, "flops": s.flops(),
+                        "bytes": s.bytes()})
+        })
+        .collect();
+    std::fs::write(path, serde_json::to_string_pretty(&list).unwrap()).expect("write shapes");
+}
+
+/// Host cost per call, same problem, same process: the Rust API (validation, planning, FFI,
+/// launcher) against C++ calling the launcher directly. A tiny problem keeps the GPU ahead of the
+/// host; each round enqueues 200 calls (below the launch queue's depth) after a synchronise.
+/// Returns (Rust ns/call, C++ ns/call), medians over 25 rounds.
+fn host_overhead(stream: &Stream) -> flashcore::Result<(f64, f64)> {
+    let q = Tensor::full(f16::ONE, &[1, 1, 16, 64], Layout::Bhsd)?.to_device(stream)?;
+    let mut out = Tensor::uninit_on(stream, &[1, 1, 16, 64], Layout::Bhsd)?;
+    let opts = AttentionOptions::default();
+    const CALLS: u32 = 200;
+    let (mut rust, mut cpp) = (Vec::new(), Vec::new());
+    for round in 0..26 {
+        stream.synchronize()?;
+        let t0 = Instant::now();
+        for _ in 0..CALLS {
+            flashcore::attention_into(&q, &q, &q, &mut out, None, &opts)?;
+        }
+        let r = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
+        stream.synchronize()?;
+        let c = flashcore::cpp_direct_launch_ns(&q, &q, &q, &mut out, &opts, CALLS)?;
+        if round > 0 {
+            rust.push(r);
+            cpp.push(c);
+        }
+    }
+    stream.synchronize()?;
+    Ok((percentiles(&mut rust).0, percentiles(&mut cpp).0))
+}
+
+fn main() {
+    let args = parse();
+    if let Some(path) = &args.shapes_json {
+        write_shapes(path);
+        return;
+    }
+    let device = Device::open(0).unwrap_or_else(|e| {
+        eprintln!("bench needs a CUDA device: {e}");
+        std::process::exit(1)
+    });
+    let stream = Stream::new(&device).expect("create stream");
+    let mut records = Vec::new();
+    let list: Vec<BenchShape> = shapes()
+        .into_iter()
+        .filter(|s| s.name().contains(&args.filter))
+        .collect();
+    for (i, shape) in list.iter().enumerate() {
+        eprintln!("[{}/{}] {}", i + 1, list.len(), shape.name());
+        for dtype in ["f16", "bf16"] {
+            let run = match dtype {
+                "f16" => gpu::<f16>(&stream, shape, args.iters),
+                _ => gpu::<bf16>(&stream, shape, args.iters),
+            };
+            match run {
+                Ok(times_us) => records.push(Record {
+                    backend: "cutlass-sm80",
+                    dtype,
+                    shape: *shape,
+                    times_us,
+                }),
+                Err(e) => eprintln!("  {dtype}: {e}"),
+            }
+        }
+        if shape.flops() < 2e9 && shape.group == "seed" && shape.b == 4 {
+            if let Ok(times_us) = cpu::<f16>(shape, 3) {
+                records.push(Record {
+                    backend: "cpu",
+                    dtype: "f16",
+                    shape: *shape,
+                    times_us,
+                });
+            }
+        }
+    }
+    println!(
+        "{:<14} {:<5} {:<26} {:>10} {:>10} {:>10} {:>9} {:>7}",
+        "backend", "dtype", "shape", "median_us", "p10_us", "p90_us", "TFLOP/s", "%peak"
+    );
+    let mut rows = Vec::new();
+    for r in &mut records {
+        let (med, p10, p90) = percentiles(&mut r.times_us);
+        let tflops = r.shape.flops() / (med * 1e-6) / 1e12;
+        let pct = args
+            .peak
+            .map_or(String::from("-"), |p| format!("{:.1}", 100.0 * tflops / p));
+        println!(
+            "{:<14} {:<5} {:<26} {:>10.1} {:>10.1} {:>10.1} {:>9.1} {:>7}",
+            r.backend,
+            r.dtype,
+            r.shape.name(),
+            med,
+            p10,
+            p90,
+            tflops,
+            pct
+        );
+        rows.push(json!({
+            "impl": format!("flashcore/{}", r.backend), "dtype": r.dtype, "shape": r.shape.name(),
+            "median_us": med, "p10_us": p10, "p90_us": p90, "tflops": tflops,
+        }));
+    }
+    let overhead = match host_overhead(&stream) {
+        Ok((rust, cpp)) => {
+            println!(
+                "host cost per call: Rust API {:.2} us, direct C++ launcher {:.2} us, ratio {:.3}",
+                rust / 1e3,
+                cpp / 1e3,
+                rust / cpp
+            );
+            json!({ "rust_ns": rust, "cpp_ns": cpp, "ratio": rust / cpp })
+        }
+        Err(e) => {
+            eprintln!("host overhead: {e}");
+            serde_json::Value::Null
+        }
+    };
+    if let Some(path) = args.json {
+        let doc = json!({ "device": device.name(), "records": rows, "host_overhead": overhead });
+        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).expect("write json");
+        eprintln!("wrote {path}");
+    }
+}
