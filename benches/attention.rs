@@ -18,7 +18,7 @@ fn bench_dtype<T: AttentionElement>(c: &mut Criterion, stream: &Stream, dtype: &
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2));
     for shape in shapes() {
-        let mut inputs = Inputs::<T>::new(stream, &shape).expect("allocate bench inputs");
+        let mut inputs = Inputs::<T>::new(stream, &shape, None).expect("allocate bench inputs");
         group.throughput(Throughput::Elements(shape.flops() as u64));
         group.bench_function(shape.name(), |b| {
             b.iter_custom(|iters| {

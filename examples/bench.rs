@@ -11,6 +11,7 @@ mod common;
 use std::time::Instant;
 
 use common::{percentiles, shapes, time_calls, BenchShape, Inputs};
+use flashcore::plan::ArchClass;
 use flashcore::{
     attention, AttentionElement, AttentionOptions, Causal, Device, Layout, Stream, Tensor,
 };
@@ -23,6 +24,7 @@ struct Args {
     json: Option<String>,
     peak: Option<f64>,
     shapes_json: Option<String>,
+    force: Option<ArchClass>,
 }
 
 fn parse() -> Args {
@@ -32,6 +34,7 @@ fn parse() -> Args {
         json: None,
         peak: None,
         shapes_json: None,
+        force: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -44,6 +47,14 @@ fn parse() -> Args {
             "--iters" => a.iters = val().parse().unwrap_or_else(|_| usage("bad --iters")),
             "--json" => a.json = Some(val()),
             "--shapes-json" => a.shapes_json = Some(val()),
+            "--force-class" => {
+                a.force = Some(match val().as_str() {
+                    "sm80" => ArchClass::Sm80,
+                    "sm89" => ArchClass::Sm86Sm89,
+                    "sm90" => ArchClass::Sm90,
+                    _ => usage("--force-class takes sm80, sm89 or sm90"),
+                })
+            }
             "--peak-tflops" => {
                 a.peak = Some(val().parse().unwrap_or_else(|_| usage("bad --peak-tflops")))
             }
@@ -54,7 +65,7 @@ fn parse() -> Args {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("{msg}\nusage: bench [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X] [--shapes-json PATH]");
+    eprintln!("{msg}\nusage: bench [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X] [--shapes-json PATH] [--force-class sm80|sm89|sm90]");
     std::process::exit(2)
 }
 
@@ -69,8 +80,9 @@ fn gpu<T: AttentionElement>(
     stream: &Stream,
     shape: &BenchShape,
     iters: usize,
+    force: Option<ArchClass>,
 ) -> flashcore::Result<Vec<f64>> {
-    let mut inputs = Inputs::<T>::new(stream, shape)?;
+    let mut inputs = Inputs::<T>::new(stream, shape, force)?;
     time_calls(stream, &mut inputs, 10, iters)
 }
 
@@ -162,8 +174,8 @@ fn main() {
         eprintln!("[{}/{}] {}", i + 1, list.len(), shape.name());
         for dtype in ["f16", "bf16"] {
             let run = match dtype {
-                "f16" => gpu::<f16>(&stream, shape, args.iters),
-                _ => gpu::<bf16>(&stream, shape, args.iters),
+                "f16" => gpu::<f16>(&stream, shape, args.iters, args.force),
+                _ => gpu::<bf16>(&stream, shape, args.iters, args.force),
             };
             match run {
                 Ok(times_us) => records.push(Record {
@@ -175,7 +187,7 @@ fn main() {
                 Err(e) => eprintln!("  {dtype}: {e}"),
             }
         }
-        if shape.flops() < 2e9 && shape.group == "seed" && shape.b == 4 {
+        if shape.group == "seed" && shape.b == 4 && args.force.is_none() {
             if let Ok(times_us) = cpu::<f16>(shape, 3) {
                 records.push(Record {
                     backend: "cpu",

@@ -1,25 +1,33 @@
 #!/usr/bin/env bash
 # Runs a bundle built by scripts/bundle.sh on a GPU host: the GPU test suite, the example at the
-# mission shape, and the SASS listing. Logs go to ${1:-.}/ as well as stdout.
+# mission shape, the SASS listing, and (unless SKIP_BENCH=1) the benchmarks side by side with
+# torch SDPA. Logs go to ${1:-.}/ as well as stdout (at most 7 files).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-.}"
 mkdir -p "$out"
 status=0
-nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee "$out/gpu.txt"
+{
+  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
+  echo "== example (mission shape and a causal bf16 run)"
+  "$here/example-attention" || status=1
+  "$here/example-attention" 4 8 2048 128 --causal --bf16 || status=1
+  echo "== SASS in the fatbin (cuobjdump --list-elf example-attention)"
+  cuobjdump --list-elf "$here/example-attention" | sed -E 's/.*\.(sm_[0-9a-z]+)\..*/\1/' | sort | uniq -c
+} 2>&1 | tee "$out/example.log"
 echo "== GPU test suite"
-"$here/test-gpu" --include-ignored --nocapture 2>&1 | tee "$out/gpu-tests.log" || status=1
-echo "== example (mission shape and a causal bf16 run)"
-"$here/example-attention" 2>&1 | tee "$out/example.log" || status=1
-"$here/example-attention" 4 8 2048 128 --causal --bf16 2>&1 | tee -a "$out/example.log" || status=1
-echo "== SASS in the fatbin"
-cuobjdump --list-elf "$here/example-attention" | sed -E 's/.*\.(sm_[0-9a-z]+)\..*/\1/' | sort | uniq -c | tee "$out/sass.txt"
+"$here/test-gpu" --include-ignored --nocapture 2>&1 | tee "$out/gpu-tests.log"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 if [ -x "$here/example-bench" ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
   echo "== benchmarks: flashcore and torch SDPA in the same run"
   "$here/example-bench" --shapes-json "$out/shapes.json"
   python3 "$here/torch_sdpa.py" "$out/shapes.json" "$out/torch.json" || status=1
   peak=$(python3 -c "import json;print(json.load(open('$out/torch.json'))['ceilings']['bf16_matmul_tflops'])" 2>/dev/null || echo "")
   "$here/example-bench" --json "$out/ours.json" ${peak:+--peak-tflops $peak} | tee "$out/bench.txt" || status=1
+  for class in sm80 sm89; do
+    echo "-- tile rows of class $class on this GPU" | tee -a "$out/bench.txt"
+    "$here/example-bench" --force-class $class --iters 30 ${peak:+--peak-tflops $peak} | tee -a "$out/bench.txt" || status=1
+  done
   python3 "$here/merge_bench.py" "$out/shapes.json" "$out/ours.json" "$out/torch.json" | tee "$out/table.md" || status=1
 fi
 echo "== bundle status: $status"

@@ -203,8 +203,9 @@ fn causal_alignments() {
 fn gqa_and_mqa() {
     let mut cases = Vec::new();
     for hk in [2, 1] {
-        // GQA 8:1 (16 query heads, 2 kv heads) and MQA (1 kv head)
-        for causal in [Causal::None, Causal::BottomRight] {
+        // GQA 8:1 (16 query heads, 2 kv heads) and MQA (1 kv head); one-query problems with
+        // no mask or bottom-right are packed (heads as rows), top-left ones are not.
+        for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
             for (sq, sk) in [(256, 256), (1, 300), (64, 500)] {
                 cases.push(Case {
                     sq,

@@ -2,6 +2,7 @@
 //! (`examples/bench.rs`): the shape list, FLOP counts, and CUDA-event timing with rotated inputs.
 #![allow(dead_code)]
 
+use flashcore::plan::ArchClass;
 use flashcore::{
     attention_into, AttentionElement, AttentionOptions, Backend, Causal, Device, Event, Layout,
     Result, Stream, Tensor,
@@ -121,7 +122,8 @@ fn fill<T: AttentionElement>(stream: &Stream, dims: [usize; 4], seed: u64) -> Re
 }
 
 impl<T: AttentionElement> Inputs<T> {
-    pub fn new(stream: &Stream, s: &BenchShape) -> Result<Self> {
+    /// Inputs for `s`; `force` selects another class's tile-table row.
+    pub fn new(stream: &Stream, s: &BenchShape, force: Option<ArchClass>) -> Result<Self> {
         let l2 = stream.device().l2_cache_bytes().max(1);
         let n = (3 * l2).div_ceil(s.bytes().max(1)).clamp(1, 16);
         let mut sets = Vec::with_capacity(n);
@@ -138,9 +140,12 @@ impl<T: AttentionElement> Inputs<T> {
         } else {
             Causal::None
         };
-        let opts = AttentionOptions::default()
-            .causal(causal)
-            .backend(Backend::CutlassSm80);
+        let opts = AttentionOptions {
+            force_arch_class: force,
+            ..AttentionOptions::default()
+                .causal(causal)
+                .backend(Backend::CutlassSm80)
+        };
         Ok(Inputs { sets, out, opts })
     }
 

@@ -12,7 +12,13 @@
 namespace flashcore::bridge {
 namespace {
 
-void use_device(int32_t ordinal) { check_cuda(cudaSetDevice(ordinal), "cudaSetDevice"); }
+// Makes `ordinal` current for this thread (cudaGetDevice is a cheap thread-local read).
+void use_device(int32_t ordinal) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != ordinal) {
+    check_cuda(cudaSetDevice(ordinal), "cudaSetDevice");
+  }
+}
 
 cudaStream_t as_stream(size_t s) { return reinterpret_cast<cudaStream_t>(s); }
 cudaEvent_t as_event(size_t e) { return reinterpret_cast<cudaEvent_t>(e); }

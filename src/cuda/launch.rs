@@ -33,6 +33,12 @@ fn strides3(s: [usize; 4]) -> [i64; 3] {
 }
 
 /// Everything of the launch but the pointers (filled by the FFI layer from the buffers).
+///
+/// One-query GQA/MQA problems (decoding) are packed: the `group` query heads that share a key/
+/// value head become `group` query rows of one head, so each K/V tile is read once per group and
+/// the kernel's query tile holds `group` useful rows instead of one. Exact when the one query sees
+/// every key (no mask, or bottom-right causal); the dense `[batch, heads, 1]` logsumexp layout is
+/// the same either way.
 fn describe<T: AttentionElement>(
     p: &Problem,
     row: &TileRow,
@@ -41,6 +47,19 @@ fn describe<T: AttentionElement>(
     v: &Tensor<T>,
     out: &Tensor<T>,
 ) -> FmhaCall {
+    let group = p.heads_q / p.heads_kv.max(1);
+    let sees_all_keys = matches!(p.causal, Causal::None | Causal::BottomRight);
+    let pack = p.seq_q == 1 && group > 1 && sees_all_keys;
+    let (mut q_stride, mut o_stride) = (strides3(q.strides()), strides3(out.strides()));
+    let (seq_q, heads_q, causal) = if pack {
+        // rows advance by the head stride; "heads" (one per kv head) by `group` heads.
+        for st in [&mut q_stride, &mut o_stride] {
+            *st = [st[0], st[2], st[2] * group as i64];
+        }
+        (group, p.heads_kv, Causal::None)
+    } else {
+        (p.seq_q, p.heads_q, p.causal)
+    };
     FmhaCall {
         ordinal: 0,
         stream: 0,
@@ -51,17 +70,17 @@ fn describe<T: AttentionElement>(
         out: 0,
         lse: 0,
         batch: p.batch as i64,
-        seq_q: p.seq_q as i64,
+        seq_q: seq_q as i64,
         seq_k: p.seq_k as i64,
-        heads_q: p.heads_q as i64,
+        heads_q: heads_q as i64,
         heads_kv: p.heads_kv as i64,
         head_dim: p.head_dim as i64,
-        q_stride: strides3(q.strides()),
+        q_stride,
         k_stride: strides3(k.strides()),
         v_stride: strides3(v.strides()),
-        o_stride: strides3(out.strides()),
+        o_stride,
         scale: p.scale,
-        causal: match p.causal {
+        causal: match causal {
             Causal::None => 0,
             Causal::TopLeft => 1,
             Causal::BottomRight => 2,
@@ -83,13 +102,20 @@ pub(crate) fn run_cutlass<T: AttentionElement>(
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<()> {
     let stream = device_stream(out)?.clone();
-    let mut inputs = vec![device_stream(q)?, device_stream(k)?, device_stream(v)?];
-    if let Some(l) = lse.as_deref() {
-        inputs.push(device_stream(l)?);
+    let lse_stream = match lse.as_deref() {
+        Some(l) => Some(device_stream(l)?.clone()),
+        None => None,
+    };
+    let (qs, ks, vs) = (
+        device_stream(q)?.clone(),
+        device_stream(k)?.clone(),
+        device_stream(v)?.clone(),
+    );
+    let inputs = [Some(&qs), Some(&ks), Some(&vs), lse_stream.as_ref()];
+    let inputs = inputs.iter().flatten().copied();
+    for s in inputs.clone() {
+        order_after(&stream, &[s])?;
     }
-    let inputs: Vec<Stream> = inputs.into_iter().cloned().collect();
-    let input_refs: Vec<&Stream> = inputs.iter().collect();
-    order_after(&stream, &input_refs)?;
 
     let call = describe(p, row, q, k, v, out);
     let buffers = FmhaBuffers {
@@ -104,7 +130,7 @@ pub(crate) fn run_cutlass<T: AttentionElement>(
     };
     ffi::fmha_sm80(call, stream.raw(), buffers)?;
     // Frees and copies later enqueued on the inputs' streams must follow the kernel.
-    for s in &inputs {
+    for s in inputs {
         order_after(s, &[&stream])?;
     }
     Ok(())
