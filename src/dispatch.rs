@@ -76,6 +76,7 @@ fn plan_gpu<T: AttentionElement>(
     )?;
     crate::plan::choose_row(
         problem.head_dim,
+        problem.query_rows(),
         device.compute_capability(),
         device.shared_memory_per_block_optin(),
         opts.force_arch_class,

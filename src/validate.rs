@@ -30,6 +30,24 @@ impl Problem {
         self.batch == 0 || self.seq_q == 0 || self.heads_q == 0
     }
 
+    /// Whether a one-query GQA/MQA problem runs with the query heads that share a key/value head
+    /// packed as query rows (exact because the one query sees every key).
+    pub fn packs_heads(&self) -> bool {
+        self.seq_q == 1
+            && self.heads_kv > 0
+            && self.heads_q > self.heads_kv
+            && matches!(self.causal, Causal::None | Causal::BottomRight)
+    }
+
+    /// Query rows per (batch, head) the kernel sees, after packing.
+    pub fn query_rows(&self) -> usize {
+        if self.packs_heads() {
+            self.heads_q / self.heads_kv
+        } else {
+            self.seq_q
+        }
+    }
+
     /// Keys visible to query row `i`: `0..visible_keys(i)`.
     pub fn visible_keys(&self, i: usize) -> usize {
         match self.causal {

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
-use flashcore::plan::{choose_row, select_row, ArchClass, TILE_TABLE};
+use flashcore::plan::{choose_row, select_row, ArchClass, DECODE_TABLE, TILE_TABLE};
 use flashcore::{
     attention, attention_into, AttentionOptions, Backend, BackendKind, Causal, Error, Layout,
     Operand, Shape, Tensor,
@@ -365,7 +365,8 @@ fn tile_table_choice_per_arch_class() {
             Some(class)
         );
         for d in (8..=256).step_by(8) {
-            let row = choose_row(d, (major, minor), class.smem_per_block_optin(), None).unwrap();
+            let row =
+                choose_row(d, 4096, (major, minor), class.smem_per_block_optin(), None).unwrap();
             assert_eq!(row.arch, class);
             assert!(d <= row.max_head_dim as usize && d <= row.tile.max_head_dim as usize);
             // The tightest tier: the row below (if any) would not serve d.
@@ -376,16 +377,16 @@ fn tile_table_choice_per_arch_class() {
     assert_eq!(ArchClass::from_compute_capability(7, 5), None);
     assert_eq!(ArchClass::from_compute_capability(10, 0), None);
     assert!(matches!(
-        choose_row(64, (7, 5), 64 * 1024, None),
+        choose_row(64, 4096, (7, 5), 64 * 1024, None),
         Err(Error::UnsupportedDevice { major: 7, minor: 5 })
     ));
     // The sm_89 rows are what an L4 gets, and can be forced on an H200.
-    let l4 = choose_row(256, (8, 9), 99 * 1024, None).unwrap();
-    let forced = choose_row(256, (9, 0), 227 * 1024, Some(ArchClass::Sm86Sm89)).unwrap();
+    let l4 = choose_row(256, 4096, (8, 9), 99 * 1024, None).unwrap();
+    let forced = choose_row(256, 4096, (9, 0), 227 * 1024, Some(ArchClass::Sm86Sm89)).unwrap();
     assert_eq!(l4, forced);
     // Forcing a class whose tile does not fit the device is an error, not a failed launch.
     assert!(matches!(
-        choose_row(256, (8, 9), 48 * 1024, Some(ArchClass::Sm90)),
+        choose_row(256, 4096, (8, 9), 48 * 1024, Some(ArchClass::Sm90)),
         Err(Error::SharedMemoryExceeded {
             needed: 69_632,
             available: 49_152
@@ -407,8 +408,31 @@ fn tile_table_rows_fit_their_class() {
             assert!(2 * r.smem_bytes <= class.smem_per_sm(), "{r:?}");
             assert!(r.tile.max_head_dim >= r.max_head_dim);
             assert!(!r.reason.is_empty());
-            assert_eq!(select_row(class, r.max_head_dim as usize), Some(r));
+            assert_eq!(select_row(class, r.max_head_dim as usize, 4096), Some(r));
         }
+    }
+}
+
+#[test]
+fn decode_rows_serve_few_query_rows() {
+    for class in ArchClass::ALL {
+        let smem = class.smem_per_block_optin();
+        let cc = match class {
+            ArchClass::Sm80 => (8, 0),
+            ArchClass::Sm86Sm89 => (8, 9),
+            ArchClass::Sm90 => (9, 0),
+        };
+        for rows in [1, 4, 32] {
+            for d in [8, 64, 128] {
+                let row = choose_row(d, rows, cc, smem, None).unwrap();
+                assert!(DECODE_TABLE.contains(row), "{class:?} rows={rows} d={d}");
+                assert_eq!(row.tile.queries_per_block as usize, 32);
+            }
+            // Above the decode rows' head dims, the main table serves.
+            let row = choose_row(256, rows, cc, smem, None).unwrap();
+            assert!(TILE_TABLE.contains(row));
+        }
+        assert!(TILE_TABLE.contains(choose_row(64, 33, cc, smem, None).unwrap()));
     }
 }
 

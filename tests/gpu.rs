@@ -6,7 +6,7 @@
 mod common;
 
 use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
-use flashcore::plan::{ArchClass, TILE_TABLE};
+use flashcore::plan::{ArchClass, DECODE_TABLE, TILE_TABLE};
 use flashcore::{
     attention, attention_into, AttentionElement, AttentionOptions, Backend, BackendKind, Causal,
     DType, Device, Error, Layout, Operand, Shape, Stream, Tensor,

@@ -48,8 +48,7 @@ fn describe<T: AttentionElement>(
     out: &Tensor<T>,
 ) -> FmhaCall {
     let group = p.heads_q / p.heads_kv.max(1);
-    let sees_all_keys = matches!(p.causal, Causal::None | Causal::BottomRight);
-    let pack = p.seq_q == 1 && group > 1 && sees_all_keys;
+    let pack = p.packs_heads();
     let (mut q_stride, mut o_stride) = (strides3(q.strides()), strides3(out.strides()));
     let (seq_q, heads_q, causal) = if pack {
         // rows advance by the head stride; "heads" (one per kv head) by `group` heads.

@@ -3,7 +3,9 @@
 
 mod tiles;
 
-pub use tiles::{distinct_tiles, ArchClass, Tile, TileRow, TILE_TABLE};
+pub use tiles::{
+    distinct_tiles, ArchClass, Tile, TileRow, DECODE_MAX_QUERY_ROWS, DECODE_TABLE, TILE_TABLE,
+};
 
 use crate::error::{Error, Result};
 use crate::validate::Problem;
@@ -21,11 +23,17 @@ impl ArchClass {
     }
 }
 
-/// The row of `arch` serving `head_dim`, or `None` above the largest tier.
-pub fn select_row(arch: ArchClass, head_dim: usize) -> Option<&'static TileRow> {
-    TILE_TABLE
-        .iter()
-        .find(|r| r.arch == arch && head_dim <= r.max_head_dim as usize)
+/// The row of `arch` serving `head_dim` for problems with `query_rows` query rows per head:
+/// [`DECODE_TABLE`] for at most [`DECODE_MAX_QUERY_ROWS`] rows where it covers the head dim,
+/// else [`TILE_TABLE`]; `None` above the largest tier.
+pub fn select_row(arch: ArchClass, head_dim: usize, query_rows: usize) -> Option<&'static TileRow> {
+    let fits = |r: &&TileRow| r.arch == arch && head_dim <= r.max_head_dim as usize;
+    let decode = if query_rows <= DECODE_MAX_QUERY_ROWS {
+        DECODE_TABLE.iter().find(fits)
+    } else {
+        None
+    };
+    decode.or_else(|| TILE_TABLE.iter().find(fits))
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -69,19 +77,21 @@ pub(crate) fn check_index_limits(p: &Problem, strides: &[[usize; 4]]) -> Result<
     Ok(())
 }
 
-/// Chooses the CUTLASS Ampere/Ada row for `head_dim` on a device of compute capability `cc`
-/// that lets one block opt in to `smem_optin` bytes, or from class `forced` when set.
+/// Chooses the CUTLASS Ampere/Ada row for `head_dim` and `query_rows` query rows per head on a
+/// device of compute capability `cc` that lets one block opt in to `smem_optin` bytes, or from
+/// class `forced` when set.
 ///
 /// ```
 /// use flashcore::plan::{choose_row, ArchClass};
 /// // An L4 (sm_89, 99 KB per block) at head dim 128:
-/// let row = choose_row(128, (8, 9), 99 * 1024, None)?;
+/// let row = choose_row(128, 4096, (8, 9), 99 * 1024, None)?;
 /// assert_eq!(row.arch, ArchClass::Sm86Sm89);
 /// assert_eq!((row.tile.queries_per_block, row.tile.keys_per_block), (32, 128));
 /// # Ok::<(), flashcore::Error>(())
 /// ```
 pub fn choose_row(
     head_dim: usize,
+    query_rows: usize,
     cc: (i32, i32),
     smem_optin: usize,
     forced: Option<ArchClass>,
@@ -93,7 +103,7 @@ pub fn choose_row(
             minor: cc.1,
         })?,
     };
-    let row = select_row(arch, head_dim).ok_or(Error::UnsupportedHeadDim(head_dim))?;
+    let row = select_row(arch, head_dim, query_rows).ok_or(Error::UnsupportedHeadDim(head_dim))?;
     if row.smem_bytes > smem_optin {
         return Err(Error::SharedMemoryExceeded {
             needed: row.smem_bytes,

@@ -152,10 +152,10 @@ pub const TILE_TABLE: &[TileRow] = &[
     TileRow {
         arch: ArchClass::Sm90,
         max_head_dim: 64,
-        tile: tile(128, 64, 64),
-        smem_bytes: 29_696,
-        reason: "30 KB: the large SM fits 2 blocks x 8 warps easily; 128 query rows halve \
-                 K/V re-reads from L2 against 64",
+        tile: tile(64, 64, 64),
+        smem_bytes: 18_944,
+        reason: "19 KB: measured on the H200 (2026-11-21), 64x64 beats 128x64 on every d=64 \
+                 bench shape (2x32x8192x64: 7.53 ms vs 8.14 ms): twice the blocks in flight",
     },
     TileRow {
         arch: ArchClass::Sm90,
@@ -174,10 +174,33 @@ pub const TILE_TABLE: &[TileRow] = &[
     },
 ];
 
-/// Every distinct tile named by the table, in table order (what `build.rs` instantiates).
+/// Problems with at most this many query rows per head (after packing one-query GQA heads
+/// into rows) use [`DECODE_TABLE`].
+pub const DECODE_MAX_QUERY_ROWS: usize = 32;
+
+const fn decode_row(arch: ArchClass) -> TileRow {
+    TileRow {
+        arch,
+        max_head_dim: 128,
+        tile: tile(32, 128, 128),
+        smem_bytes: 42_496,
+        reason: "decode (<= 32 query rows per head): a 32-row query tile wastes the fewest \
+                 rows; measured on the H200 (2026-11-21) at 32x32(kv 8)x1x4096 d=128: \
+                 136 us vs 199 us with 64 rows. 42 KB fits every class",
+    }
+}
+
+/// Rows for few-query problems (decoding). Head dims above the last row use [`TILE_TABLE`].
+pub const DECODE_TABLE: &[TileRow] = &[
+    decode_row(ArchClass::Sm80),
+    decode_row(ArchClass::Sm86Sm89),
+    decode_row(ArchClass::Sm90),
+];
+
+/// Every distinct tile named by the tables, in table order (what `build.rs` instantiates).
 pub fn distinct_tiles() -> Vec<Tile> {
     let mut out: Vec<Tile> = Vec::new();
-    for row in TILE_TABLE {
+    for row in TILE_TABLE.iter().chain(DECODE_TABLE) {
         if !out.contains(&row.tile) {
             out.push(row.tile);
         }
