@@ -30,6 +30,7 @@ impl Problem {
         self.batch == 0 || self.seq_q == 0 || self.heads_q == 0
     }
 
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     /// Whether a one-query GQA/MQA problem runs with the query heads that share a key/value head
     /// packed as query rows (exact because the one query sees every key).
     pub fn packs_heads(&self) -> bool {
@@ -39,6 +40,7 @@ impl Problem {
             && matches!(self.causal, Causal::None | Causal::BottomRight)
     }
 
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     /// Query rows per (batch, head) the kernel sees, after packing.
     pub fn query_rows(&self) -> usize {
         if self.packs_heads() {

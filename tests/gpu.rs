@@ -279,11 +279,24 @@ fn every_tile_row_including_forced_sm89() {
             }
         }
     }
+    // The decode rows: one query, GQA 4:1 (packed to 4 query rows per kv head).
+    for row in DECODE_TABLE {
+        for d in [64, row.max_head_dim as usize] {
+            cases.push(Case {
+                force: Some(row.arch),
+                sq: 1,
+                sk: 777,
+                hk: 2,
+                lse: true,
+                ..case(3, 8, 0, d)
+            });
+        }
+    }
     let forced_sm89 = cases
         .iter()
         .filter(|c| c.force == Some(ArchClass::Sm86Sm89))
         .count();
-    assert_eq!(forced_sm89, 12, "every sm_89 row must run here");
+    assert_eq!(forced_sm89, 14, "every sm_89 row must run here");
     both_dtypes(&cases);
 }
 
