@@ -117,17 +117,7 @@ pub(crate) fn run_cutlass<T: AttentionElement>(
     }
 
     let call = describe(p, row, q, k, v, out);
-    let buffers = FmhaBuffers {
-        q: device_buffer(q)?,
-        k: device_buffer(k)?,
-        v: device_buffer(v)?,
-        out: device_buffer_mut(out)?,
-        lse: match lse {
-            Some(l) => Some(device_buffer_mut(l)?),
-            None => None,
-        },
-    };
-    ffi::fmha_sm80(call, stream.raw(), buffers)?;
+    ffi::fmha_sm80(call, stream.raw(), buffers(q, k, v, out, lse)?)?;
     // Frees and copies later enqueued on the inputs' streams must follow the kernel.
     for s in inputs {
         order_after(s, &[&stream])?;
@@ -156,15 +146,29 @@ pub(crate) fn cpp_launch_ns<T: AttentionElement>(
         }
     }
     let call = describe(p, row, q, k, v, out);
-    let buffers = FmhaBuffers {
+    let buffers = buffers(q, k, v, out, None)?;
+    ffi::fmha_sm80_host_ns(call, stream.raw(), buffers, iters)
+}
+/// The device buffers behind the operands.
+fn buffers<'a, T: AttentionElement>(
+    q: &'a Tensor<T>,
+    k: &'a Tensor<T>,
+    v: &'a Tensor<T>,
+    out: &'a mut Tensor<T>,
+    lse: Option<&'a mut Tensor<f32>>,
+) -> Result<FmhaBuffers<'a>> {
+    Ok(FmhaBuffers {
         q: device_buffer(q)?,
         k: device_buffer(k)?,
         v: device_buffer(v)?,
         out: device_buffer_mut(out)?,
-        lse: None,
-    };
-    ffi::fmha_sm80_host_ns(call, stream.raw(), buffers, iters)
+        lse: match lse {
+            Some(l) => Some(device_buffer_mut(l)?),
+            None => None,
+        },
+    })
 }
+
 fn device_buffer<T: crate::element::Element>(t: &Tensor<T>) -> Result<&ffi::RawBuffer> {
     match &t.storage {
         Storage::Device(b) => Ok(b.raw()),
