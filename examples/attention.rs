@@ -4,8 +4,12 @@
 //! `cargo run --release --example attention -- [B H S D] [--causal] [--bf16]`
 //! (default: the mission shape 1 x 8 x 512 x 64, f16).
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::time::Instant;
 
+use common::{logical, randn, rel_l2, Rng};
 use flashcore::{attention, AttentionElement, AttentionOptions, Backend, Causal, Layout, Tensor};
 use half::{bf16, f16};
 
@@ -36,34 +40,13 @@ fn parse() -> Result<Args, String> {
     Ok(Args { dims, causal, bf16 })
 }
 
-/// Deterministic standard-normal inputs (splitmix64 + Box-Muller).
-fn randn<T: AttentionElement>(seed: u64, dims: &[usize]) -> flashcore::Result<Tensor<T>> {
-    let mut state = seed;
-    let mut uniform = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (((z ^ (z >> 31)) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    let n: usize = dims.iter().product();
-    let data = (0..n)
-        .map(|_| {
-            let (u, v) = (uniform(), uniform());
-            T::from_f64((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos())
-        })
-        .collect();
-    Tensor::from_vec(data, dims, Layout::Bhsd)
-}
-
 fn run<T: AttentionElement>(args: &Args) -> flashcore::Result<()> {
     let [b, h, s, d] = args.dims;
     let dims = [b, h, s, d]; // BHSD, as PyTorch lays it out
-    let (q, k, v) = (
-        randn::<T>(1, &dims)?,
-        randn::<T>(2, &dims)?,
-        randn::<T>(3, &dims)?,
-    );
+    let mut rng = Rng::fresh();
+    let q = randn::<T>(&mut rng, &dims, Layout::Bhsd);
+    let k = randn::<T>(&mut rng, &dims, Layout::Bhsd);
+    let v = randn::<T>(&mut rng, &dims, Layout::Bhsd);
     let causal = if args.causal {
         Causal::BottomRight
     } else {
@@ -73,28 +56,7 @@ fn run<T: AttentionElement>(args: &Args) -> flashcore::Result<()> {
 
     let (result, ms, backend) = run_best(&q, &k, &v, &opts)?;
     let reference = attention(&q, &k, &v, &opts.backend(Backend::Cpu))?;
-    let (mut num, mut den) = (0f64, 0f64);
-    for bi in 0..b {
-        for si in 0..s {
-            for hi in 0..h {
-                for x in 0..d {
-                    let want = reference
-                        .out
-                        .get(bi, si, hi, x)
-                        .unwrap_or_default()
-                        .to_f64();
-                    let got = result.get(bi, si, hi, x).unwrap_or_default().to_f64();
-                    num += (got - want).powi(2);
-                    den += want.powi(2);
-                }
-            }
-        }
-    }
-    let err = if num.is_finite() {
-        (num / den).sqrt()
-    } else {
-        f64::INFINITY
-    };
+    let err = rel_l2(&logical(&result), &logical(&reference.out));
     println!(
         "backend={} dtype={:?} shape=B{b}xH{h}xS{s}xD{d} causal={} time={ms:.4} ms rel_l2_vs_cpu_f64={err:.3e}",
         backend,
