@@ -1,6 +1,6 @@
 //! Build script: without the `cuda` feature (or on docs.rs) nothing is compiled. With it:
-//! find or provision CUDA and CUTLASS (build/toolchain.rs), compile the CUTLASS kernels named by
-//! the tile table with nvcc, cached by content hash (build/kernels.rs), and the cxx bridge.
+//! find or provision CUDA and CUTLASS (build/toolchain.rs), compile the kernels named by
+//! the tile tables with nvcc, cached by content hash (build/kernels.rs), and the cxx bridge.
 
 #[path = "build/kernels.rs"]
 #[allow(dead_code)]
@@ -82,6 +82,7 @@ fn main() {
     cxx_build::bridge("src/cuda/ffi.rs")
         .file(cpp.join("src/bridge.cpp"))
         .file(cpp.join("src/sm80/dispatch.cpp"))
+        .file(cpp.join("src/wmma/dispatch.cpp"))
         .include(cpp.join("include"))
         .include(cpp.join("src"))
         .include(&gen)

@@ -10,17 +10,26 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
 
 use common::{shapes, time_calls, Inputs};
-use flashcore::{attention, AttentionElement, AttentionOptions, Device, Layout, Stream, Tensor};
+use flashcore::{
+    attention, AttentionElement, AttentionOptions, Backend, Device, Layout, Stream, Tensor,
+};
 use half::{bf16, f16};
 
-fn bench_gpu<T: AttentionElement>(c: &mut Criterion, stream: &Stream, dtype: &str) {
-    let mut group = c.benchmark_group(format!("cutlass-sm80/{dtype}"));
+fn bench_gpu<T: AttentionElement>(
+    c: &mut Criterion,
+    stream: &Stream,
+    backend: Backend,
+    name: &str,
+    dtype: &str,
+) {
+    let mut group = c.benchmark_group(format!("{name}/{dtype}"));
     group
         .sample_size(20)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2));
     for shape in shapes() {
-        let mut inputs = Inputs::<T>::new(stream, &shape, None).expect("allocate bench inputs");
+        let mut inputs =
+            Inputs::<T>::new(stream, &shape, backend, None).expect("allocate bench inputs");
         group.throughput(Throughput::Elements(shape.flops() as u64));
         group.bench_function(shape.name(), |b| {
             b.iter_custom(|iters| {
@@ -65,8 +74,13 @@ fn benches(c: &mut Criterion) {
     }
     let device = Device::open(0).expect("open device 0");
     let stream = Stream::new(&device).expect("create stream");
-    bench_gpu::<f16>(c, &stream, "f16");
-    bench_gpu::<bf16>(c, &stream, "bf16");
+    for (backend, name) in [
+        (Backend::CutlassSm80, "cutlass-sm80"),
+        (Backend::Wmma, "wmma"),
+    ] {
+        bench_gpu::<f16>(c, &stream, backend, name, "f16");
+        bench_gpu::<bf16>(c, &stream, backend, name, "bf16");
+    }
 }
 
 criterion_group!(attention_benches, benches);

@@ -1,8 +1,8 @@
 //! Runs attention on the best available backend (GPU if present, else CPU) and prints the
 //! backend, shape, time and error against the float64 CPU reference.
 //!
-//! `cargo run --release --example attention -- [B H S D] [--causal] [--bf16]`
-//! (default: the mission shape 1 x 8 x 512 x 64, f16).
+//! `cargo run --release --example attention -- [B H S D] [--causal] [--bf16]
+//! [--backend auto|cutlass|wmma]` (default: the mission shape 1 x 8 x 512 x 64, f16, `Auto`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -17,15 +17,25 @@ struct Args {
     dims: [usize; 4],
     causal: bool,
     bf16: bool,
+    backend: Backend,
 }
 
 fn parse() -> Result<Args, String> {
     let mut dims = Vec::new();
-    let (mut causal, mut bf16) = (false, false);
-    for a in std::env::args().skip(1) {
+    let (mut causal, mut bf16, mut backend) = (false, false, Backend::Auto);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
         match a.as_str() {
             "--causal" => causal = true,
             "--bf16" => bf16 = true,
+            "--backend" => {
+                backend = match args.next().as_deref() {
+                    Some("auto") => Backend::Auto,
+                    Some("cutlass") => Backend::CutlassSm80,
+                    Some("wmma") => Backend::Wmma,
+                    other => return Err(format!("bad --backend {other:?}")),
+                }
+            }
             n => dims.push(
                 n.parse::<usize>()
                     .map_err(|_| format!("bad argument {n:?}"))?,
@@ -37,7 +47,12 @@ fn parse() -> Result<Args, String> {
         4 => [dims[0], dims[1], dims[2], dims[3]],
         _ => return Err("give all four of B H S D, or none".into()),
     };
-    Ok(Args { dims, causal, bf16 })
+    Ok(Args {
+        dims,
+        causal,
+        bf16,
+        backend,
+    })
 }
 
 fn run<T: AttentionElement>(args: &Args) -> flashcore::Result<()> {
@@ -54,7 +69,7 @@ fn run<T: AttentionElement>(args: &Args) -> flashcore::Result<()> {
     };
     let opts = AttentionOptions::default().causal(causal);
 
-    let (result, ms, backend) = run_best(&q, &k, &v, &opts)?;
+    let (result, ms, backend) = run_best(&q, &k, &v, &opts.backend(args.backend))?;
     let reference = attention(&q, &k, &v, &opts.backend(Backend::Cpu))?;
     let err = rel_l2(&logical(&result), &logical(&reference.out));
     println!(
@@ -130,7 +145,9 @@ fn main() {
     let args = match parse() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("{e}\nusage: attention [B H S D] [--causal] [--bf16]");
+            eprintln!(
+                "{e}\nusage: attention [B H S D] [--causal] [--bf16] [--backend auto|cutlass|wmma]"
+            );
             std::process::exit(2);
         }
     };

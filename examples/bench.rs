@@ -13,7 +13,7 @@ use std::time::Instant;
 use common::{percentiles, shapes, time_calls, BenchShape, Inputs};
 use flashcore::plan::ArchClass;
 use flashcore::{
-    attention, AttentionElement, AttentionOptions, Causal, Device, Layout, Stream, Tensor,
+    attention, AttentionElement, AttentionOptions, Backend, Causal, Device, Layout, Stream, Tensor,
 };
 use half::{bf16, f16};
 use serde_json::json;
@@ -80,9 +80,10 @@ fn gpu<T: AttentionElement>(
     stream: &Stream,
     shape: &BenchShape,
     iters: usize,
+    backend: Backend,
     force: Option<ArchClass>,
 ) -> flashcore::Result<Vec<f64>> {
-    let mut inputs = Inputs::<T>::new(stream, shape, force)?;
+    let mut inputs = Inputs::<T>::new(stream, shape, backend, force)?;
     time_calls(stream, &mut inputs, 10, iters)
 }
 
@@ -172,19 +173,24 @@ fn main() {
         .collect();
     for (i, shape) in list.iter().enumerate() {
         eprintln!("[{}/{}] {}", i + 1, list.len(), shape.name());
-        for dtype in ["f16", "bf16"] {
-            let run = match dtype {
-                "f16" => gpu::<f16>(&stream, shape, args.iters, args.force),
-                _ => gpu::<bf16>(&stream, shape, args.iters, args.force),
-            };
-            match run {
-                Ok(times_us) => records.push(Record {
-                    backend: "cutlass-sm80",
-                    dtype,
-                    shape: *shape,
-                    times_us,
-                }),
-                Err(e) => eprintln!("  {dtype}: {e}"),
+        for (backend, name) in [
+            (Backend::CutlassSm80, "cutlass-sm80"),
+            (Backend::Wmma, "wmma"),
+        ] {
+            for dtype in ["f16", "bf16"] {
+                let run = match dtype {
+                    "f16" => gpu::<f16>(&stream, shape, args.iters, backend, args.force),
+                    _ => gpu::<bf16>(&stream, shape, args.iters, backend, args.force),
+                };
+                match run {
+                    Ok(times_us) => records.push(Record {
+                        backend: name,
+                        dtype,
+                        shape: *shape,
+                        times_us,
+                    }),
+                    Err(e) => eprintln!("  {name} {dtype}: {e}"),
+                }
             }
         }
         if shape.group == "seed" && shape.b == 4 && args.force.is_none() {

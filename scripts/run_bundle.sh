@@ -7,14 +7,28 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-.}"
 mkdir -p "$out"
 status=0
+# The block below runs in a pipeline (a subshell): it reports failures through this marker file.
+marker="$(mktemp)"
+rm -f "$marker"
 {
   nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
   echo "== example (mission shape and a causal bf16 run)"
-  "$here/example-attention" || status=1
-  "$here/example-attention" 4 8 2048 128 --causal --bf16 || status=1
+  "$here/example-attention" || touch "$marker"
+  "$here/example-attention" 4 8 2048 128 --causal --bf16 || touch "$marker"
   echo "== SASS in the fatbin (cuobjdump --list-elf example-attention)"
   cuobjdump --list-elf "$here/example-attention" | sed -E 's/.*\.(sm_[0-9a-z]+)\..*/\1/' | sort | uniq -c
+  echo "== WMMA kernels: registers, shared memory, stack, spills (cuobjdump --dump-resource-usage)"
+  cuobjdump --dump-resource-usage "$here/example-attention" |
+    awk '/^[ \t]*arch = /{arch=$3} /Function .*wmma/{fn=$2} /REG:/{ if (fn != "") { print arch, fn, $0; fn="" } }'
+  echo "== compute-sanitizer racecheck: WMMA on the seed shapes"
+  sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+  for shape in "1 8 512 64" "4 8 256 64" "1 8 1024 64"; do
+    # shellcheck disable=SC2086
+    "$sanitizer" --tool racecheck --racecheck-report all --error-exitcode 3 \
+      "$here/example-attention" $shape --backend wmma || touch "$marker"
+  done
 } 2>&1 | tee "$out/example.log"
+[ -e "$marker" ] && { echo "== example or racecheck FAILED"; status=1; }
 echo "== GPU test suite"
 "$here/test-gpu" --include-ignored --nocapture 2>&1 | tee "$out/gpu-tests.log"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1

@@ -3,7 +3,7 @@
 use crate::element::AttentionElement;
 use crate::error::{Error, Result};
 use crate::options::{AttentionOptions, Backend, BackendKind};
-use crate::plan::TileRow;
+use crate::plan::{Kernel, TileRow};
 use crate::tensor::{Location, Tensor};
 use crate::validate::Problem;
 
@@ -16,19 +16,27 @@ pub struct Execution {
     pub tile: Option<TileRow>,
 }
 
-/// The backend that serves `requested` for operands at `location`.
-pub(crate) fn resolve(requested: Backend, location: Location) -> Result<BackendKind> {
-    match (requested, location) {
+/// The backend that serves `requested` for `problem` (whose operands are all at one location).
+pub(crate) fn resolve(requested: Backend, problem: &Problem) -> Result<BackendKind> {
+    let gpu = |kernel: Kernel| match problem.location {
+        Location::Cuda(_) => Ok(BackendKind::from(kernel)),
+        Location::Host => Err(Error::BackendUnavailable {
+            backend: kernel.name(),
+            reason: "operands are on the host; copy them with Tensor::to_device first".into(),
+        }),
+    };
+    match (requested, problem.location) {
         (Backend::Auto | Backend::Cpu, Location::Host) => Ok(BackendKind::Cpu),
-        (Backend::Auto | Backend::CutlassSm80, Location::Cuda(_)) => Ok(BackendKind::CutlassSm80),
         (Backend::Cpu, Location::Cuda(_)) => Err(Error::BackendUnavailable {
             backend: "cpu",
             reason: "operands are on a GPU; copy them with Tensor::to_host first".into(),
         }),
-        (Backend::CutlassSm80, Location::Host) => Err(Error::BackendUnavailable {
-            backend: "cutlass-sm80",
-            reason: "operands are on the host; copy them with Tensor::to_device first".into(),
-        }),
+        (Backend::Auto, Location::Cuda(_)) => gpu(crate::plan::auto_kernel(
+            problem.head_dim,
+            problem.query_rows(),
+        )),
+        (Backend::CutlassSm80, _) => gpu(Kernel::CutlassSm80),
+        (Backend::Wmma, _) => gpu(Kernel::Wmma),
     }
 }
 
@@ -42,23 +50,25 @@ pub(crate) fn run<T: AttentionElement>(
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<Execution> {
-    match resolve(opts.backend, problem.location)? {
-        BackendKind::Cpu => {
+    let backend = resolve(opts.backend, problem)?;
+    match backend.kernel() {
+        None => {
             if !problem.is_empty() {
                 crate::cpu::attention(problem, q, k, v, out, lse);
             }
             Ok(Execution {
-                backend: BackendKind::Cpu,
+                backend,
                 tile: None,
             })
         }
-        BackendKind::CutlassSm80 => run_cutlass(problem, opts, q, k, v, out, lse),
+        Some(kernel) => run_gpu(kernel, problem, opts, q, k, v, out, lse),
     }
 }
 
-/// The tile-table row for `problem` on the device of `out`'s stream.
+/// `kernel`'s tile-table row for `problem` on the device of `out`'s stream.
 #[cfg(feature = "cuda")]
 fn plan_gpu<T: AttentionElement>(
+    kernel: Kernel,
     problem: &Problem,
     opts: &AttentionOptions,
     q: &Tensor<T>,
@@ -71,10 +81,12 @@ fn plan_gpu<T: AttentionElement>(
         None => return Err(Error::CudaNotBuilt),
     };
     crate::plan::check_index_limits(
+        kernel,
         problem,
         &[q.strides(), k.strides(), v.strides(), out.strides()],
     )?;
     crate::plan::choose_row(
+        kernel,
         problem.head_dim,
         problem.query_rows(),
         device.compute_capability(),
@@ -84,7 +96,9 @@ fn plan_gpu<T: AttentionElement>(
 }
 
 #[cfg(feature = "cuda")]
-fn run_cutlass<T: AttentionElement>(
+#[allow(clippy::too_many_arguments)]
+fn run_gpu<T: AttentionElement>(
+    kernel: Kernel,
     problem: &Problem,
     opts: &AttentionOptions,
     q: &Tensor<T>,
@@ -93,12 +107,12 @@ fn run_cutlass<T: AttentionElement>(
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<Execution> {
-    let row = plan_gpu(problem, opts, q, k, v, out)?;
+    let row = plan_gpu(kernel, problem, opts, q, k, v, out)?;
     if !problem.is_empty() {
-        crate::cuda::launch::run_cutlass(problem, row, q, k, v, out, lse)?;
+        crate::cuda::launch::run(kernel, problem, row, q, k, v, out, lse)?;
     }
     Ok(Execution {
-        backend: BackendKind::CutlassSm80,
+        backend: kernel.into(),
         tile: Some(*row),
     })
 }
@@ -117,13 +131,21 @@ pub fn cpp_direct_launch_ns<T: AttentionElement>(
     iters: u32,
 ) -> Result<f64> {
     let problem = crate::validate::validate(q, k, v, out, None, opts)?;
-    let row = plan_gpu(&problem, opts, q, k, v, out)?;
+    let kernel = resolve(opts.backend, &problem)?
+        .kernel()
+        .ok_or(Error::BackendUnavailable {
+            backend: "cpu",
+            reason: "the C++ overhead probe runs GPU kernels only".into(),
+        })?;
+    let row = plan_gpu(kernel, &problem, opts, q, k, v, out)?;
     let iters = i32::try_from(iters).unwrap_or(i32::MAX);
-    crate::cuda::launch::cpp_launch_ns(&problem, row, q, k, v, out, iters)
+    crate::cuda::launch::cpp_launch_ns(kernel, &problem, row, q, k, v, out, iters)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_cutlass<T: AttentionElement>(
+#[allow(clippy::too_many_arguments)]
+fn run_gpu<T: AttentionElement>(
+    _: Kernel,
     _: &Problem,
     _: &AttentionOptions,
     _: &Tensor<T>,

@@ -1,6 +1,6 @@
 //! Options of an attention call.
 
-use crate::plan::ArchClass;
+use crate::plan::{ArchClass, Kernel};
 
 /// Causal masking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -18,14 +18,17 @@ pub enum Causal {
 /// Which implementation runs the attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Backend {
-    /// The best available for the operands' location and the device: CUTLASS Ampere/Ada for
-    /// device tensors, the CPU reference for host tensors.
+    /// The best available for the operands' location and the problem: on a GPU the kernel
+    /// [`crate::plan::auto_kernel`] names (measured), the CPU reference for host tensors.
     #[default]
     Auto,
     /// The float64-accumulating CPU reference (host tensors).
     Cpu,
     /// CUTLASS example 41 (`Sm80` tag) on compute capability 8.0 to 9.x (device tensors).
     CutlassSm80,
+    /// flashcore's WMMA FlashAttention-2 kernel on compute capability 8.0 to 9.x (device
+    /// tensors), with its own tile table ([`crate::plan::WMMA_TABLE`]).
+    Wmma,
 }
 
 /// The backend that actually ran, reported by every call.
@@ -35,6 +38,8 @@ pub enum BackendKind {
     Cpu,
     /// CUTLASS Ampere/Ada.
     CutlassSm80,
+    /// The WMMA kernel.
+    Wmma,
 }
 
 impl BackendKind {
@@ -42,7 +47,26 @@ impl BackendKind {
     pub const fn name(self) -> &'static str {
         match self {
             BackendKind::Cpu => "cpu",
-            BackendKind::CutlassSm80 => "cutlass-sm80",
+            BackendKind::CutlassSm80 => Kernel::CutlassSm80.name(),
+            BackendKind::Wmma => Kernel::Wmma.name(),
+        }
+    }
+
+    /// The GPU kernel family, `None` for the CPU reference.
+    pub const fn kernel(self) -> Option<Kernel> {
+        match self {
+            BackendKind::Cpu => None,
+            BackendKind::CutlassSm80 => Some(Kernel::CutlassSm80),
+            BackendKind::Wmma => Some(Kernel::Wmma),
+        }
+    }
+}
+
+impl From<Kernel> for BackendKind {
+    fn from(kernel: Kernel) -> Self {
+        match kernel {
+            Kernel::CutlassSm80 => BackendKind::CutlassSm80,
+            Kernel::Wmma => BackendKind::Wmma,
         }
     }
 }
@@ -58,7 +82,7 @@ pub struct AttentionOptions {
     pub backend: Backend,
     /// Also return the per-row logsumexp (natural log, f32, `[batch, heads, seq_q]`).
     pub return_lse: bool,
-    /// Use this class's row of the tile table instead of the device's own (e.g. to run the
+    /// Use this class's row of the backend's tile table instead of the device's own (e.g. to run the
     /// sm_89 tiles on an H200). The row must fit the device's shared memory.
     pub force_arch_class: Option<ArchClass>,
 }

@@ -4,7 +4,9 @@
 mod common;
 
 use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
-use flashcore::plan::{choose_row, select_row, ArchClass, DECODE_TABLE, TILE_TABLE};
+use flashcore::plan::{
+    choose_row, select_row, ArchClass, Kernel, DECODE_TABLE, TILE_TABLE, WMMA_TABLE,
+};
 use flashcore::{
     attention, attention_into, AttentionOptions, Backend, BackendKind, Causal, Error, Layout,
     Operand, Shape, Tensor,
@@ -320,19 +322,16 @@ fn invalid_scale() {
 #[test]
 fn gpu_backend_on_host_tensors_is_refused() {
     let t = host(&[1, 2, 1, 8]);
-    let e = run(
-        &t,
-        &t,
-        &t,
-        AttentionOptions::default().backend(Backend::CutlassSm80),
-    );
-    assert!(matches!(
-        e,
-        Error::BackendUnavailable {
-            backend: "cutlass-sm80",
-            ..
-        }
-    ));
+    for (backend, name) in [
+        (Backend::CutlassSm80, "cutlass-sm80"),
+        (Backend::Wmma, "wmma"),
+    ] {
+        let e = run(&t, &t, &t, AttentionOptions::default().backend(backend));
+        assert!(
+            matches!(e, Error::BackendUnavailable { backend, .. } if backend == name),
+            "{e:?}"
+        );
+    }
 }
 
 #[test]
@@ -364,29 +363,41 @@ fn tile_table_choice_per_arch_class() {
             ArchClass::from_compute_capability(major, minor),
             Some(class)
         );
-        for d in (8..=256).step_by(8) {
-            let row =
-                choose_row(d, 4096, (major, minor), class.smem_per_block_optin(), None).unwrap();
-            assert_eq!(row.arch, class);
-            assert!(d <= row.max_head_dim as usize && d <= row.tile.max_head_dim as usize);
-            // The tightest tier: the row below (if any) would not serve d.
-            let tier = [64, 128, 256].into_iter().find(|&t| d <= t).unwrap();
-            assert_eq!(row.max_head_dim as usize, tier, "d={d}");
+        for kernel in [Kernel::CutlassSm80, Kernel::Wmma] {
+            for d in (8..=256).step_by(8) {
+                let smem = class.smem_per_block_optin();
+                let row = choose_row(kernel, d, 4096, (major, minor), smem, None).unwrap();
+                assert_eq!(row.arch, class);
+                assert!(d <= row.max_head_dim as usize && d <= row.tile.max_head_dim as usize);
+                // The tightest tier: the row below (if any) would not serve d.
+                let tier = [64, 128, 256].into_iter().find(|&t| d <= t).unwrap();
+                assert_eq!(row.max_head_dim as usize, tier, "{kernel:?} d={d}");
+            }
         }
     }
     assert_eq!(ArchClass::from_compute_capability(7, 5), None);
     assert_eq!(ArchClass::from_compute_capability(10, 0), None);
     assert!(matches!(
-        choose_row(64, 4096, (7, 5), 64 * 1024, None),
+        choose_row(Kernel::Wmma, 64, 4096, (7, 5), 64 * 1024, None),
         Err(Error::UnsupportedDevice { major: 7, minor: 5 })
     ));
     // The sm_89 rows are what an L4 gets, and can be forced on an H200.
-    let l4 = choose_row(256, 4096, (8, 9), 99 * 1024, None).unwrap();
-    let forced = choose_row(256, 4096, (9, 0), 227 * 1024, Some(ArchClass::Sm86Sm89)).unwrap();
-    assert_eq!(l4, forced);
+    for kernel in [Kernel::CutlassSm80, Kernel::Wmma] {
+        let l4 = choose_row(kernel, 256, 4096, (8, 9), 99 * 1024, None).unwrap();
+        let sm89 = Some(ArchClass::Sm86Sm89);
+        let forced = choose_row(kernel, 256, 4096, (9, 0), 227 * 1024, sm89).unwrap();
+        assert_eq!(l4, forced);
+    }
     // Forcing a class whose tile does not fit the device is an error, not a failed launch.
     assert!(matches!(
-        choose_row(256, 4096, (8, 9), 48 * 1024, Some(ArchClass::Sm90)),
+        choose_row(
+            Kernel::CutlassSm80,
+            256,
+            4096,
+            (8, 9),
+            48 * 1024,
+            Some(ArchClass::Sm90)
+        ),
         Err(Error::SharedMemoryExceeded {
             needed: 69_632,
             available: 49_152
@@ -396,20 +407,39 @@ fn tile_table_choice_per_arch_class() {
 
 #[test]
 fn tile_table_rows_fit_their_class() {
-    for class in ArchClass::ALL {
-        let rows: Vec<_> = TILE_TABLE.iter().filter(|r| r.arch == class).collect();
-        assert_eq!(
-            rows.iter().map(|r| r.max_head_dim).collect::<Vec<_>>(),
-            [64, 128, 256]
-        );
-        for r in rows {
-            assert!(r.smem_bytes <= class.smem_per_block_optin(), "{r:?}");
-            // At least two blocks per SM, so one block's tail overlaps another's work.
-            assert!(2 * r.smem_bytes <= class.smem_per_sm(), "{r:?}");
-            assert!(r.tile.max_head_dim >= r.max_head_dim);
-            assert!(!r.reason.is_empty());
-            assert_eq!(select_row(class, r.max_head_dim as usize, 4096), Some(r));
+    for (kernel, table) in [
+        (Kernel::CutlassSm80, TILE_TABLE),
+        (Kernel::Wmma, WMMA_TABLE),
+    ] {
+        for class in ArchClass::ALL {
+            let rows: Vec<_> = table.iter().filter(|r| r.arch == class).collect();
+            assert_eq!(
+                rows.iter().map(|r| r.max_head_dim).collect::<Vec<_>>(),
+                [64, 128, 256]
+            );
+            for r in rows {
+                assert!(r.smem_bytes <= class.smem_per_block_optin(), "{r:?}");
+                if kernel == Kernel::CutlassSm80 {
+                    // At least two blocks per SM, so one block's tail overlaps another's work.
+                    assert!(2 * r.smem_bytes <= class.smem_per_sm(), "{r:?}");
+                }
+                assert!(r.tile.max_head_dim >= r.max_head_dim);
+                assert!(!r.reason.is_empty());
+                let d = r.max_head_dim as usize;
+                assert_eq!(select_row(kernel, class, d, 4096), Some(r));
+            }
         }
+    }
+}
+
+#[test]
+fn wmma_rows_are_whole_warps_of_sixteen_rows() {
+    for r in WMMA_TABLE {
+        let t = r.tile;
+        assert_eq!(t.queries_per_block % 16, 0, "{r:?}");
+        assert_eq!(t.keys_per_block % 16, 0, "{r:?}");
+        assert_eq!(t.max_head_dim % 16, 0, "{r:?}");
+        assert_eq!(r.smem_bytes, flashcore::plan::wmma_smem_bytes(t));
     }
 }
 
@@ -424,15 +454,16 @@ fn decode_rows_serve_few_query_rows() {
         };
         for rows in [1, 4, 32] {
             for d in [8, 64, 128] {
-                let row = choose_row(d, rows, cc, smem, None).unwrap();
+                let row = choose_row(Kernel::CutlassSm80, d, rows, cc, smem, None).unwrap();
                 assert!(DECODE_TABLE.contains(row), "{class:?} rows={rows} d={d}");
                 assert_eq!(row.tile.queries_per_block as usize, 32);
             }
             // Above the decode rows' head dims, the main table serves.
-            let row = choose_row(256, rows, cc, smem, None).unwrap();
+            let row = choose_row(Kernel::CutlassSm80, 256, rows, cc, smem, None).unwrap();
             assert!(TILE_TABLE.contains(row));
         }
-        assert!(TILE_TABLE.contains(choose_row(64, 33, cc, smem, None).unwrap()));
+        let row = choose_row(Kernel::CutlassSm80, 64, 33, cc, smem, None).unwrap();
+        assert!(TILE_TABLE.contains(row));
     }
 }
 

@@ -1,4 +1,4 @@
-//! GPU suite: CUTLASS vs the f64 reference over the matrix. Every test is ignored by
+//! GPU suite: every GPU backend (CUTLASS and WMMA) vs the f64 reference over one matrix. Every test is ignored by
 //! default and *fails* (never passes silently) when no CUDA device is present. Run with
 //! `cargo test --release --test gpu -- --include-ignored`, or the bundle's runner.
 #![cfg(feature = "cuda")]
@@ -6,7 +6,7 @@
 mod common;
 
 use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
-use flashcore::plan::{ArchClass, DECODE_TABLE, TILE_TABLE};
+use flashcore::plan::{auto_kernel, ArchClass, DECODE_TABLE, TILE_TABLE, WMMA_TABLE};
 use flashcore::{
     attention, attention_into, AttentionElement, AttentionOptions, Backend, BackendKind, Causal,
     DType, Device, Error, Layout, Operand, Shape, Stream, Tensor,
@@ -30,7 +30,12 @@ struct Case {
     layout: Layout,
     lse: bool,
     force: Option<ArchClass>,
+    /// `None`: run the case on every GPU backend.
+    backend: Option<Backend>,
 }
+
+/// The GPU backends every unpinned case runs on.
+const GPU_BACKENDS: [Backend; 2] = [Backend::CutlassSm80, Backend::Wmma];
 
 const fn case(b: usize, h: usize, s: usize, d: usize) -> Case {
     Case {
@@ -44,12 +49,13 @@ const fn case(b: usize, h: usize, s: usize, d: usize) -> Case {
         layout: Layout::Bshd,
         lse: false,
         force: None,
+        backend: None,
     }
 }
 
 /// Runs one case on the GPU with a NaN-poisoned output and returns the relative L2 error of
 /// the output (and of the lse, if asked) against the f64 reference.
-fn run_case<T: AttentionElement>(s: &Stream, c: Case) -> (f64, f64) {
+fn run_case<T: AttentionElement>(s: &Stream, c: Case, backend: Backend) -> (f64, f64) {
     let mut rng = Rng::fresh();
     let (qs, ks) = (
         Shape::new(c.b, c.sq, c.hq, c.d),
@@ -71,7 +77,7 @@ fn run_case<T: AttentionElement>(s: &Stream, c: Case) -> (f64, f64) {
     });
     let opts = AttentionOptions {
         causal: c.causal,
-        backend: Backend::CutlassSm80,
+        backend,
         return_lse: c.lse,
         force_arch_class: c.force,
         ..Default::default()
@@ -83,7 +89,11 @@ fn run_case<T: AttentionElement>(s: &Stream, c: Case) -> (f64, f64) {
     );
     let exec = attention_into(&dq, &dk, &dv, &mut out, lse.as_mut(), &opts)
         .unwrap_or_else(|e| panic!("{c:?}: {e}"));
-    assert_eq!(exec.backend, BackendKind::CutlassSm80);
+    let want_backend = match backend {
+        Backend::Wmma => BackendKind::Wmma,
+        _ => BackendKind::CutlassSm80,
+    };
+    assert_eq!(exec.backend, want_backend);
     if let Some(class) = c.force {
         assert_eq!(exec.tile.unwrap().arch, class);
     }
@@ -108,10 +118,19 @@ fn check_all<T: AttentionElement>(cases: &[Case]) {
     let s = stream();
     let mut failures = Vec::new();
     for &c in cases {
-        let (err, lse_err) = run_case::<T>(&s, c);
-        println!("{:?} {c:?}: rel L2 {err:.2e} lse {lse_err:.2e}", T::DTYPE);
-        if err.is_nan() || err >= tolerance::<T>() || lse_err.is_nan() || lse_err >= 1e-4 {
-            failures.push(format!("{c:?}: out {err:.3e}, lse {lse_err:.3e}"));
+        let pinned = c.backend.map(|b| [b]);
+        let backends = pinned.as_ref().map_or(&GPU_BACKENDS[..], |p| &p[..]);
+        for &backend in backends {
+            let (err, lse_err) = run_case::<T>(&s, c, backend);
+            println!(
+                "{backend:?} {:?} {c:?}: rel L2 {err:.2e} lse {lse_err:.2e}",
+                T::DTYPE
+            );
+            if err.is_nan() || err >= tolerance::<T>() || lse_err.is_nan() || lse_err >= 1e-4 {
+                failures.push(format!(
+                    "{backend:?} {c:?}: out {err:.3e}, lse {lse_err:.3e}"
+                ));
+            }
         }
     }
     assert!(
@@ -262,20 +281,26 @@ fn layouts_and_lse() {
 fn every_tile_row_including_forced_sm89() {
     let device = Device::open(0).expect("this test needs a CUDA device");
     let mut cases = Vec::new();
-    for row in TILE_TABLE {
-        if row.smem_bytes > device.shared_memory_per_block_optin() {
-            continue; // cannot run here; the plan refuses it (tested on the CPU)
-        }
-        let d = row.max_head_dim as usize;
-        for d in [d, d - 8] {
-            for causal in [Causal::None, Causal::BottomRight] {
-                cases.push(Case {
-                    force: Some(row.arch),
-                    causal,
-                    lse: true,
-                    sk: 515,
-                    ..case(2, 4, 260, d)
-                });
+    for (backend, table) in [
+        (Backend::CutlassSm80, TILE_TABLE),
+        (Backend::Wmma, WMMA_TABLE),
+    ] {
+        for row in table {
+            if row.smem_bytes > device.shared_memory_per_block_optin() {
+                continue; // cannot run here; the plan refuses it (tested on the CPU)
+            }
+            let d = row.max_head_dim as usize;
+            for d in [d, d - 8] {
+                for causal in [Causal::None, Causal::BottomRight] {
+                    cases.push(Case {
+                        force: Some(row.arch),
+                        backend: Some(backend),
+                        causal,
+                        lse: true,
+                        sk: 515,
+                        ..case(2, 4, 260, d)
+                    });
+                }
             }
         }
     }
@@ -284,6 +309,7 @@ fn every_tile_row_including_forced_sm89() {
         for d in [64, row.max_head_dim as usize] {
             cases.push(Case {
                 force: Some(row.arch),
+                backend: Some(Backend::CutlassSm80),
                 sq: 1,
                 sk: 777,
                 hk: 2,
@@ -292,11 +318,22 @@ fn every_tile_row_including_forced_sm89() {
             });
         }
     }
-    let forced_sm89 = cases
-        .iter()
-        .filter(|c| c.force == Some(ArchClass::Sm86Sm89))
-        .count();
-    assert_eq!(forced_sm89, 14, "every sm_89 row must run here");
+    let forced_sm89 = |backend| {
+        cases
+            .iter()
+            .filter(|c| c.force == Some(ArchClass::Sm86Sm89) && c.backend == Some(backend))
+            .count()
+    };
+    assert_eq!(
+        forced_sm89(Backend::CutlassSm80),
+        14,
+        "every CUTLASS sm_89 row must run here"
+    );
+    assert_eq!(
+        forced_sm89(Backend::Wmma),
+        12,
+        "every WMMA sm_89 row must run here"
+    );
     both_dtypes(&cases);
 }
 
@@ -313,7 +350,10 @@ fn auto_backend_and_results_on_other_streams() {
         k.to_device(&s2).unwrap(),
     );
     let res = attention(&dq, &dk, &dv, &AttentionOptions::default().with_lse()).unwrap();
-    assert_eq!(res.execution.backend, BackendKind::CutlassSm80);
+    assert_eq!(
+        res.execution.backend,
+        BackendKind::from(auto_kernel(64, 64))
+    );
     assert!(res.out.stream().unwrap().same_as(&s1));
     let (want, _) = naive(&q, &k, &k, 0.125, Causal::None);
     let err = rel_l2(&logical(&res.out.to_host().unwrap()), &want);

@@ -117,8 +117,13 @@ fn fill<T: AttentionElement>(
 }
 
 impl<T: AttentionElement> Inputs<T> {
-    /// Inputs for `s`; `force` selects another class's tile-table row.
-    pub fn new(stream: &Stream, s: &BenchShape, force: Option<ArchClass>) -> Result<Self> {
+    /// Inputs for `s` run by `backend`; `force` selects another class's tile-table row.
+    pub fn new(
+        stream: &Stream,
+        s: &BenchShape,
+        backend: Backend,
+        force: Option<ArchClass>,
+    ) -> Result<Self> {
         let l2 = stream.device().l2_cache_bytes().max(1);
         let n = (3 * l2).div_ceil(s.bytes().max(1)).clamp(1, 16);
         let mut sets = Vec::with_capacity(n);
@@ -138,9 +143,7 @@ impl<T: AttentionElement> Inputs<T> {
         };
         let opts = AttentionOptions {
             force_arch_class: force,
-            ..AttentionOptions::default()
-                .causal(causal)
-                .backend(Backend::CutlassSm80)
+            ..AttentionOptions::default().causal(causal).backend(backend)
         };
         Ok(Inputs { sets, out, opts })
     }

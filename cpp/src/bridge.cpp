@@ -170,19 +170,33 @@ FmhaArgs to_args(const FmhaCall& c) {
   return a;
 }
 
-}  // namespace
+using Launcher = void (*)(const FmhaArgs&, cudaStream_t);
 
-void fmha_sm80(const FmhaCall& c) {
-  use_device(c.ordinal);
-  fmha_forward_sm80(to_args(c), as_stream(c.stream));
+Launcher launcher(int32_t kernel) {
+  switch (kernel) {
+    case 0:
+      return fmha_forward_sm80;
+    case 1:
+      return fmha_forward_wmma;
+    default:
+      throw Error(ErrorKind::NoKernel, "", "unknown kernel id " + std::to_string(kernel));
+  }
 }
 
-double fmha_sm80_host_ns(const FmhaCall& c, int32_t iters) {
+}  // namespace
+
+void fmha(const FmhaCall& c) {
+  use_device(c.ordinal);
+  launcher(c.kernel)(to_args(c), as_stream(c.stream));
+}
+
+double fmha_host_ns(const FmhaCall& c, int32_t iters) {
   use_device(c.ordinal);
   const FmhaArgs args = to_args(c);
+  const Launcher launch = launcher(c.kernel);
   const auto t0 = std::chrono::steady_clock::now();
   for (int32_t i = 0; i < iters; ++i) {
-    fmha_forward_sm80(args, as_stream(c.stream));
+    launch(args, as_stream(c.stream));
   }
   const auto t1 = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::nano>(t1 - t0).count() / (iters > 0 ? iters : 1);

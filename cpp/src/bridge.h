@@ -36,9 +36,10 @@ void copy_to_device(int32_t ordinal, size_t dst, rust::Slice<const uint8_t> src,
 void copy_to_host(int32_t ordinal, rust::Slice<uint8_t> dst, size_t src, size_t stream);
 void copy_device(int32_t ordinal, size_t dst, size_t src, size_t bytes, size_t stream);
 
-void fmha_sm80(const FmhaCall& call);
-// Host nanoseconds per call of fmha_forward_sm80 over `iters` back-to-back launches (bench only:
-// the C++ side of the Rust-vs-C++ host-overhead comparison).
-double fmha_sm80_host_ns(const FmhaCall& call, int32_t iters);
+// Launches `call.kernel` (0: CUTLASS example 41, 1: WMMA).
+void fmha(const FmhaCall& call);
+// Host nanoseconds per launch over `iters` back-to-back launches (bench only: the C++ side of the
+// Rust-vs-C++ host-overhead comparison).
+double fmha_host_ns(const FmhaCall& call, int32_t iters);
 
 }  // namespace flashcore::bridge

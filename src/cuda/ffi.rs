@@ -25,6 +25,8 @@ mod sys {
 
     /// One attention launch; mirrors `flashcore::FmhaArgs` (cpp/include/flashcore/fmha.h).
     struct FmhaCall {
+        /// 0: CUTLASS example 41; 1: the WMMA kernel.
+        kernel: i32,
         ordinal: i32,
         stream: usize,
         dtype: i32,
@@ -86,8 +88,8 @@ mod sys {
             stream: usize,
         ) -> Result<()>;
 
-        unsafe fn fmha_sm80(call: &FmhaCall) -> Result<()>;
-        unsafe fn fmha_sm80_host_ns(call: &FmhaCall, iters: i32) -> Result<f64>;
+        unsafe fn fmha(call: &FmhaCall) -> Result<()>;
+        unsafe fn fmha_host_ns(call: &FmhaCall, iters: i32) -> Result<f64>;
     }
 }
 
@@ -338,29 +340,29 @@ fn fill_pointers(call: &mut FmhaCall, stream: &RawStream, b: FmhaBuffers<'_>) {
     call.lse = b.lse.map_or(0, |l| l.ptr);
 }
 
-/// Enqueues the CUTLASS Ampere/Ada kernel on `stream`; `call`'s pointer fields are filled here.
+/// Enqueues `call.kernel` on `stream`; `call`'s pointer fields are filled here.
 ///
 /// The caller (`cuda::launch`) orders every buffer's stream before `stream` and after the
 /// launch, so no free or copy on another stream overtakes the kernel.
-pub(crate) fn fmha_sm80(mut call: FmhaCall, stream: &RawStream, b: FmhaBuffers<'_>) -> Result<()> {
+pub(crate) fn fmha(mut call: FmhaCall, stream: &RawStream, b: FmhaBuffers<'_>) -> Result<()> {
     fill_pointers(&mut call, stream, b);
     // SAFETY: the pointers are live allocations of `stream`'s device, large enough for the
     // validated shapes and strides; `out` and `lse` are exclusively borrowed; stream ordering
     // is the caller's (see above). The C++ launcher only reads `call`.
-    unsafe { sys::fmha_sm80(&call) }.map_err(map_err)
+    unsafe { sys::fmha(&call) }.map_err(map_err)
 }
 
-/// Like [`fmha_sm80`], `iters` times from a C++ loop; returns host nanoseconds per launch.
-pub(crate) fn fmha_sm80_host_ns(
+/// Like [`fmha`], `iters` times from a C++ loop; returns host nanoseconds per launch.
+pub(crate) fn fmha_host_ns(
     mut call: FmhaCall,
     stream: &RawStream,
     b: FmhaBuffers<'_>,
     iters: i32,
 ) -> Result<f64> {
     fill_pointers(&mut call, stream, b);
-    // SAFETY: as for `fmha_sm80`; repeating the launch rewrites the same exclusively borrowed
+    // SAFETY: as for `fmha`; repeating the launch rewrites the same exclusively borrowed
     // output on one stream, in order.
-    unsafe { sys::fmha_sm80_host_ns(&call, iters) }.map_err(map_err)
+    unsafe { sys::fmha_host_ns(&call, iters) }.map_err(map_err)
 }
 
 impl crate::cuda::Stream {

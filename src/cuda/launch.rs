@@ -6,7 +6,7 @@ use super::stream::Stream;
 use crate::element::{AttentionElement, DType};
 use crate::error::{Error, Result};
 use crate::options::Causal;
-use crate::plan::TileRow;
+use crate::plan::{Kernel, TileRow};
 use crate::tensor::{Storage, Tensor};
 use crate::validate::Problem;
 
@@ -20,11 +20,16 @@ pub(crate) fn order_after(stream: &Stream, others: &[&Stream]) -> Result<()> {
     Ok(())
 }
 
-fn device_stream<T: crate::element::Element>(t: &Tensor<T>) -> Result<&Stream> {
-    t.stream().ok_or_else(|| Error::BackendUnavailable {
-        backend: "cutlass-sm80",
+/// The error for a host operand reaching a GPU launch (validation rules it out first).
+fn not_on_device() -> Error {
+    Error::BackendUnavailable {
+        backend: "gpu",
         reason: "operands must be device tensors".into(),
-    })
+    }
+}
+
+fn device_stream<T: crate::element::Element>(t: &Tensor<T>) -> Result<&Stream> {
+    t.stream().ok_or_else(not_on_device)
 }
 
 fn strides3(s: [usize; 4]) -> [i64; 3] {
@@ -40,6 +45,7 @@ fn strides3(s: [usize; 4]) -> [i64; 3] {
 /// every key (no mask, or bottom-right causal); the dense `[batch, heads, 1]` logsumexp layout is
 /// the same either way.
 fn describe<T: AttentionElement>(
+    kernel: Kernel,
     p: &Problem,
     row: &TileRow,
     q: &Tensor<T>,
@@ -60,6 +66,10 @@ fn describe<T: AttentionElement>(
         (p.seq_q, p.heads_q, p.causal)
     };
     FmhaCall {
+        kernel: match kernel {
+            Kernel::CutlassSm80 => 0,
+            Kernel::Wmma => 1,
+        },
         ordinal: 0,
         stream: 0,
         dtype: if T::DTYPE == DType::F16 { 0 } else { 1 },
@@ -90,8 +100,10 @@ fn describe<T: AttentionElement>(
     }
 }
 
-/// Enqueues the CUTLASS Ampere/Ada kernel of `row` on the output's stream.
-pub(crate) fn run_cutlass<T: AttentionElement>(
+/// Enqueues `kernel` at the tile of `row` on the output's stream.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run<T: AttentionElement>(
+    kernel: Kernel,
     p: &Problem,
     row: &TileRow,
     q: &Tensor<T>,
@@ -116,8 +128,8 @@ pub(crate) fn run_cutlass<T: AttentionElement>(
         order_after(&stream, &[s])?;
     }
 
-    let call = describe(p, row, q, k, v, out);
-    ffi::fmha_sm80(call, stream.raw(), buffers(q, k, v, out, lse)?)?;
+    let call = describe(kernel, p, row, q, k, v, out);
+    ffi::fmha(call, stream.raw(), buffers(q, k, v, out, lse)?)?;
     // Frees and copies later enqueued on the inputs' streams must follow the kernel.
     for s in inputs {
         order_after(s, &[&stream])?;
@@ -127,7 +139,9 @@ pub(crate) fn run_cutlass<T: AttentionElement>(
 
 /// Host nanoseconds per launch when C++ calls the launcher directly `iters` times (bench only).
 /// All operands must be on `out`'s stream.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn cpp_launch_ns<T: AttentionElement>(
+    kernel: Kernel,
     p: &Problem,
     row: &TileRow,
     q: &Tensor<T>,
@@ -140,15 +154,16 @@ pub(crate) fn cpp_launch_ns<T: AttentionElement>(
     for t in [q, k, v] {
         if !device_stream(t)?.same_as(&stream) {
             return Err(Error::BackendUnavailable {
-                backend: "cutlass-sm80",
+                backend: kernel.name(),
                 reason: "the C++ overhead probe needs all operands on one stream".into(),
             });
         }
     }
-    let call = describe(p, row, q, k, v, out);
+    let call = describe(kernel, p, row, q, k, v, out);
     let buffers = buffers(q, k, v, out, None)?;
-    ffi::fmha_sm80_host_ns(call, stream.raw(), buffers, iters)
+    ffi::fmha_host_ns(call, stream.raw(), buffers, iters)
 }
+
 /// The device buffers behind the operands.
 fn buffers<'a, T: AttentionElement>(
     q: &'a Tensor<T>,
@@ -172,19 +187,13 @@ fn buffers<'a, T: AttentionElement>(
 fn device_buffer<T: crate::element::Element>(t: &Tensor<T>) -> Result<&ffi::RawBuffer> {
     match &t.storage {
         Storage::Device(b) => Ok(b.raw()),
-        Storage::Host(_) => Err(Error::BackendUnavailable {
-            backend: "cutlass-sm80",
-            reason: "operands must be device tensors".into(),
-        }),
+        Storage::Host(_) => Err(not_on_device()),
     }
 }
 
 fn device_buffer_mut<T: crate::element::Element>(t: &mut Tensor<T>) -> Result<&mut ffi::RawBuffer> {
     match &mut t.storage {
         Storage::Device(b) => Ok(b.raw_mut()),
-        Storage::Host(_) => Err(Error::BackendUnavailable {
-            backend: "cutlass-sm80",
-            reason: "operands must be device tensors".into(),
-        }),
+        Storage::Host(_) => Err(not_on_device()),
     }
 }

@@ -4,7 +4,8 @@
 mod tiles;
 
 pub use tiles::{
-    distinct_tiles, ArchClass, Tile, TileRow, DECODE_MAX_QUERY_ROWS, DECODE_TABLE, TILE_TABLE,
+    wmma_smem_bytes, ArchClass, Kernel, Tile, TileRow, DECODE_MAX_QUERY_ROWS, DECODE_TABLE,
+    TILE_TABLE, WMMA_TABLE,
 };
 
 use crate::error::{Error, Result};
@@ -23,17 +24,28 @@ impl ArchClass {
     }
 }
 
-/// The row of `arch` serving `head_dim` for problems with `query_rows` query rows per head:
-/// [`DECODE_TABLE`] for at most [`DECODE_MAX_QUERY_ROWS`] rows where it covers the head dim,
-/// else [`TILE_TABLE`]; `None` above the largest tier.
-pub fn select_row(arch: ArchClass, head_dim: usize, query_rows: usize) -> Option<&'static TileRow> {
+/// The row of `kernel`'s tables for `arch` serving `head_dim` for problems with `query_rows`
+/// query rows per head; `None` above the largest tier. For CUTLASS: [`DECODE_TABLE`] for at most
+/// [`DECODE_MAX_QUERY_ROWS`] rows where it covers the head dim, else [`TILE_TABLE`]. For WMMA:
+/// [`WMMA_TABLE`].
+pub fn select_row(
+    kernel: Kernel,
+    arch: ArchClass,
+    head_dim: usize,
+    query_rows: usize,
+) -> Option<&'static TileRow> {
     let fits = |r: &&TileRow| r.arch == arch && head_dim <= r.max_head_dim as usize;
-    let decode = if query_rows <= DECODE_MAX_QUERY_ROWS {
-        DECODE_TABLE.iter().find(fits)
-    } else {
-        None
-    };
-    decode.or_else(|| TILE_TABLE.iter().find(fits))
+    match kernel {
+        Kernel::CutlassSm80 => {
+            let decode = if query_rows <= DECODE_MAX_QUERY_ROWS {
+                DECODE_TABLE.iter().find(fits)
+            } else {
+                None
+            };
+            decode.or_else(|| TILE_TABLE.iter().find(fits))
+        }
+        Kernel::Wmma => WMMA_TABLE.iter().find(fits),
+    }
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -43,12 +55,12 @@ const I32_MAX: u64 = i32::MAX as u64;
 const GRID_YZ_MAX: u64 = 65_535;
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn limit(what: &'static str, value: usize, limit: u64) -> Result<()> {
+fn limit(kernel: Kernel, what: &'static str, value: usize, limit: u64) -> Result<()> {
     if value as u64 <= limit {
         Ok(())
     } else {
         Err(Error::IndexOverflow {
-            backend: "cutlass-sm80",
+            backend: kernel.name(),
             what,
             value: value as u64,
             limit,
@@ -56,10 +68,16 @@ fn limit(what: &'static str, value: usize, limit: u64) -> Result<()> {
     }
 }
 
-/// Example 41 indexes with 32-bit sequence lengths and seq/head strides, and puts heads and
-/// batch on the grid's y and z axes.
+/// Both kernels index with 32-bit sequence lengths and put heads and batch on the grid's y and z
+/// axes; example 41 also keeps seq/head strides and `batch * seq_q` in 32 bits (the WMMA kernel
+/// shares those limits so that both accept the same problems).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn check_index_limits(p: &Problem, strides: &[[usize; 4]]) -> Result<()> {
+pub(crate) fn check_index_limits(
+    kernel: Kernel,
+    p: &Problem,
+    strides: &[[usize; 4]],
+) -> Result<()> {
+    let limit = |what, value, max| limit(kernel, what, value, max);
     limit("seq_q", p.seq_q, I32_MAX)?;
     limit("seq_k", p.seq_k, I32_MAX)?;
     limit("heads", p.heads_q, GRID_YZ_MAX)?;
@@ -77,19 +95,20 @@ pub(crate) fn check_index_limits(p: &Problem, strides: &[[usize; 4]]) -> Result<
     Ok(())
 }
 
-/// Chooses the CUTLASS Ampere/Ada row for `head_dim` and `query_rows` query rows per head on a
-/// device of compute capability `cc` that lets one block opt in to `smem_optin` bytes, or from
-/// class `forced` when set.
+/// Chooses `kernel`'s row for `head_dim` and `query_rows` query rows per head on a device of
+/// compute capability `cc` that lets one block opt in to `smem_optin` bytes, or from class
+/// `forced` when set.
 ///
 /// ```
-/// use flashcore::plan::{choose_row, ArchClass};
+/// use flashcore::plan::{choose_row, ArchClass, Kernel};
 /// // An L4 (sm_89, 99 KB per block) at head dim 128:
-/// let row = choose_row(128, 4096, (8, 9), 99 * 1024, None)?;
+/// let row = choose_row(Kernel::CutlassSm80, 128, 4096, (8, 9), 99 * 1024, None)?;
 /// assert_eq!(row.arch, ArchClass::Sm86Sm89);
 /// assert_eq!((row.tile.queries_per_block, row.tile.keys_per_block), (32, 128));
 /// # Ok::<(), flashcore::Error>(())
 /// ```
 pub fn choose_row(
+    kernel: Kernel,
     head_dim: usize,
     query_rows: usize,
     cc: (i32, i32),
@@ -103,7 +122,8 @@ pub fn choose_row(
             minor: cc.1,
         })?,
     };
-    let row = select_row(arch, head_dim, query_rows).ok_or(Error::UnsupportedHeadDim(head_dim))?;
+    let row = select_row(kernel, arch, head_dim, query_rows)
+        .ok_or(Error::UnsupportedHeadDim(head_dim))?;
     if row.smem_bytes > smem_optin {
         return Err(Error::SharedMemoryExceeded {
             needed: row.smem_bytes,
@@ -111,4 +131,11 @@ pub fn choose_row(
         });
     }
     Ok(row)
+}
+
+/// The kernel [`crate::Backend::Auto`] runs on a GPU for `head_dim` and `query_rows` query rows
+/// per head (after decode packing).
+pub fn auto_kernel(head_dim: usize, query_rows: usize) -> Kernel {
+    let _ = (head_dim, query_rows);
+    Kernel::CutlassSm80
 }

@@ -1,12 +1,15 @@
-//! The CUTLASS Ampere/Ada (example 41, `Sm80` tag) tile table.
+//! The tile tables of the two GPU kernels: CUTLASS Ampere/Ada (example 41, `Sm80` tag) and
+//! flashcore's own WMMA kernel (`cpp/src/wmma/kernel.cuh`).
 //!
 //! This file is the single source of truth for which kernels exist: `build.rs` includes it
 //! (with `#[path]`) to instantiate exactly the tiles named here, and the planner reads it to
 //! pick a row at run time. It must therefore stay free of `crate::` imports.
 //!
-//! Shared-memory figures are `sizeof(AttentionKernel<..>::SharedStorage)` measured with nvcc
-//! 13.0.88 and CUTLASS 4.2.0; they are identical for f16 and bf16. Threads per block are
+//! CUTLASS shared-memory figures are `sizeof(AttentionKernel<..>::SharedStorage)` measured with
+//! nvcc 13.0.88 and CUTLASS 4.2.0; they are identical for f16 and bf16. Its threads per block are
 //! `kQueriesPerBlock * kKeysPerBlock / 32`; CUTLASS's launch bounds ask for 16 warps per SM.
+//! WMMA figures come from [`wmma_smem_bytes`], which each generated WMMA translation unit checks
+//! against the kernel's own `Config::kSmemBytes` with a `static_assert`.
 
 /// Which shared-memory budget (and SASS) a device falls into for the Ampere/Ada kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,7 +45,27 @@ impl ArchClass {
     }
 }
 
-/// One CUTLASS example-41 instantiation: `AttentionKernel<T, Sm80, aligned, Q, K, MAX_K>`.
+/// The GPU kernel families, each with its own tile table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// CUTLASS example 41 (`Sm80` tag): [`TILE_TABLE`] and [`DECODE_TABLE`].
+    CutlassSm80,
+    /// flashcore's WMMA FlashAttention-2 kernel: [`WMMA_TABLE`].
+    Wmma,
+}
+
+impl Kernel {
+    /// A short stable name (also the backend name in errors and bench tables).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kernel::CutlassSm80 => "cutlass-sm80",
+            Kernel::Wmma => "wmma",
+        }
+    }
+}
+
+/// One kernel instantiation. For CUTLASS: `AttentionKernel<T, Sm80, aligned, Q, K, MAX_K>`; for
+/// WMMA: `fmha_wmma_kernel<T, BR = Q, BC = K, D = MAX_K>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tile {
     /// `kQueriesPerBlock`: query rows per thread block.
@@ -55,16 +78,6 @@ pub struct Tile {
 }
 
 impl Tile {
-    /// Threads per block (one warp per 32x32 sub-tile of the `Q x K` tile).
-    pub const fn threads(self) -> u32 {
-        self.queries_per_block * self.keys_per_block / 32
-    }
-
-    /// Whether the kernel needs the f32 output accumulator scratch buffer.
-    pub const fn needs_accumulator(self) -> bool {
-        self.max_head_dim > self.keys_per_block
-    }
-
     /// Stable name used for the generated C++ symbol and source file.
     pub fn name(self) -> String {
         format!(
@@ -197,13 +210,106 @@ pub const DECODE_TABLE: &[TileRow] = &[
     decode_row(ArchClass::Sm90),
 ];
 
-/// Every distinct tile named by the tables, in table order (what `build.rs` instantiates).
-pub fn distinct_tiles() -> Vec<Tile> {
-    let mut out: Vec<Tile> = Vec::new();
-    for row in TILE_TABLE.iter().chain(DECODE_TABLE) {
-        if !out.contains(&row.tile) {
-            out.push(row.tile);
-        }
+/// Shared memory of the WMMA kernel at `tile` for 2-byte elements (bytes): the query tile, two
+/// stages of K and of V (rows padded by 8 elements), and one f32 score tile of 16 rows x
+/// (keys + 8) per warp.
+pub const fn wmma_smem_bytes(tile: Tile) -> usize {
+    let (br, bc, d) = (
+        tile.queries_per_block as usize,
+        tile.keys_per_block as usize,
+        tile.max_head_dim as usize,
+    );
+    (br * (d + 8) + 4 * bc * (d + 8)) * 2 + (br / 16) * 16 * (bc + 8) * 4
+}
+
+const fn wmma_row(arch: ArchClass, max_head_dim: u32, t: Tile, reason: &'static str) -> TileRow {
+    TileRow {
+        arch,
+        max_head_dim,
+        tile: t,
+        smem_bytes: wmma_smem_bytes(t),
+        reason,
     }
-    out
+}
+
+/// The WMMA kernel's table: `queries_per_block` = 16 x warps (each warp owns 16 query rows),
+/// `keys_per_block` keys per iteration, head dims up to `max_head_dim` (smaller ones are
+/// zero-padded in shared memory). Rows of one class ascend by `max_head_dim`.
+pub const WMMA_TABLE: &[TileRow] = &[
+    // ---- sm_80: 164 KB per SM ----
+    wmma_row(
+        ArchClass::Sm80,
+        64,
+        tile(128, 64, 64),
+        "90 KB, 8 warps: K/V tiles read from shared memory once per 128 query rows",
+    ),
+    wmma_row(
+        ArchClass::Sm80,
+        128,
+        tile(64, 32, 128),
+        "61 KB: 2 blocks x 4 warps fit 164 KB; 32-key tiles keep the pipeline at 2 stages",
+    ),
+    wmma_row(
+        ArchClass::Sm80,
+        256,
+        tile(64, 16, 256),
+        "72 KB, 2 blocks: 16-key tiles keep bf16 at 248 registers without spills (32-key tiles \
+         spill); the 256-wide output alone takes 128 registers per thread",
+    ),
+    // ---- sm_86 / sm_89: 100 KB per SM ----
+    wmma_row(
+        ArchClass::Sm86Sm89,
+        64,
+        tile(64, 64, 64),
+        "63 KB: the 64x64 tile within the 99 KB per-block limit",
+    ),
+    wmma_row(
+        ArchClass::Sm86Sm89,
+        128,
+        tile(64, 32, 128),
+        "61 KB: 64x64 (103 KB) exceeds the 99 KB per-block limit",
+    ),
+    wmma_row(
+        ArchClass::Sm86Sm89,
+        256,
+        tile(64, 16, 256),
+        "72 KB fits the 99 KB per-block limit; 16-key tiles: 32 keys spill in bf16",
+    ),
+    // ---- sm_90 on the Ampere/Ada instruction set: 228 KB per SM ----
+    wmma_row(
+        ArchClass::Sm90,
+        64,
+        tile(64, 64, 64),
+        "63 KB: 3 blocks x 4 warps per SM",
+    ),
+    wmma_row(
+        ArchClass::Sm90,
+        128,
+        tile(64, 64, 128),
+        "103 KB: 2 blocks x 4 warps per SM; 64-key tiles halve the barriers per key",
+    ),
+    wmma_row(
+        ArchClass::Sm90,
+        256,
+        tile(64, 16, 256),
+        "72 KB: 3 blocks x 4 warps per SM; 16-key tiles: 32 keys spill in bf16",
+    ),
+];
+
+impl Kernel {
+    /// Every distinct tile this kernel's tables name, in table order (what `build.rs`
+    /// instantiates).
+    pub fn distinct_tiles(self) -> Vec<Tile> {
+        let rows: Vec<&TileRow> = match self {
+            Kernel::CutlassSm80 => TILE_TABLE.iter().chain(DECODE_TABLE).collect(),
+            Kernel::Wmma => WMMA_TABLE.iter().collect(),
+        };
+        let mut out: Vec<Tile> = Vec::new();
+        for row in rows {
+            if !out.contains(&row.tile) {
+                out.push(row.tile);
+            }
+        }
+        out
+    }
 }

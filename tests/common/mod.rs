@@ -51,7 +51,7 @@ pub fn dims(shape: Shape, layout: Layout) -> [usize; 4] {
 
 /// Naive attention in f64, straight from the definition: full score matrix with masked entries
 /// at -inf, then softmax and the weighted sum. Returns (out `[b][s][h][d]` flattened, lse
-/// `[b][h][s]` flattened).
+/// `[b][h][s]` flattened). The (batch, head) pairs are spread over the host's cores.
 pub fn naive<T: Element>(
     q: &Tensor<T>,
     k: &Tensor<T>,
@@ -61,44 +61,64 @@ pub fn naive<T: Element>(
 ) -> (Vec<f64>, Vec<f64>) {
     let (qs, ks) = (q.shape(), k.shape());
     let (b_n, sq, sk, hq, hk, d) = (qs.batch, qs.seq, ks.seq, qs.heads, ks.heads, qs.head_dim);
-    let mut out = vec![0.0; b_n * sq * hq * d];
-    let mut lse = vec![0.0; b_n * hq * sq];
-    for b in 0..b_n {
-        for h in 0..hq {
-            let kh = h * hk / hq;
-            for i in 0..sq {
-                let scores: Vec<f64> = (0..sk)
-                    .map(|j| {
-                        let masked = match causal {
-                            Causal::None => false,
-                            Causal::TopLeft => j > i,
-                            Causal::BottomRight => j as i64 > i as i64 + sk as i64 - sq as i64,
-                        };
-                        if masked {
-                            f64::NEG_INFINITY
-                        } else {
-                            scale
-                                * (0..d)
-                                    .map(|x| {
-                                        q.get(b, i, h, x).unwrap().to_f64()
-                                            * k.get(b, j, kh, x).unwrap().to_f64()
-                                    })
-                                    .sum::<f64>()
-                        }
-                    })
-                    .collect();
-                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                let z: f64 = w.iter().sum();
-                lse[(b * hq + h) * sq + i] = m + z.ln();
-                for x in 0..d {
-                    let acc: f64 = (0..sk)
-                        .map(|j| w[j] * v.get(b, j, kh, x).unwrap().to_f64())
-                        .sum();
-                    out[((b * sq + i) * hq + h) * d + x] = acc / z;
+    let (qv, kv, vv) = (logical(q), logical(k), logical(v));
+    let q_at = |b: usize, i: usize, h: usize| &qv[((b * sq + i) * hq + h) * d..][..d];
+    let k_at = |b: usize, j: usize, h: usize| &kv[((b * sk + j) * hk + h) * d..][..d];
+    let v_at = |b: usize, j: usize, h: usize| &vv[((b * sk + j) * hk + h) * d..][..d];
+    // One (batch, head): out rows [sq][d] and lse [sq].
+    let head = |b: usize, h: usize| -> (Vec<f64>, Vec<f64>) {
+        let kh = h * hk / hq;
+        let mut out = vec![0.0; sq * d];
+        let mut lse = vec![0.0; sq];
+        for i in 0..sq {
+            let scores: Vec<f64> = (0..sk)
+                .map(|j| {
+                    let masked = match causal {
+                        Causal::None => false,
+                        Causal::TopLeft => j > i,
+                        Causal::BottomRight => j as i64 > i as i64 + sk as i64 - sq as i64,
+                    };
+                    if masked {
+                        f64::NEG_INFINITY
+                    } else {
+                        let (qr, kr) = (q_at(b, i, h), k_at(b, j, kh));
+                        scale * qr.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>()
+                    }
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let z: f64 = w.iter().sum();
+            lse[i] = m + z.ln();
+            let row = &mut out[i * d..][..d];
+            for (j, wj) in w.iter().enumerate() {
+                for (o, x) in row.iter_mut().zip(v_at(b, j, kh)) {
+                    *o += wj * x;
                 }
             }
+            row.iter_mut().for_each(|o| *o /= z);
         }
+        (out, lse)
+    };
+    let pairs: Vec<(usize, usize)> = (0..b_n)
+        .flat_map(|b| (0..hq).map(move |h| (b, h)))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = pairs.len().div_ceil(threads).max(1);
+    let results: Vec<Vec<(Vec<f64>, Vec<f64>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = pairs
+            .chunks(chunk)
+            .map(|c| s.spawn(|| c.iter().map(|&(b, h)| head(b, h)).collect::<Vec<_>>()))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut out = vec![0.0; b_n * sq * hq * d];
+    let mut lse = vec![0.0; b_n * hq * sq];
+    for (&(b, h), (o, l)) in pairs.iter().zip(results.into_iter().flatten()) {
+        for i in 0..sq {
+            out[((b * sq + i) * hq + h) * d..][..d].copy_from_slice(&o[i * d..][..d]);
+        }
+        lse[(b * hq + h) * sq..][..sq].copy_from_slice(&l);
     }
     (out, lse)
 }

@@ -46,7 +46,8 @@ class Error : public std::runtime_error {
   ErrorKind kind_;
 };
 
-// The kernel tile (CUTLASS example 41: kQueriesPerBlock, kKeysPerBlock, kMaxK).
+// The kernel tile: query rows per block, keys per inner iteration, largest head dim.
+// (CUTLASS example 41: kQueriesPerBlock, kKeysPerBlock, kMaxK.)
 struct Tile {
   int32_t queries_per_block;
   int32_t keys_per_block;
@@ -75,5 +76,9 @@ struct FmhaArgs {
 // device). Returns once the launch is queued; asynchronous faults surface at the next
 // synchronisation. Throws flashcore::Error.
 void fmha_forward_sm80(const FmhaArgs& args, cudaStream_t stream);
+
+// Launches flashcore's WMMA (FlashAttention-2 style) kernel for `args.tile` on `stream`, with the
+// same argument conventions and error behaviour as fmha_forward_sm80.
+void fmha_forward_wmma(const FmhaArgs& args, cudaStream_t stream);
 
 }  // namespace flashcore

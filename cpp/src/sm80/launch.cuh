@@ -7,11 +7,11 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 
 #include "../check.h"
+#include "../smem.h"
 #include "flashcore/fmha.h"
 #include "kernel_forward.h"  // CUTLASS examples/41_fused_multi_head_attention
 
@@ -68,24 +68,6 @@ class StreamScratch {
   void* ptr_ = nullptr;
   cudaStream_t stream_;
 };
-
-// Raises the dynamic shared-memory limit of `kernel` once per device.
-template <typename Kernel>
-void ensure_smem_limit(Kernel kernel, int smem_bytes) {
-  static std::atomic<uint64_t> done_devices{0};
-  if (smem_bytes <= 48 * 1024) {
-    return;
-  }
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const uint64_t bit = uint64_t(1) << (device & 63);
-  if (done_devices.load(std::memory_order_acquire) & bit) {
-    return;
-  }
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-             "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  done_devices.fetch_or(bit, std::memory_order_acq_rel);
-}
 
 template <typename T, int Q, int K, int D>
 void launch_sm80(const FmhaArgs& a, cudaStream_t stream) {

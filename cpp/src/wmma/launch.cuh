@@ -1,0 +1,65 @@
+// Launcher for flashcore's WMMA kernel (kernel.cuh): FmhaArgs -> Params, grid, shared memory.
+//
+// Each generated translation unit (build.rs, one per dtype x tile of the WMMA table) instantiates
+// `launch_wmma<T, BR, BC, D>` once and checks that the table's shared-memory figure matches.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "../check.h"
+#include "../smem.h"
+#include "flashcore/fmha.h"
+#include "kernel.cuh"
+
+namespace flashcore::wmma_fa {
+
+template <typename T, int BR, int BC, int D>
+void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
+  using C = Config<T, BR, BC, D>;
+  Params p{};
+  p.q = a.q;
+  p.k = a.k;
+  p.v = a.v;
+  p.out = a.out;
+  p.lse = a.lse;
+  for (int i = 0; i < 3; ++i) {
+    p.q_stride[i] = a.q_stride[i];
+    p.k_stride[i] = a.k_stride[i];
+    p.v_stride[i] = a.v_stride[i];
+    p.o_stride[i] = a.o_stride[i];
+  }
+  p.seq_q = static_cast<int32_t>(a.seq_q);
+  p.seq_k = static_cast<int32_t>(a.seq_k);
+  p.head_dim = static_cast<int32_t>(a.head_dim);
+  p.group = static_cast<int32_t>(a.heads_q / a.heads_kv);
+  p.causal = a.causal != Causal::None;
+  p.causal_offset = a.causal == Causal::BottomRight ? static_cast<int32_t>(a.seq_k - a.seq_q) : 0;
+  p.scale_log2 = a.scale * 1.4426950408889634f;
+  if (a.head_dim > D || a.head_dim % 8 != 0) {
+    throw Error(ErrorKind::InvalidArgument, "",
+                "wmma kernel: head dim " + std::to_string(a.head_dim) + " is not a multiple of 8 "
+                "up to " + std::to_string(D));
+  }
+
+  const dim3 grid(static_cast<unsigned>((a.seq_q + BR - 1) / BR), static_cast<unsigned>(a.heads_q),
+                  static_cast<unsigned>(a.batch));
+  constexpr auto kernel = fmha_wmma_kernel<T, BR, BC, D>;
+  const int smem_bytes = static_cast<int>(C::kSmemBytes);
+  ensure_smem_limit(kernel, smem_bytes);
+  kernel<<<grid, C::kThreads, smem_bytes, stream>>>(p);
+  check_cuda(cudaGetLastError(), "launch fmha_wmma_kernel");
+}
+
+}  // namespace flashcore::wmma_fa
+
+// Explicit instantiation used by the generated translation units. SMEM is the table's figure.
+#define FLASHCORE_WMMA_INSTANCE(T, NAME, BR, BC, D, SMEM)                                      \
+  static_assert(flashcore::wmma_fa::Config<T, BR, BC, D>::kSmemBytes == SMEM,                    \
+                "src/plan/tiles.rs wmma_smem_bytes disagrees with cpp/src/wmma/kernel.cuh");   \
+  namespace flashcore::wmma_fa {                                                               \
+  void NAME(const FmhaArgs& args, cudaStream_t stream) {                                       \
+    launch_wmma<T, BR, BC, D>(args, stream);                                                   \
+  }                                                                                            \
+  }
