@@ -76,15 +76,36 @@ struct Record {
     times_us: Vec<f64>,
 }
 
+/// The GPU backends raced, with their table names.
+const GPU_BACKENDS: [(Backend, &str); 2] = [
+    (Backend::CutlassSm80, "cutlass-sm80"),
+    (Backend::Wmma, "wmma"),
+];
+
+/// Times every GPU backend on one set of inputs (generating them dominates the bench's host
+/// time). Returns (backend name, per-call times or the error) in [`GPU_BACKENDS`] order.
 fn gpu<T: AttentionElement>(
     stream: &Stream,
     shape: &BenchShape,
     iters: usize,
-    backend: Backend,
     force: Option<ArchClass>,
-) -> flashcore::Result<Vec<f64>> {
-    let mut inputs = Inputs::<T>::new(stream, shape, backend, force)?;
-    time_calls(stream, &mut inputs, 10, iters)
+) -> Vec<(&'static str, flashcore::Result<Vec<f64>>)> {
+    let mut inputs = match Inputs::<T>::new(stream, shape, Backend::CutlassSm80, force) {
+        Ok(i) => i,
+        Err(e) => {
+            return GPU_BACKENDS
+                .iter()
+                .map(|&(_, n)| (n, Err(e.clone())))
+                .collect()
+        }
+    };
+    GPU_BACKENDS
+        .iter()
+        .map(|&(backend, name)| {
+            inputs.set_backend(backend);
+            (name, time_calls(stream, &mut inputs, 10, iters))
+        })
+        .collect()
 }
 
 /// The CPU reference, wall clock, on host tensors (tiny shapes only).
@@ -173,15 +194,12 @@ fn main() {
         .collect();
     for (i, shape) in list.iter().enumerate() {
         eprintln!("[{}/{}] {}", i + 1, list.len(), shape.name());
-        for (backend, name) in [
-            (Backend::CutlassSm80, "cutlass-sm80"),
-            (Backend::Wmma, "wmma"),
-        ] {
-            for dtype in ["f16", "bf16"] {
-                let run = match dtype {
-                    "f16" => gpu::<f16>(&stream, shape, args.iters, backend, args.force),
-                    _ => gpu::<bf16>(&stream, shape, args.iters, backend, args.force),
-                };
+        for dtype in ["f16", "bf16"] {
+            let runs = match dtype {
+                "f16" => gpu::<f16>(&stream, shape, args.iters, args.force),
+                _ => gpu::<bf16>(&stream, shape, args.iters, args.force),
+            };
+            for (name, run) in runs {
                 match run {
                     Ok(times_us) => records.push(Record {
                         backend: name,

@@ -38,7 +38,7 @@ if [ -x "$here/example-bench" ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
   python3 "$here/torch_sdpa.py" "$out/shapes.json" "$out/torch.json" || status=1
   peak=$(python3 -c "import json;print(json.load(open('$out/torch.json'))['ceilings']['bf16_matmul_tflops'])" 2>/dev/null || echo "")
   "$here/example-bench" --json "$out/ours.json" ${peak:+--peak-tflops $peak} | tee "$out/bench.txt" || status=1
-  for class in ${FORCED_CLASSES-sm80 sm89}; do
+  for class in ${FORCED_CLASSES-sm80}; do
     echo "-- tile rows of class $class on this GPU" | tee -a "$out/bench.txt"
     "$here/example-bench" --force-class $class --iters 30 ${peak:+--peak-tflops $peak} | tee -a "$out/bench.txt" || status=1
   done

@@ -148,6 +148,11 @@ impl<T: AttentionElement> Inputs<T> {
         Ok(Inputs { sets, out, opts })
     }
 
+    /// Switches the backend that later calls run (the inputs are reused).
+    pub fn set_backend(&mut self, backend: Backend) {
+        self.opts.backend = backend;
+    }
+
     /// Runs call number `i` (rotating input sets).
     pub fn call(&mut self, i: usize) -> Result<()> {
         let [q, k, v] = &self.sets[i % self.sets.len()];

@@ -11,9 +11,10 @@
 namespace flashcore {
 
 // Raises the dynamic shared-memory limit of `kernel` to `smem_bytes` on the current device, the
-// first time it is launched there (one bit per device ordinal, modulo 64).
-template <typename Kernel>
-void ensure_smem_limit(Kernel kernel, int smem_bytes) {
+// first time it is launched there (one bit per device ordinal, modulo 64). A template on the
+// kernel itself, not its type: kernels of one signature must not share the flag.
+template <auto kernel>
+void ensure_smem_limit(int smem_bytes) {
   static std::atomic<uint64_t> done_devices{0};
   if (smem_bytes <= 48 * 1024) {
     return;

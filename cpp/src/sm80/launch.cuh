@@ -124,7 +124,7 @@ void launch_sm80(const FmhaArgs& a, cudaStream_t stream) {
   }
   constexpr auto kernel = fmha_sm80_kernel<AK>;
   const int smem_bytes = int(sizeof(typename AK::SharedStorage));
-  ensure_smem_limit(kernel, smem_bytes);
+  ensure_smem_limit<kernel>(smem_bytes);
   kernel<<<p.getBlocksGrid(), p.getThreadsGrid(), smem_bytes, stream>>>(p, pl);
   check_cuda(cudaGetLastError(), "launch fmha_sm80_kernel");
   if (a.lse != nullptr) {

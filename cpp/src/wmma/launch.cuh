@@ -47,7 +47,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
                   static_cast<unsigned>(a.batch));
   constexpr auto kernel = fmha_wmma_kernel<T, BR, BC, D>;
   const int smem_bytes = static_cast<int>(C::kSmemBytes);
-  ensure_smem_limit(kernel, smem_bytes);
+  ensure_smem_limit<kernel>(smem_bytes);
   kernel<<<grid, C::kThreads, smem_bytes, stream>>>(p);
   check_cuda(cudaGetLastError(), "launch fmha_wmma_kernel");
 }
