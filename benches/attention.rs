@@ -10,26 +10,19 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
 
 use common::{shapes, time_calls, Inputs};
-use flashcore::{
-    attention, AttentionElement, AttentionOptions, Backend, Device, Layout, Stream, Tensor,
-};
+use flashcore::plan::Kernel;
+use flashcore::{attention, AttentionElement, AttentionOptions, Device, Layout, Stream, Tensor};
 use half::{bf16, f16};
 
-fn bench_gpu<T: AttentionElement>(
-    c: &mut Criterion,
-    stream: &Stream,
-    backend: Backend,
-    name: &str,
-    dtype: &str,
-) {
-    let mut group = c.benchmark_group(format!("{name}/{dtype}"));
+fn bench_gpu<T: AttentionElement>(c: &mut Criterion, stream: &Stream, kernel: Kernel, dtype: &str) {
+    let mut group = c.benchmark_group(format!("{}/{dtype}", kernel.name()));
     group
         .sample_size(20)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(2));
     for shape in shapes() {
         let mut inputs =
-            Inputs::<T>::new(stream, &shape, backend, None).expect("allocate bench inputs");
+            Inputs::<T>::new(stream, &shape, kernel.into(), None).expect("allocate bench inputs");
         group.throughput(Throughput::Elements(shape.flops() as u64));
         group.bench_function(shape.name(), |b| {
             b.iter_custom(|iters| {
@@ -74,12 +67,9 @@ fn benches(c: &mut Criterion) {
     }
     let device = Device::open(0).expect("open device 0");
     let stream = Stream::new(&device).expect("create stream");
-    for (backend, name) in [
-        (Backend::CutlassSm80, "cutlass-sm80"),
-        (Backend::Wmma, "wmma"),
-    ] {
-        bench_gpu::<f16>(c, &stream, backend, name, "f16");
-        bench_gpu::<bf16>(c, &stream, backend, name, "bf16");
+    for kernel in Kernel::ALL {
+        bench_gpu::<f16>(c, &stream, kernel, "f16");
+        bench_gpu::<bf16>(c, &stream, kernel, "bf16");
     }
 }
 

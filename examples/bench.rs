@@ -11,7 +11,7 @@ mod common;
 use std::time::Instant;
 
 use common::{percentiles, shapes, time_calls, BenchShape, Inputs};
-use flashcore::plan::ArchClass;
+use flashcore::plan::{ArchClass, Kernel};
 use flashcore::{
     attention, AttentionElement, AttentionOptions, Backend, Causal, Device, Layout, Stream, Tensor,
 };
@@ -76,14 +76,8 @@ struct Record {
     times_us: Vec<f64>,
 }
 
-/// The GPU backends raced, with their table names.
-const GPU_BACKENDS: [(Backend, &str); 2] = [
-    (Backend::CutlassSm80, "cutlass-sm80"),
-    (Backend::Wmma, "wmma"),
-];
-
-/// Times every GPU backend on one set of inputs (generating them dominates the bench's host
-/// time). Returns (backend name, per-call times or the error) in [`GPU_BACKENDS`] order.
+/// Times every GPU kernel on one set of inputs (generating them dominates the bench's host
+/// time). Returns (backend name, per-call times or the error) in [`Kernel::ALL`] order.
 fn gpu<T: AttentionElement>(
     stream: &Stream,
     shape: &BenchShape,
@@ -93,17 +87,17 @@ fn gpu<T: AttentionElement>(
     let mut inputs = match Inputs::<T>::new(stream, shape, Backend::CutlassSm80, force) {
         Ok(i) => i,
         Err(e) => {
-            return GPU_BACKENDS
+            return Kernel::ALL
                 .iter()
-                .map(|&(_, n)| (n, Err(e.clone())))
+                .map(|k| (k.name(), Err(e.clone())))
                 .collect()
         }
     };
-    GPU_BACKENDS
+    Kernel::ALL
         .iter()
-        .map(|&(backend, name)| {
-            inputs.set_backend(backend);
-            (name, time_calls(stream, &mut inputs, 10, iters))
+        .map(|&kernel| {
+            inputs.set_backend(kernel.into());
+            (kernel.name(), time_calls(stream, &mut inputs, 10, iters))
         })
         .collect()
 }

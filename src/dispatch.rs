@@ -31,10 +31,7 @@ pub(crate) fn resolve(requested: Backend, problem: &Problem) -> Result<BackendKi
             backend: "cpu",
             reason: "operands are on a GPU; copy them with Tensor::to_host first".into(),
         }),
-        (Backend::Auto, Location::Cuda(_)) => gpu(crate::plan::auto_kernel(
-            problem.head_dim,
-            problem.query_rows(),
-        )),
+        (Backend::Auto, Location::Cuda(_)) => gpu(crate::plan::auto_kernel()),
         (Backend::CutlassSm80, _) => gpu(Kernel::CutlassSm80),
         (Backend::Wmma, _) => gpu(Kernel::Wmma),
     }

@@ -18,7 +18,7 @@ pub enum Causal {
 /// Which implementation runs the attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Backend {
-    /// The best available for the operands' location and the problem: on a GPU the kernel
+    /// The best available for the operands' location: on a GPU the kernel
     /// [`crate::plan::auto_kernel`] names (measured), the CPU reference for host tensors.
     #[default]
     Auto,
@@ -58,6 +58,16 @@ impl BackendKind {
             BackendKind::Cpu => None,
             BackendKind::CutlassSm80 => Some(Kernel::CutlassSm80),
             BackendKind::Wmma => Some(Kernel::Wmma),
+        }
+    }
+}
+
+impl From<Kernel> for Backend {
+    /// The backend that forces `kernel`.
+    fn from(kernel: Kernel) -> Self {
+        match kernel {
+            Kernel::CutlassSm80 => Backend::CutlassSm80,
+            Kernel::Wmma => Backend::Wmma,
         }
     }
 }

@@ -8,8 +8,8 @@ use flashcore::plan::{
     choose_row, select_row, ArchClass, Kernel, DECODE_TABLE, TILE_TABLE, WMMA_TABLE,
 };
 use flashcore::{
-    attention, attention_into, AttentionOptions, Backend, BackendKind, Causal, Error, Layout,
-    Operand, Shape, Tensor,
+    attention, attention_into, AttentionOptions, BackendKind, Causal, Error, Layout, Operand,
+    Shape, Tensor,
 };
 use half::{bf16, f16};
 
@@ -322,13 +322,15 @@ fn invalid_scale() {
 #[test]
 fn gpu_backend_on_host_tensors_is_refused() {
     let t = host(&[1, 2, 1, 8]);
-    for (backend, name) in [
-        (Backend::CutlassSm80, "cutlass-sm80"),
-        (Backend::Wmma, "wmma"),
-    ] {
-        let e = run(&t, &t, &t, AttentionOptions::default().backend(backend));
+    for kernel in Kernel::ALL {
+        let e = run(
+            &t,
+            &t,
+            &t,
+            AttentionOptions::default().backend(kernel.into()),
+        );
         assert!(
-            matches!(e, Error::BackendUnavailable { backend, .. } if backend == name),
+            matches!(e, Error::BackendUnavailable { backend, .. } if backend == kernel.name()),
             "{e:?}"
         );
     }

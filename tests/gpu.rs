@@ -6,7 +6,7 @@
 mod common;
 
 use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
-use flashcore::plan::{auto_kernel, ArchClass, DECODE_TABLE, TILE_TABLE, WMMA_TABLE};
+use flashcore::plan::{auto_kernel, ArchClass, Kernel, DECODE_TABLE, TILE_TABLE, WMMA_TABLE};
 use flashcore::{
     attention, attention_into, AttentionElement, AttentionOptions, Backend, BackendKind, Causal,
     DType, Device, Error, Layout, Operand, Shape, Stream, Tensor,
@@ -30,12 +30,9 @@ struct Case {
     layout: Layout,
     lse: bool,
     force: Option<ArchClass>,
-    /// `None`: run the case on every GPU backend.
-    backend: Option<Backend>,
+    /// `None`: run the case on every GPU kernel ([`Kernel::ALL`]).
+    backend: Option<Kernel>,
 }
-
-/// The GPU backends every unpinned case runs on.
-const GPU_BACKENDS: [Backend; 2] = [Backend::CutlassSm80, Backend::Wmma];
 
 const fn case(b: usize, h: usize, s: usize, d: usize) -> Case {
     Case {
@@ -55,7 +52,7 @@ const fn case(b: usize, h: usize, s: usize, d: usize) -> Case {
 
 /// Runs one case on the GPU with a NaN-poisoned output and returns the relative L2 error of
 /// the output (and of the lse, if asked) against the f64 reference.
-fn run_case<T: AttentionElement>(s: &Stream, c: Case, backend: Backend) -> (f64, f64) {
+fn run_case<T: AttentionElement>(s: &Stream, c: Case, kernel: Kernel) -> (f64, f64) {
     let mut rng = Rng::fresh();
     let (qs, ks) = (
         Shape::new(c.b, c.sq, c.hq, c.d),
@@ -77,7 +74,7 @@ fn run_case<T: AttentionElement>(s: &Stream, c: Case, backend: Backend) -> (f64,
     });
     let opts = AttentionOptions {
         causal: c.causal,
-        backend,
+        backend: Backend::from(kernel),
         return_lse: c.lse,
         force_arch_class: c.force,
         ..Default::default()
@@ -89,11 +86,7 @@ fn run_case<T: AttentionElement>(s: &Stream, c: Case, backend: Backend) -> (f64,
     );
     let exec = attention_into(&dq, &dk, &dv, &mut out, lse.as_mut(), &opts)
         .unwrap_or_else(|e| panic!("{c:?}: {e}"));
-    let want_backend = match backend {
-        Backend::Wmma => BackendKind::Wmma,
-        _ => BackendKind::CutlassSm80,
-    };
-    assert_eq!(exec.backend, want_backend);
+    assert_eq!(exec.backend, BackendKind::from(kernel));
     if let Some(class) = c.force {
         assert_eq!(exec.tile.unwrap().arch, class);
     }
@@ -118,9 +111,9 @@ fn check_all<T: AttentionElement>(cases: &[Case]) {
     let s = stream();
     let mut failures = Vec::new();
     for &c in cases {
-        let pinned = c.backend.map(|b| [b]);
-        let backends = pinned.as_ref().map_or(&GPU_BACKENDS[..], |p| &p[..]);
-        for &backend in backends {
+        let pinned = c.backend.map(|k| [k]);
+        let kernels = pinned.as_ref().map_or(&Kernel::ALL[..], |p| &p[..]);
+        for &backend in kernels {
             let (err, lse_err) = run_case::<T>(&s, c, backend);
             println!(
                 "{backend:?} {:?} {c:?}: rel L2 {err:.2e} lse {lse_err:.2e}",
@@ -282,8 +275,8 @@ fn every_tile_row_including_forced_sm89() {
     let device = Device::open(0).expect("this test needs a CUDA device");
     let mut cases = Vec::new();
     for (backend, table) in [
-        (Backend::CutlassSm80, TILE_TABLE),
-        (Backend::Wmma, WMMA_TABLE),
+        (Kernel::CutlassSm80, TILE_TABLE),
+        (Kernel::Wmma, WMMA_TABLE),
     ] {
         for row in table {
             if row.smem_bytes > device.shared_memory_per_block_optin() {
@@ -309,7 +302,7 @@ fn every_tile_row_including_forced_sm89() {
         for d in [64, row.max_head_dim as usize] {
             cases.push(Case {
                 force: Some(row.arch),
-                backend: Some(Backend::CutlassSm80),
+                backend: Some(Kernel::CutlassSm80),
                 sq: 1,
                 sk: 777,
                 hk: 2,
@@ -325,12 +318,12 @@ fn every_tile_row_including_forced_sm89() {
             .count()
     };
     assert_eq!(
-        forced_sm89(Backend::CutlassSm80),
+        forced_sm89(Kernel::CutlassSm80),
         14,
         "every CUTLASS sm_89 row must run here"
     );
     assert_eq!(
-        forced_sm89(Backend::Wmma),
+        forced_sm89(Kernel::Wmma),
         12,
         "every WMMA sm_89 row must run here"
     );
@@ -350,10 +343,7 @@ fn auto_backend_and_results_on_other_streams() {
         k.to_device(&s2).unwrap(),
     );
     let res = attention(&dq, &dk, &dv, &AttentionOptions::default().with_lse()).unwrap();
-    assert_eq!(
-        res.execution.backend,
-        BackendKind::from(auto_kernel(64, 64))
-    );
+    assert_eq!(res.execution.backend, BackendKind::from(auto_kernel()));
     assert!(res.out.stream().unwrap().same_as(&s1));
     let (want, _) = naive(&q, &k, &k, 0.125, Causal::None);
     let err = rel_l2(&logical(&res.out.to_host().unwrap()), &want);

@@ -133,14 +133,11 @@ pub fn choose_row(
     Ok(row)
 }
 
-/// The kernel [`crate::Backend::Auto`] runs on a GPU for `head_dim` and `query_rows` query rows
-/// per head (after decode packing).
+/// The kernel [`crate::Backend::Auto`] runs on a GPU.
 ///
 /// CUTLASS for every problem: on the H200 (2026-11-21, `docs/PERFORMANCE.md`) the WMMA kernel
-/// matched or beat it only on two small f16 seed shapes (by at most 4%, within run-to-run
-/// spread) and trailed it everywhere else: 0.93x (d=64, f16), 0.80x (d=128, f16), 0.62x (bf16),
-/// 0.58x (decode). The parameters stay so that a measured WMMA win can be routed here.
-pub fn auto_kernel(head_dim: usize, query_rows: usize) -> Kernel {
-    let _ = (head_dim, query_rows);
+/// beat it only on two small f16 seed shapes (by 1% and 6%) and trailed it everywhere else:
+/// 0.92-0.95x (d=64, f16), 0.83-0.84x (d=128, f16), 0.55-0.64x (bf16), 0.39-0.49x (decode).
+pub const fn auto_kernel() -> Kernel {
     Kernel::CutlassSm80
 }

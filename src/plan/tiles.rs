@@ -55,6 +55,9 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// Every GPU kernel family, in the order benches and tests race them.
+    pub const ALL: [Kernel; 2] = [Kernel::CutlassSm80, Kernel::Wmma];
+
     /// A short stable name (also the backend name in errors and bench tables).
     pub const fn name(self) -> &'static str {
         match self {
