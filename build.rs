@@ -1,13 +1,11 @@
-//! Build script: without the `cuda` feature (or on docs.rs) nothing is compiled. With it:
-//! find or provision CUDA and CUTLASS (build/toolchain.rs), compile the kernels named by
-//! the tile tables with nvcc, cached by content hash (build/kernels.rs), and the cxx bridge.
+//! Build script. Always: the cxx bridge and the host-only C++ core (validation, planning, tile
+//! tables; plain C++17, no CUDA). With the `cuda` feature: find or provision CUDA and CUTLASS
+//! (build/toolchain.rs), compile the kernels of `cpp/src/*/instances/` with nvcc, cached by
+//! content hash (build/kernels.rs), and the CUDA half of the bridge. On docs.rs: nothing.
 
 #[path = "build/kernels.rs"]
 #[allow(dead_code)]
 mod kernels;
-#[path = "src/plan/tiles.rs"]
-#[allow(dead_code)]
-mod tiles;
 #[path = "build/toolchain.rs"]
 mod toolchain;
 
@@ -34,17 +32,35 @@ fn main() {
         "build",
         "build.rs",
         "cpp",
-        "src/plan/tiles.rs",
+        "src/ffi/mod.rs",
         "scripts/fetch_toolchain.py",
     ] {
         println!("cargo:rerun-if-changed={path}");
     }
     println!("cargo:rerun-if-changed=third_party/toolchain.lock");
-    if env::var_os("CARGO_FEATURE_CUDA").is_none() || env::var_os("DOCS_RS").is_some() {
+    if env::var_os("DOCS_RS").is_some() {
+        return;
+    }
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let cpp = manifest.join("cpp");
+    let core_sources = [
+        "src/bridge_core.cpp",
+        "src/core/validate.cpp",
+        "src/core/plan.cpp",
+        "src/core/tables.cpp",
+        "src/core/status.cpp",
+    ];
+    let mut bridge = cxx_build::bridge("src/ffi/mod.rs");
+    bridge
+        .files(core_sources.map(|f| cpp.join(f)))
+        .include(cpp.join("include"))
+        .include(cpp.join("src"))
+        .std("c++17");
+    if env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        bridge.compile("flashcore_bridge");
         return;
     }
 
-    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     let third_party = env::var_os("FLASHCORE_THIRD_PARTY_DIR")
         .map(PathBuf::from)
@@ -74,20 +90,12 @@ fn main() {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(4)))
         .max(1);
 
-    let cpp = manifest.join("cpp");
-    let gen = out_dir.join("gen");
-    let units = kernels::generate(&gen);
-
     // The bridge first: GNU ld resolves static archives left to right.
-    cxx_build::bridge("src/cuda/ffi.rs")
+    bridge
         .file(cpp.join("src/bridge.cpp"))
-        .file(cpp.join("src/sm80/dispatch.cpp"))
-        .file(cpp.join("src/wmma/dispatch.cpp"))
-        .include(cpp.join("include"))
-        .include(cpp.join("src"))
-        .include(&gen)
+        .file(cpp.join("src/attention.cpp"))
+        .file(cpp.join("src/dispatch.cpp"))
         .include(&cuda.include)
-        .std("c++17")
         .compile("flashcore_bridge");
 
     let config = kernels::Config {
@@ -99,7 +107,7 @@ fn main() {
         jobs,
         out_dir: &out_dir,
     };
-    let objects = config.compile(&units);
+    let objects = config.compile(&kernels::units(&cpp));
     cc::Build::new()
         .objects(&objects)
         .cargo_metadata(true)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the GPU tests and examples (and benches, when present) as self-contained release binaries
-# (cudart linked statically) into bundle/, with bundle/run.sh to run them on a GPU host that has
+# (cudart linked statically) into bundle/, plus the C++ example (CMake, sm_90), with bundle/run.sh to run them on a GPU host that has
 # no Rust toolchain. Criterion benches only with BUNDLE_CRITERION=1 (the transfer limit is 64 MiB).
 # Usage: scripts/bundle.sh [extra cargo args]; then on the GPU host:
 #   bash bundle/run.sh [OUT_DIR]
@@ -30,6 +30,12 @@ for line in sys.argv[1].splitlines():
     shutil.copy(m["executable"], "bundle/" + name)
     print("bundled", name)
 PY
+# The C++ example through CMake (the standalone C++ library), SASS for the H200 only.
+cmake -S examples/cpp -B target/cpp-example-sm90 -DFLASHCORE_CUDA_ARCHS=90 \
+  -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build target/cpp-example-sm90 -j "$(nproc)" >/dev/null
+cp target/cpp-example-sm90/flashcore_example bundle/cpp-example
+echo "bundled cpp-example"
 cp scripts/run_bundle.sh bundle/run.sh
 cp scripts/torch_sdpa.py scripts/merge_bench.py bundle/
 du -sh bundle

@@ -15,6 +15,8 @@ rm -f "$marker"
   echo "== example (mission shape and a causal bf16 run)"
   "$here/example-attention" || touch "$marker"
   "$here/example-attention" 4 8 2048 128 --causal --bf16 || touch "$marker"
+  echo "== C++ example (examples/cpp: its own buffers, the public C++ API, a float64 check)"
+  "$here/cpp-example" || touch "$marker"
   echo "== SASS in the fatbin (cuobjdump --list-elf example-attention)"
   cuobjdump --list-elf "$here/example-attention" | sed -E 's/.*\.(sm_[0-9a-z]+)\..*/\1/' | sort | uniq -c
   echo "== WMMA kernels: registers, shared memory, stack, spills (cuobjdump --dump-resource-usage)"

@@ -94,6 +94,6 @@ pub fn attention_into<T: AttentionElement>(
     lse: Option<&mut Tensor<f32>>,
     opts: &AttentionOptions,
 ) -> Result<Execution> {
-    let problem = validate(q, k, v, out, lse.as_deref(), opts)?;
-    dispatch::run(&problem, opts, q, k, v, out, lse)
+    let checked = validate(q, k, v, out, lse.as_deref(), opts)?;
+    dispatch::run(&checked, opts, q, k, v, out, lse)
 }

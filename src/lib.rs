@@ -4,7 +4,7 @@
 //! reference backend that runs everywhere.
 //!
 //! * **GPU**: CUTLASS's fused multi-head attention (example 41, the Ampere/Ada kernel, compute
-//!   capability 8.0 to 9.x) instantiated with flashcore's own tile table ([`plan::TILE_TABLE`]).
+//!   capability 8.0 to 9.x) instantiated with flashcore's own tile table ([`plan::tile_table`]).
 //! * **CPU**: an exact float64-accumulating reference, used on hosts without a GPU and by tests.
 //!
 //! The same call runs on either: put the tensors where you want the work done.
@@ -43,7 +43,7 @@
 //! CUDA failures (including asynchronous kernel faults, at the next synchronisation) are
 //! [`Error::Cuda`] with CUDA's error name and message. No panic crosses the API.
 #![deny(missing_docs)]
-#![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
+#![deny(unsafe_code)]
 
 mod attention;
 mod cpu;
@@ -52,12 +52,17 @@ mod cuda;
 mod dispatch;
 mod element;
 mod error;
+#[allow(unsafe_code)] // the FFI layer: the only module with `unsafe`
+mod ffi;
 mod options;
 pub mod plan;
 mod tensor;
 mod validate;
 
 pub use attention::{attention, attention_into, AttentionOutput};
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub use cuda::interop;
 #[cfg(feature = "cuda")]
 pub use cuda::{Device, Event, Stream};
 #[cfg(feature = "cuda")]
@@ -68,7 +73,16 @@ pub use element::{AttentionElement, DType, Element};
 pub use error::{Error, Operand, Result};
 pub use options::{AttentionOptions, Backend, BackendKind, Causal};
 pub use tensor::{Layout, Location, Shape, Tensor};
-pub use validate::{HEAD_DIM_MULTIPLE, MAX_HEAD_DIM};
+
+/// Largest supported head dim (the C++ library's `flashcore::kMaxHeadDim`).
+pub fn max_head_dim() -> usize {
+    ffi::limits().0
+}
+
+/// Head dims must be multiples of this (16-byte vector loads; `flashcore::kHeadDimMultiple`).
+pub fn head_dim_multiple() -> usize {
+    ffi::limits().1
+}
 
 /// Number of CUDA devices visible (0 without a driver, a GPU, or the `cuda` feature).
 pub fn cuda_device_count() -> usize {

@@ -27,7 +27,7 @@ pub enum Backend {
     /// CUTLASS example 41 (`Sm80` tag) on compute capability 8.0 to 9.x (device tensors).
     CutlassSm80,
     /// flashcore's WMMA FlashAttention-2 kernel on compute capability 8.0 to 9.x (device
-    /// tensors), with its own tile table ([`crate::plan::WMMA_TABLE`]).
+    /// tensors), with its own tile table ([`crate::plan::tile_table`]).
     Wmma,
 }
 

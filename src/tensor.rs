@@ -231,6 +231,15 @@ impl<T: Element> Tensor<T> {
         }
     }
 
+    /// The address of element `[0, 0, 0, 0]`: device or host.
+    pub(crate) fn address(&self) -> u64 {
+        match &self.storage {
+            Storage::Host(v) => v.as_ptr() as u64,
+            #[cfg(feature = "cuda")]
+            Storage::Device(b) => b.raw().ptr() as u64,
+        }
+    }
+
     /// Storage offset of element `[b, s, h, d]`.
     pub fn offset(&self, b: usize, s: usize, h: usize, d: usize) -> usize {
         let [sb, ss, sh, sd] = self.strides;

@@ -4,9 +4,7 @@
 mod common;
 
 use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
-use flashcore::plan::{
-    choose_row, select_row, ArchClass, Kernel, DECODE_TABLE, TILE_TABLE, WMMA_TABLE,
-};
+use flashcore::plan::{choose_row, decode_table, select_row, tile_table, ArchClass, Kernel};
 use flashcore::{
     attention, attention_into, AttentionOptions, BackendKind, Causal, Error, Layout, Operand,
     Shape, Tensor,
@@ -409,10 +407,8 @@ fn tile_table_choice_per_arch_class() {
 
 #[test]
 fn tile_table_rows_fit_their_class() {
-    for (kernel, table) in [
-        (Kernel::CutlassSm80, TILE_TABLE),
-        (Kernel::Wmma, WMMA_TABLE),
-    ] {
+    for kernel in Kernel::ALL {
+        let table = tile_table(kernel);
         for class in ArchClass::ALL {
             let rows: Vec<_> = table.iter().filter(|r| r.arch == class).collect();
             assert_eq!(
@@ -436,7 +432,7 @@ fn tile_table_rows_fit_their_class() {
 
 #[test]
 fn wmma_rows_are_whole_warps_of_sixteen_rows() {
-    for r in WMMA_TABLE {
+    for r in tile_table(Kernel::Wmma) {
         let t = r.tile;
         assert_eq!(t.queries_per_block % 16, 0, "{r:?}");
         assert_eq!(t.keys_per_block % 16, 0, "{r:?}");
@@ -454,18 +450,20 @@ fn decode_rows_serve_few_query_rows() {
             ArchClass::Sm86Sm89 => (8, 9),
             ArchClass::Sm90 => (9, 0),
         };
-        for rows in [1, 4, 32] {
+        let limit = flashcore::plan::decode_max_query_rows();
+        assert_eq!(limit, 32);
+        for rows in [1, 4, limit] {
             for d in [8, 64, 128] {
                 let row = choose_row(Kernel::CutlassSm80, d, rows, cc, smem, None).unwrap();
-                assert!(DECODE_TABLE.contains(row), "{class:?} rows={rows} d={d}");
+                assert!(decode_table().contains(row), "{class:?} rows={rows} d={d}");
                 assert_eq!(row.tile.queries_per_block as usize, 32);
             }
             // Above the decode rows' head dims, the main table serves.
             let row = choose_row(Kernel::CutlassSm80, 256, rows, cc, smem, None).unwrap();
-            assert!(TILE_TABLE.contains(row));
+            assert!(tile_table(Kernel::CutlassSm80).contains(row));
         }
-        let row = choose_row(Kernel::CutlassSm80, 64, 33, cc, smem, None).unwrap();
-        assert!(TILE_TABLE.contains(row));
+        let row = choose_row(Kernel::CutlassSm80, 64, limit + 1, cc, smem, None).unwrap();
+        assert!(tile_table(Kernel::CutlassSm80).contains(row));
     }
 }
 

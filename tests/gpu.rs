@@ -6,7 +6,8 @@
 mod common;
 
 use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
-use flashcore::plan::{auto_kernel, ArchClass, Kernel, DECODE_TABLE, TILE_TABLE, WMMA_TABLE};
+use flashcore::interop::{cpp_attention_forward, CppDeviceBuffer};
+use flashcore::plan::{auto_kernel, decode_table, tile_table, ArchClass, Kernel};
 use flashcore::{
     attention, attention_into, AttentionElement, AttentionOptions, Backend, BackendKind, Causal,
     DType, Device, Error, Layout, Operand, Shape, Stream, Tensor,
@@ -274,11 +275,8 @@ fn layouts_and_lse() {
 fn every_tile_row_including_forced_sm89() {
     let device = Device::open(0).expect("this test needs a CUDA device");
     let mut cases = Vec::new();
-    for (backend, table) in [
-        (Kernel::CutlassSm80, TILE_TABLE),
-        (Kernel::Wmma, WMMA_TABLE),
-    ] {
-        for row in table {
+    for backend in Kernel::ALL {
+        for row in tile_table(backend) {
             if row.smem_bytes > device.shared_memory_per_block_optin() {
                 continue; // cannot run here; the plan refuses it (tested on the CPU)
             }
@@ -298,7 +296,7 @@ fn every_tile_row_including_forced_sm89() {
         }
     }
     // The decode rows: one query, GQA 4:1 (packed to 4 query rows per kv head).
-    for row in DECODE_TABLE {
+    for row in decode_table() {
         for d in [64, row.max_head_dim as usize] {
             cases.push(Case {
                 force: Some(row.arch),
@@ -405,4 +403,188 @@ fn device_properties() {
         d.sm_count(),
         d.shared_memory_per_block_optin()
     );
+}
+
+/// The interop problem: GQA 4:1, seq_q != seq_k, bottom-right causal, BSHD, with lse.
+const INTEROP: Case = Case {
+    sk: 130,
+    hk: 2,
+    causal: Causal::BottomRight,
+    lse: true,
+    ..case(2, 8, 100, 64)
+};
+
+fn interop_opts() -> AttentionOptions {
+    AttentionOptions {
+        causal: INTEROP.causal,
+        return_lse: true,
+        ..Default::default()
+    }
+}
+
+/// Relative L2 errors of a GPU result (out, lse) against the f64 reference.
+fn interop_errors(inputs: [&Tensor<f16>; 3], out: &Tensor<f16>, lse: &Tensor<f32>) -> (f64, f64) {
+    let [q, k, v] = inputs;
+    let (want, want_lse) = naive(q, k, v, 1.0 / (INTEROP.d as f64).sqrt(), INTEROP.causal);
+    let got = logical(&out.to_host().unwrap());
+    let got_lse = lse_values(&lse.to_host().unwrap());
+    (rel_l2(&got, &want), rel_l2(&got_lse, &want_lse))
+}
+
+fn interop_inputs() -> [Tensor<f16>; 3] {
+    let mut rng = Rng::fresh();
+    let c = INTEROP;
+    let (qs, ks) = (
+        Shape::new(c.b, c.sq, c.hq, c.d),
+        Shape::new(c.b, c.sk, c.hk, c.d),
+    );
+    [qs, ks, ks].map(|s| randn::<f16>(&mut rng, &dims(s, c.layout), c.layout))
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+#[allow(unsafe_code)]
+fn cpp_allocates_rust_computes() {
+    let device = Device::open(0).expect("this test needs a CUDA device");
+    let owner = Stream::new(&device).unwrap();
+    // SAFETY: `owner` outlives `stream` and every view below.
+    let stream = unsafe { Stream::from_raw(&device, owner.as_raw()) }.unwrap();
+    let inputs = interop_inputs();
+    let c = INTEROP;
+    let out_shape = Shape::new(c.b, c.sq, c.hq, c.d);
+    let nan_out = vec![f16::NAN; out_shape.numel().unwrap()];
+    let nan_lse = vec![f32::NAN; c.b * c.hq * c.sq];
+    // Memory C++ allocated (cudaMalloc) and filled; Rust only sees raw pointers. Each input has
+    // 8 spare elements at the end, so that a view shifted by one element still fits.
+    let spare = 8;
+    let buffers = inputs.each_ref().map(|t| {
+        let mut data = t.host_data().unwrap().to_vec();
+        data.extend(vec![f16::ZERO; spare]);
+        CppDeviceBuffer::from_host(&device, &data).unwrap()
+    });
+    let out_buf = CppDeviceBuffer::from_host(&device, &nan_out).unwrap();
+    let lse_buf = CppDeviceBuffer::from_host(&device, &nan_lse).unwrap();
+    let lse_shape = Shape::new(c.b, c.sq, c.hq, 1);
+    // SAFETY: each buffer holds the tensor's elements on `stream`'s device and outlives the
+    // views; the test touches the memory only through them, on `stream`.
+    let view = |b: &CppDeviceBuffer, t: &Tensor<f16>, offset: usize| unsafe {
+        Tensor::from_raw_device(
+            b.as_ptr::<f16>().add(offset),
+            t.host_data().unwrap().len() + spare - offset,
+            t.shape(),
+            t.strides(),
+            &stream,
+        )
+    };
+    let [q, k, v] = [0, 1, 2].map(|i| view(&buffers[i], &inputs[i], 0).unwrap());
+    let mut out = unsafe {
+        Tensor::from_raw_device(
+            out_buf.as_ptr::<f16>(),
+            nan_out.len(),
+            out_shape,
+            out_shape.strides(c.layout).unwrap(),
+            &stream,
+        )
+    }
+    .unwrap();
+    let mut lse = unsafe {
+        Tensor::from_raw_device(
+            lse_buf.as_ptr::<f32>(),
+            nan_lse.len(),
+            lse_shape,
+            lse_shape.strides(Layout::Bhsd).unwrap(),
+            &stream,
+        )
+    }
+    .unwrap();
+    let exec = attention_into(&q, &k, &v, &mut out, Some(&mut lse), &interop_opts()).unwrap();
+    assert_eq!(exec.backend, BackendKind::from(auto_kernel()));
+    let (err, lse_err) = interop_errors(inputs.each_ref(), &out, &lse);
+    println!("C++ memory, Rust call: rel L2 {err:.2e}, lse {lse_err:.2e}");
+    assert!(
+        err < tolerance::<f16>() && lse_err < 1e-4,
+        "{err} {lse_err}"
+    );
+
+    // A view one element into a C++ buffer is not 16-byte aligned: refused, nothing launched.
+    let shifted = view(&buffers[0], &inputs[0], 1).unwrap();
+    let e = attention_into(&shifted, &k, &v, &mut out, None, &interop_opts()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::MisalignedPointer {
+                operand: Operand::Q,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // A view longer than the memory says it holds is refused at construction.
+    let short = unsafe {
+        Tensor::<f16>::from_raw_device(
+            buffers[0].as_ptr(),
+            10,
+            out_shape,
+            out_shape.strides(c.layout).unwrap(),
+            &stream,
+        )
+    };
+    assert!(
+        matches!(short, Err(Error::StorageTooSmall { len: 10, .. })),
+        "{short:?}"
+    );
+    stream.synchronize().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn rust_allocates_cpp_computes() {
+    let s = stream();
+    let inputs = interop_inputs();
+    let [q, k, v] = inputs.each_ref().map(|t| t.to_device(&s).unwrap());
+    let c = INTEROP;
+    let mut out = Tensor::full(
+        f16::NAN,
+        &dims(Shape::new(c.b, c.sq, c.hq, c.d), c.layout),
+        c.layout,
+    )
+    .unwrap()
+    .to_device(&s)
+    .unwrap();
+    let mut lse = Tensor::full(f32::NAN, &[c.b, c.hq, c.sq, 1], Layout::Bhsd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    // The public C++ API receives the raw pointers and stream of Rust's allocations.
+    let exec =
+        cpp_attention_forward(&q, &k, &v, &mut out, Some(&mut lse), &interop_opts()).unwrap();
+    let (err, lse_err) = interop_errors(inputs.each_ref(), &out, &lse);
+    println!("Rust memory, C++ call: rel L2 {err:.2e}, lse {lse_err:.2e}");
+    assert!(
+        err < tolerance::<f16>() && lse_err < 1e-4,
+        "{err} {lse_err}"
+    );
+    // Same plan as the Rust entry.
+    let rust = attention_into(&q, &k, &v, &mut out, Some(&mut lse), &interop_opts()).unwrap();
+    assert_eq!(exec, rust);
+    // The C++ API's own validation reports in Rust's categories, and launches nothing.
+    let mut poisoned = Tensor::full(f16::NAN, &[1, 4, 2, 64], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let e = cpp_attention_forward(&q, &k, &v, &mut poisoned, None, &interop_opts()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ShapeMismatch {
+                operand: Operand::Out,
+                dim: "batch",
+                got: 1,
+                expected: 2
+            }
+        ),
+        "{e:?}"
+    );
+    let untouched = poisoned.to_host().unwrap();
+    assert!(untouched.host_data().unwrap().iter().all(|x| x.is_nan()));
 }

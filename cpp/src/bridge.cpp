@@ -5,9 +5,10 @@
 #include <chrono>
 #include <string>
 
+#include "attention.h"
+#include "bridge_convert.h"
 #include "check.h"
-#include "flashcore/fmha.h"
-#include "flashcore/src/cuda/ffi.rs.h"
+#include "flashcore/flashcore.h"
 
 namespace flashcore::bridge {
 namespace {
@@ -144,62 +145,124 @@ void copy_device(int32_t ordinal, size_t dst, size_t src, size_t bytes, size_t s
 
 namespace {
 
-FmhaArgs to_args(const FmhaCall& c) {
-  FmhaArgs a{};
-  a.dtype = c.dtype == 0 ? DType::F16 : DType::BF16;
-  a.q = as_ptr(c.q);
-  a.k = as_ptr(c.k);
-  a.v = as_ptr(c.v);
-  a.out = as_ptr(c.out);
-  a.lse = static_cast<float*>(as_ptr(c.lse));
-  a.batch = c.batch;
-  a.seq_q = c.seq_q;
-  a.seq_k = c.seq_k;
-  a.heads_q = c.heads_q;
-  a.heads_kv = c.heads_kv;
-  a.head_dim = c.head_dim;
-  for (int i = 0; i < 3; ++i) {
-    a.q_stride[i] = c.q_stride[i];
-    a.k_stride[i] = c.k_stride[i];
-    a.v_stride[i] = c.v_stride[i];
-    a.o_stride[i] = c.o_stride[i];
-  }
-  a.scale = c.scale;
-  a.causal = static_cast<Causal>(c.causal);
-  a.tile = Tile{c.tile_q, c.tile_k, c.tile_d};
-  return a;
-}
-
-using Launcher = void (*)(const FmhaArgs&, cudaStream_t);
-
-Launcher launcher(int32_t kernel) {
-  switch (kernel) {
-    case 0:
-      return fmha_forward_sm80;
-    case 1:
-      return fmha_forward_wmma;
-    default:
-      throw Error(ErrorKind::NoKernel, "", "unknown kernel id " + std::to_string(kernel));
-  }
+LaunchedFfi launched(const Status& s, Kernel kernel, const TileRow* row) {
+  LaunchedFfi out;
+  out.status = to_ffi(s);
+  out.kernel = static_cast<int32_t>(kernel);
+  out.row = row_ref(kernel, s.ok() ? row : nullptr);
+  return out;
 }
 
 }  // namespace
 
-void fmha(const FmhaCall& c) {
-  use_device(c.ordinal);
-  launcher(c.kernel)(to_args(c), as_stream(c.stream));
+LaunchedFfi attention(const RequestFfi& request, const ProblemFfi& problem, const CapsFfi& caps,
+                      int32_t ordinal, size_t stream) {
+  const core::Request r = from_ffi(request);
+  const core::Problem p = from_ffi(problem);
+  core::Plan plan{Kernel::CutlassSm80, nullptr};
+  Status s = core::plan(r, p, from_ffi(caps), &plan);
+  if (s.ok()) {
+    try {
+      use_device(ordinal);
+      detail::run(r, p, plan, as_stream(stream));
+    } catch (const std::exception& e) {
+      s = detail::to_status(e);
+    }
+  }
+  return launched(s, plan.kernel, plan.row);
 }
 
-double fmha_host_ns(const FmhaCall& c, int32_t iters) {
-  use_device(c.ordinal);
-  const FmhaArgs args = to_args(c);
-  const Launcher launch = launcher(c.kernel);
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int32_t i = 0; i < iters; ++i) {
-    launch(args, as_stream(c.stream));
+StatusFfi attention_host_ns(const RequestFfi& request, const ProblemFfi& problem,
+                            const CapsFfi& caps, int32_t ordinal, size_t stream, int32_t iters,
+                            double& ns) {
+  const core::Request r = from_ffi(request);
+  const core::Problem p = from_ffi(problem);
+  core::Plan plan{};
+  Status s = core::plan(r, p, from_ffi(caps), &plan);
+  if (!s.ok()) {
+    return to_ffi(s);
   }
-  const auto t1 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::nano>(t1 - t0).count() / (iters > 0 ? iters : 1);
+  try {
+    use_device(ordinal);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int32_t i = 0; i < iters; ++i) {
+      detail::run(r, p, plan, as_stream(stream));
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    ns = std::chrono::duration<double, std::nano>(t1 - t0).count() / (iters > 0 ? iters : 1);
+  } catch (const std::exception& e) {
+    s = detail::to_status(e);
+  }
+  return to_ffi(s);
+}
+
+namespace {
+
+// The table entry equal to `copy` (LaunchInfo holds the row by value).
+const TileRow* find_row(Kernel kernel, const TileRow& copy) {
+  for (const Table t : {tile_table(kernel), decode_table()}) {
+    for (const TileRow& r : t) {
+      if (r.arch == copy.arch && r.max_head_dim == copy.max_head_dim && r.tile == copy.tile &&
+          r.reason == copy.reason) {
+        return &r;
+      }
+    }
+  }
+  return nullptr;
+}
+
+template <typename Ref>
+Ref to_ref(const DescFfi& d) {
+  Ref t;
+  t.data = reinterpret_cast<decltype(t.data)>(d.address);
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = d.shape[i];
+    t.stride[i] = d.stride[i];
+  }
+  return t;
+}
+
+}  // namespace
+
+// What a C++ program does: raw pointers and a raw stream into the public API.
+LaunchedFfi cpp_attention_forward(const RequestFfi& request, int32_t ordinal, size_t stream) {
+  AttentionArgs a;
+  a.dtype = static_cast<DType>(request.dtype);
+  a.q = to_ref<TensorRef>(request.q);
+  a.k = to_ref<TensorRef>(request.k);
+  a.v = to_ref<TensorRef>(request.v);
+  a.out = to_ref<OutputRef>(request.out);
+  if (request.has_lse) {
+    a.lse = to_ref<OutputRef>(request.lse);
+  }
+  a.options = from_ffi(request).options;
+  Status s;
+  LaunchInfo info{};
+  try {
+    use_device(ordinal);
+    s = attention_forward(a, as_stream(stream), &info);
+  } catch (const std::exception& e) {
+    s = detail::to_status(e);
+  }
+  return launched(s, info.kernel, s.ok() ? find_row(info.kernel, info.row) : nullptr);
+}
+
+size_t cpp_malloc(int32_t ordinal, size_t bytes) {
+  use_device(ordinal);
+  void* p = nullptr;
+  check_cuda(cudaMalloc(&p, bytes), "cudaMalloc");
+  return reinterpret_cast<size_t>(p);
+}
+
+void cpp_free(int32_t ordinal, size_t ptr) {
+  use_device(ordinal);
+  check_cuda(cudaFree(as_ptr(ptr)), "cudaFree");
+}
+
+void cpp_upload(int32_t ordinal, size_t dst, rust::Slice<const uint8_t> src) {
+  use_device(ordinal);
+  check_cuda(cudaMemcpy(as_ptr(dst), src.data(), src.size(), cudaMemcpyHostToDevice),
+             "cudaMemcpy(host to device)");
 }
 
 }  // namespace flashcore::bridge

@@ -1,6 +1,7 @@
-// The C++ side of the cxx bridge (src/cuda/ffi.rs): CUDA runtime wrappers and the attention entry.
-// Every function selects the device by ordinal first and turns every CUDA failure into a
-// flashcore::Error, which cxx hands to Rust as an Err.
+// The C++ side of the Rust crate's cxx bridge (src/ffi/mod.rs). Host-only functions
+// (validation, planning, tables) are in bridge_core.cpp and always built; the CUDA functions
+// (bridge.cpp) only with the crate's `cuda` feature. CUDA wrappers select the device by ordinal
+// first and throw detail::Failure, which cxx hands to Rust as an Err.
 #pragma once
 
 #include <cstddef>
@@ -10,9 +11,30 @@
 
 namespace flashcore::bridge {
 
+struct DescFfi;
+struct RequestFfi;
+struct ProblemFfi;
+struct StatusFfi;
+struct TileRowFfi;
+struct RowRef;
+struct CapsFfi;
+struct LimitsFfi;
+struct LaunchedFfi;
 struct DeviceInfo;
-struct FmhaCall;
 
+// ---- host-only (bridge_core.cpp) ----
+StatusFfi validate(const RequestFfi& request, ProblemFfi& problem);
+rust::Vec<TileRowFfi> table_rows(int32_t kernel, bool decode);
+RowRef select_row(int32_t kernel, int32_t arch, int64_t head_dim, int64_t query_rows);
+StatusFfi choose_row(int32_t kernel, int64_t head_dim, int64_t query_rows, const CapsFfi& caps,
+                     int32_t forced_arch, RowRef& row);
+int32_t arch_class(int32_t major, int32_t minor);
+int64_t arch_smem(int32_t arch, bool per_sm);
+int64_t wmma_smem_bytes(int32_t queries, int32_t keys, int32_t head_dim);
+int32_t auto_kernel();
+LimitsFfi limits();
+
+// ---- CUDA (bridge.cpp) ----
 int32_t device_count();
 DeviceInfo device_info(int32_t ordinal);
 // Keeps memory freed to the device's default pool cached (release threshold = max), so
@@ -36,10 +58,14 @@ void copy_to_device(int32_t ordinal, size_t dst, rust::Slice<const uint8_t> src,
 void copy_to_host(int32_t ordinal, rust::Slice<uint8_t> dst, size_t src, size_t stream);
 void copy_device(int32_t ordinal, size_t dst, size_t src, size_t bytes, size_t stream);
 
-// Launches `call.kernel` (0: CUTLASS example 41, 1: WMMA).
-void fmha(const FmhaCall& call);
-// Host nanoseconds per launch over `iters` back-to-back launches (bench only: the C++ side of the
-// Rust-vs-C++ host-overhead comparison).
-double fmha_host_ns(const FmhaCall& call, int32_t iters);
+LaunchedFfi attention(const RequestFfi& request, const ProblemFfi& problem, const CapsFfi& caps,
+                      int32_t ordinal, size_t stream);
+StatusFfi attention_host_ns(const RequestFfi& request, const ProblemFfi& problem,
+                            const CapsFfi& caps, int32_t ordinal, size_t stream, int32_t iters,
+                            double& ns);
+LaunchedFfi cpp_attention_forward(const RequestFfi& request, int32_t ordinal, size_t stream);
+size_t cpp_malloc(int32_t ordinal, size_t bytes);
+void cpp_free(int32_t ordinal, size_t ptr);
+void cpp_upload(int32_t ordinal, size_t dst, rust::Slice<const uint8_t> src);
 
 }  // namespace flashcore::bridge

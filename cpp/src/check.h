@@ -1,18 +1,18 @@
-// Checking CUDA calls: every failure becomes a flashcore::Error carrying CUDA's name and message.
+// Checking CUDA calls: every failure becomes a detail::Failure carrying CUDA's name and message.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <string>
 
-#include "flashcore/fmha.h"
+#include "launcher.h"
 
 namespace flashcore {
 
 inline void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
-    throw Error(ErrorKind::Cuda, cudaGetErrorName(status),
-                std::string(what) + ": " + cudaGetErrorString(status));
+    throw detail::Failure(Code::Cuda, cudaGetErrorName(status),
+                          std::string(what) + ": " + cudaGetErrorString(status));
   }
 }
 

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use super::ffi;
 use crate::error::{Error, Result};
+use crate::ffi::cuda as ffi;
 
 /// An opened CUDA device and its properties (cheap to clone).
 #[derive(Debug, Clone)]

@@ -1,9 +1,9 @@
 //! CUDA events, for ordering streams and timing.
 
 use super::device::Device;
-use super::ffi::RawEvent;
 use super::stream::Stream;
 use crate::error::{Error, Result};
+use crate::ffi::cuda::RawEvent;
 
 /// A CUDA event with timing enabled.
 ///

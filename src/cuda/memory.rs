@@ -3,10 +3,10 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use super::ffi::RawBuffer;
 use super::stream::Stream;
 use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::ffi::cuda::RawBuffer;
 use crate::tensor::{Layout, Shape, Storage, Tensor};
 
 /// `len` elements of `T` in device memory, allocated and freed stream-ordered on one stream.
@@ -33,6 +33,17 @@ impl<T: Element> DeviceBuffer<T> {
             stream: stream.clone(),
             _element: PhantomData,
         })
+    }
+
+    /// A buffer over foreign memory (`Tensor::from_raw_device`): `raw` is borrowed, so
+    /// dropping the buffer frees nothing.
+    pub(crate) fn from_raw(raw: RawBuffer, len: usize, stream: &Stream) -> Self {
+        DeviceBuffer {
+            raw,
+            len,
+            stream: stream.clone(),
+            _element: PhantomData,
+        }
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -2,7 +2,8 @@
 
 mod device;
 mod event;
-mod ffi;
+#[doc(hidden)]
+pub mod interop;
 pub(crate) mod launch;
 mod memory;
 mod stream;

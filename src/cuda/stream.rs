@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use super::device::Device;
-use super::ffi::RawStream;
 use crate::error::Result;
+use crate::ffi::cuda::RawStream;
 
 /// A CUDA stream. Clones share the stream; an owned stream is destroyed with its last clone.
 ///

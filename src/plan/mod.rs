@@ -1,98 +1,123 @@
-//! Planning: which tile-table row runs a validated problem on a given device. Pure data, testable
-//! without a GPU.
+//! Planning: which tile-table row runs a problem on a given device. The tables and the choice
+//! live in the C++ library (`cpp/src/core/tables.cpp`, `cpp/src/core/plan.cpp`), shared with C++
+//! callers; this module is their Rust view, usable without a GPU.
 
-mod tiles;
+use crate::error::Result;
+use crate::ffi;
 
-pub use tiles::{
-    wmma_smem_bytes, ArchClass, Kernel, Tile, TileRow, DECODE_MAX_QUERY_ROWS, DECODE_TABLE,
-    TILE_TABLE, WMMA_TABLE,
-};
-
-use crate::error::{Error, Result};
-use crate::validate::Problem;
+/// Which shared-memory budget (and SASS) a device falls into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ArchClass {
+    /// sm_80 (A100, A30): 164 KB shared memory per SM, 163 KB opt-in per block.
+    Sm80,
+    /// sm_86 / sm_87 / sm_89 (RTX 30xx, A10, L4, L40, RTX 40xx): 100 KB per SM, 99 KB per block.
+    Sm86Sm89,
+    /// sm_90 (H100, H200) running the Ampere/Ada path: 228 KB per SM, 227 KB per block.
+    Sm90,
+}
 
 impl ArchClass {
-    /// The class of a compute capability, or `None` where this build has no Ampere/Ada kernels
-    /// (below 8.0, or 10.0 and newer).
+    /// All classes, in table order.
+    pub const ALL: [ArchClass; 3] = [ArchClass::Sm80, ArchClass::Sm86Sm89, ArchClass::Sm90];
+
+    /// The class of a compute capability, or `None` where this build has no kernels (below
+    /// 8.0, or 10.0 and newer).
     pub fn from_compute_capability(major: i32, minor: i32) -> Option<ArchClass> {
-        match (major, minor) {
-            (8, 0) => Some(ArchClass::Sm80),
-            (8, _) => Some(ArchClass::Sm86Sm89),
-            (9, _) => Some(ArchClass::Sm90),
-            _ => None,
+        ffi::arch_class(major, minor)
+    }
+
+    /// Shared memory one block may opt in to on this class (bytes).
+    pub fn smem_per_block_optin(self) -> usize {
+        ffi::arch_smem(self, false)
+    }
+
+    /// Shared memory per SM on this class (bytes).
+    pub fn smem_per_sm(self) -> usize {
+        ffi::arch_smem(self, true)
+    }
+}
+
+/// The GPU kernel families, each with its own tile table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// CUTLASS example 41 (`Sm80` tag): [`tile_table`] and [`decode_table`].
+    CutlassSm80,
+    /// flashcore's WMMA FlashAttention-2 kernel: [`tile_table`].
+    Wmma,
+}
+
+impl Kernel {
+    /// Every GPU kernel family, in the order benches and tests race them.
+    pub const ALL: [Kernel; 2] = [Kernel::CutlassSm80, Kernel::Wmma];
+
+    /// A short stable name (also the backend name in errors and bench tables; the C++
+    /// `flashcore::name(Kernel)` gives the same).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kernel::CutlassSm80 => "cutlass-sm80",
+            Kernel::Wmma => "wmma",
         }
     }
 }
 
+/// One kernel instantiation. For CUTLASS: `AttentionKernel<T, Sm80, aligned, Q, K, MAX_K>`; for
+/// WMMA: `fmha_wmma_kernel<T, BR = Q, BC = K, D = MAX_K>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tile {
+    /// Query rows per thread block.
+    pub queries_per_block: u32,
+    /// Keys per inner iteration.
+    pub keys_per_block: u32,
+    /// Largest head dim the instantiation accepts.
+    pub max_head_dim: u32,
+}
+
+/// One row of a table: for `arch`, head dims up to `max_head_dim` use `tile`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TileRow {
+    /// The device class this row serves.
+    pub arch: ArchClass,
+    /// Largest head dim (inclusive) served by this row; rows of one class ascend.
+    pub max_head_dim: u32,
+    /// The instantiation to launch.
+    pub tile: Tile,
+    /// Dynamic shared memory per block, in bytes.
+    pub smem_bytes: usize,
+    /// Why this tile for this class.
+    pub reason: &'static str,
+}
+
+/// `kernel`'s main table (for CUTLASS, every problem [`decode_table`] does not serve).
+///
+/// ```
+/// use flashcore::plan::{tile_table, ArchClass, Kernel};
+/// let l4_rows = tile_table(Kernel::CutlassSm80).iter().filter(|r| r.arch == ArchClass::Sm86Sm89);
+/// assert_eq!(l4_rows.count(), 3); // head dims <= 64, <= 128, <= 256
+/// ```
+pub fn tile_table(kernel: Kernel) -> &'static [TileRow] {
+    ffi::table(kernel, false)
+}
+
+/// CUTLASS's rows for problems of at most [`decode_max_query_rows`] query rows per head (after
+/// one-query GQA heads are packed into rows). Head dims above its rows use [`tile_table`].
+pub fn decode_table() -> &'static [TileRow] {
+    ffi::table(Kernel::CutlassSm80, true)
+}
+
+/// The query-row limit of [`decode_table`].
+pub fn decode_max_query_rows() -> usize {
+    ffi::limits().2
+}
+
 /// The row of `kernel`'s tables for `arch` serving `head_dim` for problems with `query_rows`
-/// query rows per head; `None` above the largest tier. For CUTLASS: [`DECODE_TABLE`] for at most
-/// [`DECODE_MAX_QUERY_ROWS`] rows where it covers the head dim, else [`TILE_TABLE`]. For WMMA:
-/// [`WMMA_TABLE`].
+/// query rows per head; `None` above the largest tier.
 pub fn select_row(
     kernel: Kernel,
     arch: ArchClass,
     head_dim: usize,
     query_rows: usize,
 ) -> Option<&'static TileRow> {
-    let fits = |r: &&TileRow| r.arch == arch && head_dim <= r.max_head_dim as usize;
-    match kernel {
-        Kernel::CutlassSm80 => {
-            let decode = if query_rows <= DECODE_MAX_QUERY_ROWS {
-                DECODE_TABLE.iter().find(fits)
-            } else {
-                None
-            };
-            decode.or_else(|| TILE_TABLE.iter().find(fits))
-        }
-        Kernel::Wmma => WMMA_TABLE.iter().find(fits),
-    }
-}
-
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-const I32_MAX: u64 = i32::MAX as u64;
-/// CUDA's limit on `gridDim.y` and `gridDim.z` (heads and batch).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-const GRID_YZ_MAX: u64 = 65_535;
-
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn limit(kernel: Kernel, what: &'static str, value: usize, limit: u64) -> Result<()> {
-    if value as u64 <= limit {
-        Ok(())
-    } else {
-        Err(Error::IndexOverflow {
-            backend: kernel.name(),
-            what,
-            value: value as u64,
-            limit,
-        })
-    }
-}
-
-/// Both kernels index with 32-bit sequence lengths and put heads and batch on the grid's y and z
-/// axes; example 41 also keeps seq/head strides and `batch * seq_q` in 32 bits (the WMMA kernel
-/// shares those limits so that both accept the same problems).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn check_index_limits(
-    kernel: Kernel,
-    p: &Problem,
-    strides: &[[usize; 4]],
-) -> Result<()> {
-    let limit = |what, value, max| limit(kernel, what, value, max);
-    limit("seq_q", p.seq_q, I32_MAX)?;
-    limit("seq_k", p.seq_k, I32_MAX)?;
-    limit("heads", p.heads_q, GRID_YZ_MAX)?;
-    limit("batch", p.batch, GRID_YZ_MAX)?;
-    limit(
-        "batch * seq_q",
-        p.batch.saturating_mul(p.seq_q),
-        u32::MAX as u64,
-    )?;
-    for s in strides {
-        limit("seq stride", s[1], I32_MAX)?;
-        limit("head stride", s[2], I32_MAX)?;
-        limit("batch stride", s[0], i64::MAX as u64)?;
-    }
-    Ok(())
+    ffi::select_row(kernel, arch, head_dim, query_rows)
 }
 
 /// Chooses `kernel`'s row for `head_dim` and `query_rows` query rows per head on a device of
@@ -115,29 +140,18 @@ pub fn choose_row(
     smem_optin: usize,
     forced: Option<ArchClass>,
 ) -> Result<&'static TileRow> {
-    let arch = match forced {
-        Some(a) => a,
-        None => ArchClass::from_compute_capability(cc.0, cc.1).ok_or(Error::UnsupportedDevice {
-            major: cc.0,
-            minor: cc.1,
-        })?,
-    };
-    let row = select_row(kernel, arch, head_dim, query_rows)
-        .ok_or(Error::UnsupportedHeadDim(head_dim))?;
-    if row.smem_bytes > smem_optin {
-        return Err(Error::SharedMemoryExceeded {
-            needed: row.smem_bytes,
-            available: smem_optin,
-        });
-    }
-    Ok(row)
+    ffi::choose_row(kernel, head_dim, query_rows, cc, smem_optin, forced)
 }
 
-/// The kernel [`crate::Backend::Auto`] runs on a GPU.
-///
-/// CUTLASS for every problem: on the H200 (2026-11-21, `docs/PERFORMANCE.md`) the WMMA kernel
-/// beat it only on two small f16 seed shapes (by 1% and 6%) and trailed it everywhere else:
-/// 0.92-0.95x (d=64, f16), 0.83-0.84x (d=128, f16), 0.55-0.64x (bf16), 0.39-0.49x (decode).
-pub const fn auto_kernel() -> Kernel {
-    Kernel::CutlassSm80
+/// Shared memory of the WMMA kernel at `tile` (bytes); every WMMA instantiation checks at
+/// compile time that its layout takes exactly this much.
+pub fn wmma_smem_bytes(tile: Tile) -> usize {
+    ffi::wmma_smem_bytes(tile)
+}
+
+/// The kernel [`crate::Backend::Auto`] runs on a GPU (the measured reason is beside
+/// `flashcore::auto_kernel` in `cpp/src/core/plan.cpp`: CUTLASS, faster than WMMA on the H200
+/// everywhere but two small f16 shapes).
+pub fn auto_kernel() -> Kernel {
+    ffi::auto_kernel()
 }

@@ -1,7 +1,7 @@
 // Launcher for CUTLASS example 41's AttentionKernel (the `Sm80` tag serves compute capability
 // 8.0 to 9.x) with flashcore's tile and our own block placement.
 //
-// Each generated translation unit (build.rs, one per dtype x tile) instantiates
+// Each file in instances/ (one per dtype x tile of instances.inc) instantiates
 // `launch_sm80<T, Q, K, D>` once, so nvcc's cost stays one kernel per TU.
 #pragma once
 
@@ -12,7 +12,7 @@
 
 #include "../check.h"
 #include "../smem.h"
-#include "flashcore/fmha.h"
+#include "../launcher.h"
 #include "kernel_forward.h"  // CUTLASS examples/41_fused_multi_head_attention
 
 namespace flashcore::sm80 {
@@ -119,8 +119,8 @@ void launch_sm80(const FmhaArgs& a, cudaStream_t stream) {
   p.logsumexp_ptr = lse.get();
 
   if (!AK::check_supported(p)) {
-    throw Error(ErrorKind::InvalidArgument, "",
-                "CUTLASS AttentionKernel::check_supported rejected the arguments (alignment)");
+    throw detail::Failure(Code::Launch, "",
+                          "CUTLASS AttentionKernel::check_supported rejected the arguments");
   }
   constexpr auto kernel = fmha_sm80_kernel<AK>;
   const int smem_bytes = int(sizeof(typename AK::SharedStorage));
@@ -137,8 +137,11 @@ void launch_sm80(const FmhaArgs& a, cudaStream_t stream) {
 
 }  // namespace flashcore::sm80
 
-// Explicit instantiation used by the generated translation units.
-#define FLASHCORE_SM80_INSTANCE(T, NAME, Q, K, D)                                   \
-  namespace flashcore::sm80 {                                                       \
-  void NAME(const FmhaArgs& args, cudaStream_t stream) { launch_sm80<T, Q, K, D>(args, stream); } \
+// The explicit instantiation in each file of instances/: TAG is the DType, the symbol is
+// fmha_sm80_<TAG>_q<Q>_k<K>_d<D> (declared by dispatch.cpp from instances.inc).
+#define FLASHCORE_SM80_INSTANCE(T, TAG, Q, K, D)                                           \
+  namespace flashcore::sm80 {                                                              \
+  void fmha_sm80_##TAG##_q##Q##_k##K##_d##D(const FmhaArgs& args, cudaStream_t stream) {   \
+    launch_sm80<T, Q, K, D>(args, stream);                                                 \
+  }                                                                                        \
   }

@@ -1,6 +1,6 @@
 // Launcher for flashcore's WMMA kernel (kernel.cuh): FmhaArgs -> Params, grid, shared memory.
 //
-// Each generated translation unit (build.rs, one per dtype x tile of the WMMA table) instantiates
+// Each file in instances/ (one per dtype x tile of instances.inc) instantiates
 // `launch_wmma<T, BR, BC, D>` once and checks that the table's shared-memory figure matches.
 #pragma once
 
@@ -10,7 +10,7 @@
 
 #include "../check.h"
 #include "../smem.h"
-#include "flashcore/fmha.h"
+#include "../launcher.h"
 #include "kernel.cuh"
 
 namespace flashcore::wmma_fa {
@@ -38,7 +38,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   p.causal_offset = a.causal == Causal::BottomRight ? static_cast<int32_t>(a.seq_k - a.seq_q) : 0;
   p.scale_log2 = a.scale * 1.4426950408889634f;
   if (a.head_dim > D || a.head_dim % 8 != 0) {
-    throw Error(ErrorKind::InvalidArgument, "",
+    throw detail::Failure(Code::Launch, "",
                 "wmma kernel: head dim " + std::to_string(a.head_dim) + " is not a multiple of 8 "
                 "up to " + std::to_string(D));
   }
@@ -54,12 +54,15 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
 
 }  // namespace flashcore::wmma_fa
 
-// Explicit instantiation used by the generated translation units. SMEM is the table's figure.
-#define FLASHCORE_WMMA_INSTANCE(T, NAME, BR, BC, D, SMEM)                                      \
-  static_assert(flashcore::wmma_fa::Config<T, BR, BC, D>::kSmemBytes == SMEM,                    \
-                "src/plan/tiles.rs wmma_smem_bytes disagrees with cpp/src/wmma/kernel.cuh");   \
-  namespace flashcore::wmma_fa {                                                               \
-  void NAME(const FmhaArgs& args, cudaStream_t stream) {                                       \
-    launch_wmma<T, BR, BC, D>(args, stream);                                                   \
-  }                                                                                            \
+// The explicit instantiation in each file of instances/: TAG is the DType, the symbol is
+// fmha_wmma_<TAG>_q<BR>_k<BC>_d<D> (declared by dispatch.cpp from instances.inc). The tables'
+// shared-memory figure (wmma_smem_bytes) must be what the kernel's layout takes.
+#define FLASHCORE_WMMA_INSTANCE(T, TAG, BR, BC, D)                                              \
+  static_assert(flashcore::wmma_fa::Config<T, BR, BC, D>::kSmemBytes ==                          \
+                    flashcore::wmma_smem_bytes(flashcore::Tile{BR, BC, D}),                      \
+                "flashcore/plan.h wmma_smem_bytes disagrees with cpp/src/wmma/kernel.cuh");     \
+  namespace flashcore::wmma_fa {                                                                \
+  void fmha_wmma_##TAG##_q##BR##_k##BC##_d##D(const FmhaArgs& args, cudaStream_t stream) {      \
+    launch_wmma<T, BR, BC, D>(args, stream);                                                    \
+  }                                                                                             \
   }

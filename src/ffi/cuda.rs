@@ -1,113 +1,19 @@
-//! The FFI layer: the cxx bridge to `cpp/src/bridge.cpp` and the owning handles built on it.
-//!
-//! This is the only module with `unsafe`. Each raw handle here (stream, event, device buffer)
+//! The CUDA half of the FFI layer: the owning handles built on the bridge's CUDA functions.
+//! Each raw handle here (stream, event, device buffer)
 //! upholds one invariant that makes its methods safe to call: the handle was created by the
 //! CUDA runtime on `ordinal`, is owned (or, for borrowed streams, outlived) by the value, and is
 //! destroyed at most once, in `Drop`.
 
 use std::sync::Arc;
 
+use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::tensor::{Shape, Tensor};
 
-#[cxx::bridge(namespace = "flashcore::bridge")]
-mod sys {
-    /// Device properties read once when a device is opened.
-    struct DeviceInfo {
-        name: String,
-        major: i32,
-        minor: i32,
-        sm_count: i32,
-        smem_per_block_optin: usize,
-        smem_per_sm: usize,
-        total_memory: usize,
-        l2_bytes: usize,
-    }
-
-    /// One attention launch; mirrors `flashcore::FmhaArgs` (cpp/include/flashcore/fmha.h).
-    struct FmhaCall {
-        /// 0: CUTLASS example 41; 1: the WMMA kernel.
-        kernel: i32,
-        ordinal: i32,
-        stream: usize,
-        dtype: i32,
-        q: usize,
-        k: usize,
-        v: usize,
-        out: usize,
-        lse: usize,
-        batch: i64,
-        seq_q: i64,
-        seq_k: i64,
-        heads_q: i64,
-        heads_kv: i64,
-        head_dim: i64,
-        q_stride: [i64; 3],
-        k_stride: [i64; 3],
-        v_stride: [i64; 3],
-        o_stride: [i64; 3],
-        scale: f32,
-        causal: i32,
-        tile_q: i32,
-        tile_k: i32,
-        tile_d: i32,
-    }
-
-    unsafe extern "C++" {
-        include!("flashcore/cpp/src/bridge.h");
-
-        fn device_count() -> Result<i32>;
-        fn device_info(ordinal: i32) -> Result<DeviceInfo>;
-        fn retain_pool_memory(ordinal: i32) -> Result<()>;
-
-        fn stream_create(ordinal: i32) -> Result<usize>;
-        unsafe fn stream_destroy(ordinal: i32, stream: usize) -> Result<()>;
-        unsafe fn stream_synchronize(ordinal: i32, stream: usize) -> Result<()>;
-        unsafe fn stream_wait_event(ordinal: i32, stream: usize, event: usize) -> Result<()>;
-
-        fn event_create(ordinal: i32) -> Result<usize>;
-        unsafe fn event_destroy(ordinal: i32, event: usize) -> Result<()>;
-        unsafe fn event_record(ordinal: i32, event: usize, stream: usize) -> Result<()>;
-        unsafe fn event_synchronize(ordinal: i32, event: usize) -> Result<()>;
-        unsafe fn event_elapsed_ms(ordinal: i32, start: usize, end: usize) -> Result<f32>;
-
-        unsafe fn malloc_async(ordinal: i32, bytes: usize, stream: usize) -> Result<usize>;
-        unsafe fn free_async(ordinal: i32, ptr: usize, stream: usize) -> Result<()>;
-        unsafe fn copy_to_device(ordinal: i32, dst: usize, src: &[u8], stream: usize)
-            -> Result<()>;
-        unsafe fn copy_to_host(
-            ordinal: i32,
-            dst: &mut [u8],
-            src: usize,
-            stream: usize,
-        ) -> Result<()>;
-        unsafe fn copy_device(
-            ordinal: i32,
-            dst: usize,
-            src: usize,
-            bytes: usize,
-            stream: usize,
-        ) -> Result<()>;
-
-        unsafe fn fmha(call: &FmhaCall) -> Result<()>;
-        unsafe fn fmha_host_ns(call: &FmhaCall, iters: i32) -> Result<f64>;
-    }
-}
-
-pub(crate) use sys::{DeviceInfo, FmhaCall};
-
-/// Turns the C++ layer's `"kind|cuda_name|message"` exceptions into typed errors.
-fn map_err(e: cxx::Exception) -> Error {
-    let mut parts = e.what().splitn(3, '|');
-    let (kind, name, message) = (parts.next(), parts.next(), parts.next());
-    match (kind, name, message) {
-        (Some("0"), Some(name), Some(message)) => Error::Cuda {
-            name: name.to_owned(),
-            message: message.to_owned(),
-        },
-        (Some(_), Some(_), Some(message)) => Error::Launch(message.to_owned()),
-        _ => Error::Launch(e.what().to_owned()),
-    }
-}
+use super::{map_err, sys, CapsFfi, ProblemFfi, RequestFfi};
+use crate::cuda::Device;
+use crate::plan::{Kernel, TileRow};
+pub(crate) use sys::DeviceInfo;
 
 fn ordinal_i32(ordinal: usize) -> Result<i32> {
     i32::try_from(ordinal).map_err(|_| Error::NoDevice {
@@ -244,6 +150,9 @@ pub(crate) struct RawBuffer {
     ptr: usize,
     bytes: usize,
     stream: Arc<RawStream>,
+    /// Allocated here (freed in `Drop`), or foreign memory borrowed through
+    /// `Tensor::from_raw_device` (never freed here).
+    owned: bool,
 }
 
 impl RawBuffer {
@@ -254,7 +163,12 @@ impl RawBuffer {
             // SAFETY: the stream is live; the returned pointer is owned by this value.
             unsafe { sys::malloc_async(stream.ordinal, bytes, stream.handle) }.map_err(map_err)?
         };
-        Ok(RawBuffer { ptr, bytes, stream })
+        Ok(RawBuffer {
+            ptr,
+            bytes,
+            stream,
+            owned: true,
+        })
     }
 
     pub(crate) fn ptr(&self) -> usize {
@@ -311,7 +225,7 @@ impl RawBuffer {
 
 impl Drop for RawBuffer {
     fn drop(&mut self) {
-        if self.ptr != 0 {
+        if self.owned && self.ptr != 0 {
             // SAFETY: we allocated the pointer and free it once, stream-ordered after every use
             // enqueued on (or ordered before) this stream.
             let _ = unsafe { sys::free_async(self.stream.ordinal, self.ptr, self.stream.handle) };
@@ -319,10 +233,10 @@ impl Drop for RawBuffer {
     }
 }
 
-/// The operands of one launch. Shapes and strides in `call` were validated against each
-/// buffer's length (`Tensor` construction and `validate`), so every address the kernel forms lies
-/// inside these allocations.
-pub(crate) struct FmhaBuffers<'a> {
+/// The operands of one launch, borrowed for its duration. Their shapes and strides were
+/// validated against each buffer's length (`Tensor` construction and validation), so every
+/// address the kernel forms lies inside these allocations.
+pub(crate) struct Operands<'a> {
     pub q: &'a RawBuffer,
     pub k: &'a RawBuffer,
     pub v: &'a RawBuffer,
@@ -330,39 +244,217 @@ pub(crate) struct FmhaBuffers<'a> {
     pub lse: Option<&'a mut RawBuffer>,
 }
 
-fn fill_pointers(call: &mut FmhaCall, stream: &RawStream, b: FmhaBuffers<'_>) {
-    call.ordinal = stream.ordinal;
-    call.stream = stream.handle;
-    call.q = b.q.ptr;
-    call.k = b.k.ptr;
-    call.v = b.v.ptr;
-    call.out = b.out.ptr;
-    call.lse = b.lse.map_or(0, |l| l.ptr);
+/// `request` with the addresses of the borrowed buffers.
+fn with_addresses(request: &RequestFfi, b: Operands<'_>) -> RequestFfi {
+    let mut r = *request;
+    r.q.address = b.q.ptr as u64;
+    r.k.address = b.k.ptr as u64;
+    r.v.address = b.v.ptr as u64;
+    r.out.address = b.out.ptr as u64;
+    if let Some(l) = b.lse {
+        r.lse.address = l.ptr as u64;
+    }
+    r
 }
 
-/// Enqueues `call.kernel` on `stream`; `call`'s pointer fields are filled here.
+fn caps(device: &Device) -> CapsFfi {
+    let (major, minor) = device.compute_capability();
+    CapsFfi {
+        major,
+        minor,
+        smem_per_block_optin: i64::try_from(device.shared_memory_per_block_optin())
+            .unwrap_or(i64::MAX),
+    }
+}
+
+fn launched(l: sys::LaunchedFfi, request: &RequestFfi) -> Result<(Kernel, &'static TileRow)> {
+    let kernel = if l.kernel == 1 {
+        Kernel::Wmma
+    } else {
+        Kernel::CutlassSm80
+    };
+    super::check(l.status, Some(request))?;
+    let table = super::table(kernel, l.row.decode);
+    let row = usize::try_from(l.row.index).ok().and_then(|i| table.get(i));
+    row.map(|r| (kernel, r))
+        .ok_or_else(|| Error::Launch("the C++ planner named no row".into()))
+}
+
+/// Plans `request` (validated into `problem`) for `device` and enqueues it on `stream`.
 ///
 /// The caller (`cuda::launch`) orders every buffer's stream before `stream` and after the
 /// launch, so no free or copy on another stream overtakes the kernel.
-pub(crate) fn fmha(mut call: FmhaCall, stream: &RawStream, b: FmhaBuffers<'_>) -> Result<()> {
-    fill_pointers(&mut call, stream, b);
-    // SAFETY: the pointers are live allocations of `stream`'s device, large enough for the
-    // validated shapes and strides; `out` and `lse` are exclusively borrowed; stream ordering
-    // is the caller's (see above). The C++ launcher only reads `call`.
-    unsafe { sys::fmha(&call) }.map_err(map_err)
+pub(crate) fn attention(
+    request: &RequestFfi,
+    problem: &ProblemFfi,
+    device: &Device,
+    stream: &RawStream,
+    b: Operands<'_>,
+) -> Result<(Kernel, &'static TileRow)> {
+    let r = with_addresses(request, b);
+    // SAFETY: the addresses are live allocations of `stream`'s device, large enough for the
+    // validated shapes and strides, borrowed (out and lse exclusively) until we return; the
+    // kernel is ordered on `stream` before any later free (see above).
+    let l = unsafe { sys::attention(&r, problem, &caps(device), stream.ordinal, stream.handle) };
+    launched(l, &r)
 }
 
-/// Like [`fmha`], `iters` times from a C++ loop; returns host nanoseconds per launch.
-pub(crate) fn fmha_host_ns(
-    mut call: FmhaCall,
+/// Like [`attention`], `iters` times from a C++ loop; returns host nanoseconds per launch.
+pub(crate) fn attention_host_ns(
+    request: &RequestFfi,
+    problem: &ProblemFfi,
+    device: &Device,
     stream: &RawStream,
-    b: FmhaBuffers<'_>,
+    b: Operands<'_>,
     iters: i32,
 ) -> Result<f64> {
-    fill_pointers(&mut call, stream, b);
-    // SAFETY: as for `fmha`; repeating the launch rewrites the same exclusively borrowed
+    let r = with_addresses(request, b);
+    let mut ns = 0.0;
+    // SAFETY: as for `attention`; repeating the launch rewrites the same exclusively borrowed
     // output on one stream, in order.
-    unsafe { sys::fmha_host_ns(&call, iters) }.map_err(map_err)
+    let status = unsafe {
+        sys::attention_host_ns(
+            &r,
+            problem,
+            &caps(device),
+            stream.ordinal,
+            stream.handle,
+            iters,
+            &mut ns,
+        )
+    };
+    super::check(status, Some(&r))?;
+    Ok(ns)
+}
+
+/// Runs the call through the public C++ API (`flashcore::attention_forward`), handing C++ only
+/// the raw pointers and stream, as a C++ program would (interop tests).
+pub(crate) fn cpp_attention_forward(
+    request: &RequestFfi,
+    stream: &RawStream,
+    b: Operands<'_>,
+) -> Result<(Kernel, &'static TileRow)> {
+    let r = with_addresses(request, b);
+    // SAFETY: as for `attention`; the C++ API validates again from the raw values.
+    let l = unsafe { sys::cpp_attention_forward(&r, stream.ordinal, stream.handle) };
+    launched(l, &r)
+}
+
+impl RawBuffer {
+    /// Wraps foreign device memory without taking ownership (never freed here).
+    ///
+    /// # Safety
+    /// `ptr` must address `bytes` bytes of device memory of `stream`'s device that stay
+    /// allocated while the value lives, with every other use ordered against `stream`.
+    pub(crate) unsafe fn borrowed(stream: Arc<RawStream>, ptr: usize, bytes: usize) -> Self {
+        RawBuffer {
+            ptr,
+            bytes,
+            stream,
+            owned: false,
+        }
+    }
+}
+
+impl<T: Element> Tensor<T> {
+    /// A tensor view over device memory that flashcore did not allocate (from C++, PyTorch,
+    /// cudarc, ...), without copying it or taking ownership: flashcore never frees it.
+    /// `shape` and `strides` are in elements, ordered like [`Shape::as_array`]; every access
+    /// flashcore makes to the memory is enqueued on `stream` (or ordered after it with events).
+    ///
+    /// Checks what it can: `len * size_of::<T>()` must not overflow
+    /// ([`Error::SizeOverflow`]) and the shape and strides must address at most `len` elements
+    /// ([`Error::StorageTooSmall`]). Attention calls check 16-byte alignment as for any tensor.
+    ///
+    /// # Safety
+    /// - `ptr` points to device memory of `stream`'s device holding at least `len` elements of
+    ///   `T` (or `len` is 0), allocated by any CUDA allocator in this process;
+    /// - the memory stays allocated, and is not reused, while the tensor lives and until the
+    ///   work flashcore enqueued on it has finished (synchronise `stream`, or order your own
+    ///   stream after it, before freeing);
+    /// - the caller's own accesses are ordered against `stream`: nothing else writes the memory
+    ///   while flashcore may read it, and nothing else touches it while flashcore writes it
+    ///   (as an attention output);
+    /// - `stream` is the stream of the [`crate::Stream`] given (see [`crate::Stream::from_raw`]
+    ///   for wrapping a foreign one).
+    ///
+    /// ```no_run
+    /// # fn main() -> flashcore::Result<()> {
+    /// use flashcore::{Device, Layout, Shape, Stream, Tensor};
+    /// use half::f16;
+    /// let device = Device::open(0)?;
+    /// let stream = Stream::new(&device)?;
+    /// # let raw_ptr: *mut f16 = std::ptr::null_mut();
+    /// let shape = Shape::new(1, 512, 8, 64);
+    /// // raw_ptr: 1 * 512 * 8 * 64 f16 allocated by C++ with cudaMalloc on device 0.
+    /// let q = unsafe {
+    ///     Tensor::from_raw_device(raw_ptr, shape.numel()?, shape, shape.strides(Layout::Bshd)?, &stream)
+    /// }?;
+    /// # Ok(()) }
+    /// ```
+    pub unsafe fn from_raw_device(
+        ptr: *mut T,
+        len: usize,
+        shape: Shape,
+        strides: [usize; 4],
+        stream: &crate::cuda::Stream,
+    ) -> Result<Self> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or(Error::SizeOverflow {
+                shape: shape.as_array(),
+                strides,
+            })?;
+        // SAFETY: forwarded to the caller's contract above.
+        let raw = unsafe { RawBuffer::borrowed(Arc::clone(stream.raw()), ptr as usize, bytes) };
+        let buffer = crate::cuda::DeviceBuffer::from_raw(raw, len, stream);
+        Tensor::from_device(buffer, shape, strides)
+    }
+}
+
+/// Device memory allocated and freed by C++ (`cudaMalloc` / `cudaFree` in
+/// `cpp/src/bridge.cpp`): memory Rust did not allocate, for the interop tests and examples.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct CppDeviceBuffer {
+    ordinal: i32,
+    ptr: usize,
+    bytes: usize,
+}
+
+impl CppDeviceBuffer {
+    /// Allocates `data.len()` elements on `device` from C++ and copies `data` in (synchronous).
+    pub fn from_host<T: Element>(device: &Device, data: &[T]) -> Result<Self> {
+        let ordinal = ordinal_i32(device.ordinal())?;
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let ptr = sys::cpp_malloc(ordinal, bytes.len()).map_err(map_err)?;
+        let buffer = CppDeviceBuffer {
+            ordinal,
+            ptr,
+            bytes: bytes.len(),
+        };
+        // SAFETY: `ptr` holds `bytes.len()` bytes (just allocated); the copy is synchronous.
+        unsafe { sys::cpp_upload(ordinal, ptr, bytes) }.map_err(map_err)?;
+        Ok(buffer)
+    }
+
+    /// The device address.
+    pub fn as_ptr<T>(&self) -> *mut T {
+        self.ptr as *mut T
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for CppDeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `cpp_malloc` and freed once; `cudaFree` synchronises the device,
+        // so queued work on the memory finishes first.
+        let _ = unsafe { sys::cpp_free(self.ordinal, self.ptr) };
+    }
 }
 
 impl crate::cuda::Stream {

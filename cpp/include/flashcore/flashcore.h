@@ -1,0 +1,65 @@
+// flashcore — fused multi-head attention forward on NVIDIA GPUs: the public C++17 API.
+//
+//   out = softmax(scale * Q K^T + causal mask) V, per batch and query head.
+//
+// Tensors are raw device pointers with logical dims [batch, seq, heads, head_dim] and strides in
+// elements (TensorRef, flashcore/types.h): BSHD and BHSD are both stride choices, and query head
+// h reads key/value head h / (heads_q / heads_kv) (GQA / MQA) without copying K or V. The same
+// kernels, validation and tile tables serve the Rust crate, which calls this library through its
+// cxx bridge; errors come back as a Status in the same categories as Rust's flashcore::Error.
+//
+// Example (error handling shortened):
+//
+//   flashcore::AttentionArgs a;
+//   a.dtype = flashcore::DType::F16;
+//   a.q = {q_ptr, {batch, seq_q, heads, 64}};      // then fill the strides:
+//   flashcore::bshd_strides(a.q.shape, a.q.stride); // ... and likewise k, v, out
+//   a.options.causal = flashcore::Causal::BottomRight;
+//   flashcore::Status s = flashcore::attention_forward(a, stream);
+//   if (!s.ok()) std::fprintf(stderr, "%s: %s\n", flashcore::name(s.code), s.message.c_str());
+//
+// See examples/cpp/ for a complete program and cpp/CMakeLists.txt for linking.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <optional>
+
+#include "flashcore/plan.h"
+#include "flashcore/status.h"
+#include "flashcore/types.h"
+
+namespace flashcore {
+
+struct AttentionArgs {
+  DType dtype = DType::F16;
+  TensorRef q;    // [batch, seq_q, heads_q, head_dim]
+  TensorRef k;    // [batch, seq_k, heads_kv, head_dim]; heads_kv divides heads_q
+  TensorRef v;    // like k
+  OutputRef out;  // like q; written
+  // Optional logsumexp (natural log) per query row: float, shape [batch, seq_q, heads_q, 1] with
+  // dense BHSD strides {heads_q * seq_q, 1, seq_q, 1}; written.
+  std::optional<OutputRef> lse;
+  Options options;
+};
+
+// What a successful call ran.
+struct LaunchInfo {
+  Kernel kernel;
+  TileRow row;
+};
+
+// Validates `args`, picks the kernel and tile for the current device, and enqueues the attention
+// on `stream`, which must belong to the current device (as must every pointer). Returns once the
+// work is queued: faults inside the kernel surface at the caller's next synchronisation, as
+// with any CUDA launch. Nothing is launched when the Status is not ok. Problems without output
+// elements (batch, seq_q or heads_q of 0) launch nothing and succeed.
+//
+// Requirements, each reported with its own Code: matching shapes; heads_kv dividing heads_q; a
+// head dim that is a multiple of 8 from 8 to 256; a head-dim stride of 1; other strides multiples
+// of 8 elements; 16-byte aligned device pointers; every row seeing at least one key; a finite
+// scale; sizes within the kernels' 32-bit indexing. Never throws.
+Status attention_forward(const AttentionArgs& args, cudaStream_t stream,
+                         LaunchInfo* info = nullptr) noexcept;
+
+}  // namespace flashcore

@@ -1,0 +1,78 @@
+// flashcore — the tile tables: which kernel instantiation serves which arch class and head dim,
+// with the reason for each choice. Host-only. The tables themselves are in
+// cpp/src/core/tables.cpp; the kernels they name are instantiated in cpp/src/*/instances/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "flashcore/types.h"
+
+namespace flashcore {
+
+// Largest supported head dim; head dims must be multiples of kHeadDimMultiple (16-byte loads).
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kHeadDimMultiple = 8;
+// Problems with at most this many query rows per head (after one-query GQA heads are packed
+// into rows) use the CUTLASS decode table.
+constexpr int64_t kDecodeMaxQueryRows = 32;
+
+// One kernel instantiation. CUTLASS: AttentionKernel<T, Sm80, aligned, Q, K, MAX_K>; WMMA:
+// fmha_wmma_kernel<T, BR = Q, BC = K, D = MAX_K>.
+struct Tile {
+  int32_t queries_per_block;  // query rows per thread block
+  int32_t keys_per_block;     // keys per inner iteration
+  int32_t max_head_dim;       // largest head dim the instantiation accepts
+};
+
+constexpr bool operator==(Tile a, Tile b) {
+  return a.queries_per_block == b.queries_per_block && a.keys_per_block == b.keys_per_block &&
+         a.max_head_dim == b.max_head_dim;
+}
+
+// One row: for `arch`, head dims up to `max_head_dim` use `tile`.
+struct TileRow {
+  ArchClass arch;
+  int32_t max_head_dim;  // inclusive; the rows of one class ascend
+  Tile tile;
+  int64_t smem_bytes;    // dynamic shared memory per block
+  const char* reason;    // why this tile for this class
+};
+
+// A table: `count` rows from `rows`.
+struct Table {
+  const TileRow* rows;
+  size_t count;
+  const TileRow* begin() const { return rows; }
+  const TileRow* end() const { return rows + count; }
+};
+
+// The main table of `kernel` (CUTLASS: every problem not served by decode_table()).
+Table tile_table(Kernel kernel) noexcept;
+// CUTLASS's rows for problems of at most kDecodeMaxQueryRows query rows per head.
+Table decode_table() noexcept;
+
+// Shared memory of the WMMA kernel at `tile` for 2-byte elements: the query tile, two stages of
+// K and of V (rows padded by 8 elements), and one f32 score tile of 16 x (keys + 8) per warp.
+// Each WMMA instantiation static_asserts that its own layout takes exactly this much.
+constexpr int64_t wmma_smem_bytes(Tile t) {
+  const int64_t br = t.queries_per_block, bc = t.keys_per_block, d = t.max_head_dim;
+  return (br * (d + 8) + 4 * bc * (d + 8)) * 2 + (br / 16) * 16 * (bc + 8) * 4;
+}
+
+// The class of a compute capability; empty below 8.0 and from 10.0 (no kernels built there).
+std::optional<ArchClass> arch_class(int32_t major, int32_t minor) noexcept;
+// Shared memory one block may opt in to on `arch`, and per SM (bytes).
+int64_t smem_per_block_optin(ArchClass arch) noexcept;
+int64_t smem_per_sm(ArchClass arch) noexcept;
+
+// The row of `kernel`'s tables for `arch` serving `head_dim` with `query_rows` query rows per
+// head, or nullptr above the largest tier.
+const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
+                          int64_t query_rows) noexcept;
+
+// The kernel Backend::Auto runs (measured: see its definition in cpp/src/core/plan.cpp).
+Kernel auto_kernel() noexcept;
+
+}  // namespace flashcore

@@ -1,0 +1,75 @@
+// flashcore — the result of every public call: a Status, never an exception. Host-only.
+//
+// The codes are the variants of the Rust crate's `flashcore::Error`, one for one (the Rust side
+// maps a Status to its typed error in src/native.rs), so both languages report the same failure
+// in the same category.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "flashcore/types.h"
+
+namespace flashcore {
+
+enum class Code : int32_t {
+  Ok = 0,
+  // Argument errors: nothing was launched.
+  ShapeMismatch,         // operand's `field` is values[0], expected values[1]
+  HeadsNotDivisible,     // values: query heads, key/value heads
+  UnsupportedHeadDim,    // values[0]: the head dim (must be a multiple of 8 in 8..=256)
+  NonContiguousHeadDim,  // operand's head-dim stride is values[0] (must be 1)
+  MisalignedStride,      // operand's `field` stride values[0] is not a multiple of 8 elements
+  MisalignedPointer,     // operand's address values[0] is not 16-byte aligned
+  LseLayout,             // lse is not a dense [batch, heads, seq_q] float tensor
+  DeviceMismatch,        // operand is on values[0], q on values[1] (-1: host, else ordinal)
+  NoVisibleKeys,         // values: rows that see no key, seq_q, seq_k
+  InvalidScale,          // the scale is NaN or infinite (values[0]: its IEEE bits)
+  SizeOverflow,          // operand's extent (shape x strides x element size) overflows 64 bits
+  IndexOverflow,         // `field` = values[0] exceeds values[1], the kernel's limit (values[2])
+  // Could not run here.
+  BackendUnavailable,    // values[0]: the Kernel asked for; `message` says why
+  SharedMemoryExceeded,  // values: bytes needed, bytes the device offers per block
+  UnsupportedDevice,     // values: compute capability major, minor
+  NoDevice,              // values[0]: the ordinal; `message` says why
+  // Failures of CUDA or of a kernel's own argument check.
+  Cuda,                  // `cuda_name` is e.g. cudaErrorIllegalAddress
+  Launch,                // the kernel layer rejected the launch; see `message`
+};
+
+// Which tensor a Status is about.
+enum class Operand : int32_t { None = 0, Q, K, V, Out, Lse };
+
+// Which dimension, stride or limit a Status is about.
+enum class Field : int32_t {
+  None = 0,
+  Batch,
+  Seq,
+  Heads,
+  HeadDim,
+  SeqQ,
+  SeqK,
+  BatchTimesSeqQ,
+  BatchStride,
+  SeqStride,
+  HeadStride,
+};
+
+struct Status {
+  Code code = Code::Ok;
+  Operand operand = Operand::None;
+  Field field = Field::None;
+  int64_t values[3] = {0, 0, 0};  // what each code puts here is listed beside the code
+  std::string cuda_name;          // Code::Cuda only
+  std::string message;            // a full human-readable description (empty when ok)
+
+  bool ok() const noexcept { return code == Code::Ok; }
+};
+
+// Stable lower-case names ("shape_mismatch", "q", "head_dim", ...).
+const char* name(Code code) noexcept;
+const char* name(Operand operand) noexcept;
+const char* name(Field field) noexcept;
+const char* name(Kernel kernel) noexcept;
+
+}  // namespace flashcore

@@ -1,0 +1,71 @@
+// flashcore — value types of the public C++ API. Host-only: no CUDA header is needed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+namespace flashcore {
+
+// Element type of Q, K, V and the output (the logsumexp output is always float).
+enum class DType : int32_t { F16 = 0, BF16 = 1 };
+
+// Which keys a query row may see. Top-left: key j is visible to query i when j <= i.
+// Bottom-right: when j <= i + (seq_k - seq_q) (the last query sees every key).
+enum class Causal : int32_t { None = 0, TopLeft = 1, BottomRight = 2 };
+
+// The GPU kernel families. Each has its own tile table (flashcore/plan.h).
+enum class Kernel : int32_t {
+  CutlassSm80 = 0,  // CUTLASS example 41 (Sm80 tag): compute capability 8.0 to 9.x
+  Wmma = 1,         // flashcore's FlashAttention-2 style kernel on nvcuda::wmma
+};
+
+// Which kernel runs a call: a family, or Auto (the planner's choice, see auto_kernel()).
+enum class Backend : int32_t { Auto = 0, CutlassSm80 = 1, Wmma = 2 };
+
+// Which shared-memory budget (and SASS) a device falls into.
+enum class ArchClass : int32_t {
+  Sm80 = 0,      // A100, A30: 164 KB per SM, 163 KB per block
+  Sm86Sm89 = 1,  // RTX 30xx/40xx, A10, L4, L40: 100 KB per SM, 99 KB per block
+  Sm90 = 2,      // H100, H200 on the Ampere/Ada instruction set: 228 KB per SM, 227 KB per block
+};
+
+// A 4-D tensor in device memory: logical dims [batch, seq, heads, head_dim] and their strides in
+// elements. BSHD and BHSD are both plain stride choices; the head-dim stride must be 1.
+struct TensorRef {
+  const void* data = nullptr;
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t stride[4] = {0, 0, 0, 0};
+};
+
+// The same, for tensors the call writes (the output and the logsumexp).
+struct OutputRef {
+  void* data = nullptr;
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t stride[4] = {0, 0, 0, 0};
+};
+
+// Dense strides of `shape` (= [batch, seq, heads, head_dim]) in BSHD or BHSD memory order.
+inline void bshd_strides(const int64_t shape[4], int64_t stride[4]) {
+  stride[3] = 1;
+  stride[2] = shape[3];
+  stride[1] = shape[2] * shape[3];
+  stride[0] = shape[1] * shape[2] * shape[3];
+}
+inline void bhsd_strides(const int64_t shape[4], int64_t stride[4]) {
+  stride[3] = 1;
+  stride[1] = shape[3];
+  stride[2] = shape[1] * shape[3];
+  stride[0] = shape[1] * shape[2] * shape[3];
+}
+
+struct Options {
+  // Softmax scale; 1/sqrt(head_dim) when empty. Must be finite.
+  std::optional<float> scale;
+  Causal causal = Causal::None;
+  Backend backend = Backend::Auto;
+  // Take the tile-table rows of this class instead of the device's own (testing the sm_89 rows
+  // on another GPU). The rows must still fit the device's shared memory.
+  std::optional<ArchClass> force_arch_class;
+};
+
+}  // namespace flashcore

@@ -1,0 +1,181 @@
+// The public entry (flashcore/flashcore.h) and the step from a plan to a launch.
+#include "attention.h"
+
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "check.h"
+#include "flashcore/flashcore.h"
+
+namespace flashcore::detail {
+
+FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::Plan& plan) {
+  FmhaArgs a{};
+  a.dtype = r.dtype;
+  a.q = reinterpret_cast<const void*>(r.q.address);
+  a.k = reinterpret_cast<const void*>(r.k.address);
+  a.v = reinterpret_cast<const void*>(r.v.address);
+  a.out = reinterpret_cast<void*>(r.out.address);
+  a.lse = r.has_lse ? reinterpret_cast<float*>(r.lse.address) : nullptr;
+  a.batch = p.batch;
+  a.seq_k = p.seq_k;
+  a.heads_kv = p.heads_kv;
+  a.head_dim = p.head_dim;
+  for (int i = 0; i < 3; ++i) {
+    a.q_stride[i] = r.q.stride[i];
+    a.k_stride[i] = r.k.stride[i];
+    a.v_stride[i] = r.v.stride[i];
+    a.o_stride[i] = r.out.stride[i];
+  }
+  a.scale = p.scale;
+  if (p.packs_heads()) {
+    const int64_t group = p.heads_q / p.heads_kv;
+    // Rows advance by the head stride; "heads" (one per kv head) by `group` heads.
+    for (int64_t* s : {a.q_stride, a.o_stride}) {
+      s[1] = s[2];
+      s[2] *= group;
+    }
+    a.seq_q = group;
+    a.heads_q = p.heads_kv;
+    a.causal = Causal::None;
+  } else {
+    a.seq_q = p.seq_q;
+    a.heads_q = p.heads_q;
+    a.causal = p.causal;
+  }
+  a.tile = plan.row->tile;
+  return a;
+}
+
+void run(const core::Request& r, const core::Problem& p, const core::Plan& plan,
+         cudaStream_t stream) {
+  if (!p.empty()) {
+    launch(plan.kernel, make_args(r, p, plan), stream);
+  }
+}
+
+core::DeviceCaps device_caps(int device) {
+  static std::mutex mutex;
+  static std::vector<std::optional<core::DeviceCaps>> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device >= 0 && static_cast<size_t>(device) < cache.size() && cache[device]) {
+    return *cache[device];
+  }
+  core::DeviceCaps caps;
+  int optin = 0;
+  check_cuda(cudaDeviceGetAttribute(&caps.major, cudaDevAttrComputeCapabilityMajor, device),
+             "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+  check_cuda(cudaDeviceGetAttribute(&caps.minor, cudaDevAttrComputeCapabilityMinor, device),
+             "cudaDeviceGetAttribute(ComputeCapabilityMinor)");
+  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  caps.smem_per_block_optin = optin;
+  if (static_cast<size_t>(device) >= cache.size()) {
+    cache.resize(device + 1);
+  }
+  cache[device] = caps;
+  return caps;
+}
+
+Status to_status(const std::exception& e) {
+  Status s;
+  if (const auto* f = dynamic_cast<const Failure*>(&e)) {
+    s.code = f->code();
+    s.cuda_name = f->cuda_name();
+    s.message = f->message();
+  } else if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    s.code = Code::Launch;
+    s.message = "out of host memory";
+  } else {
+    s.code = Code::Launch;
+    s.message = e.what();
+  }
+  return s;
+}
+
+}  // namespace flashcore::detail
+
+namespace flashcore {
+namespace {
+
+// Where `data` lives: the device that owns it, the host, or (for an operand with no elements,
+// whose pointer is never dereferenced) wherever q must be.
+int32_t location_of(const void* data, const int64_t shape[4], int32_t current) {
+  if (shape[0] == 0 || shape[1] == 0 || shape[2] == 0 || shape[3] == 0) {
+    return current;
+  }
+  if (data == nullptr) {
+    return core::kHost;
+  }
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, data) != cudaSuccess) {
+    (void)cudaGetLastError();  // not a pointer CUDA knows: clear the sticky-free error
+    return core::kHost;
+  }
+  const bool device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  return device ? attr.device : core::kHost;
+}
+
+template <typename Ref>
+core::TensorDesc describe(const Ref& t, int32_t element_bytes, int32_t current) {
+  core::TensorDesc d;
+  d.address = reinterpret_cast<uint64_t>(t.data);
+  for (int i = 0; i < 4; ++i) {
+    d.shape[i] = t.shape[i];
+    d.stride[i] = t.stride[i];
+  }
+  d.location = location_of(t.data, t.shape, current);
+  d.element_bytes = element_bytes;
+  return d;
+}
+
+}  // namespace
+
+Status attention_forward(const AttentionArgs& args, cudaStream_t stream,
+                         LaunchInfo* info) noexcept {
+  try {
+    int device = 0;
+    const cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) {
+      return core::fail(Code::NoDevice, Operand::None, Field::None, 0, 0, 0,
+                        std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
+    }
+    core::Request r;
+    r.dtype = args.dtype;
+    r.q = describe(args.q, 2, device);
+    r.k = describe(args.k, 2, device);
+    r.v = describe(args.v, 2, device);
+    r.out = describe(args.out, 2, device);
+    r.has_lse = args.lse.has_value();
+    if (r.has_lse) {
+      r.lse = describe(*args.lse, 4, device);
+    }
+    r.options = args.options;
+
+    core::Problem p{};
+    Status s = core::validate(r, &p);
+    if (!s.ok()) {
+      return s;
+    }
+    if (p.location != device) {
+      return core::fail(Code::DeviceMismatch, Operand::Q, Field::None, p.location, device, 0);
+    }
+    core::Plan plan{};
+    s = core::plan(r, p, detail::device_caps(device), &plan);
+    if (!s.ok()) {
+      return s;
+    }
+    detail::run(r, p, plan, stream);
+    if (info != nullptr) {
+      *info = LaunchInfo{plan.kernel, *plan.row};
+    }
+    return {};
+  } catch (const std::exception& e) {
+    return detail::to_status(e);
+  }
+}
+
+}  // namespace flashcore

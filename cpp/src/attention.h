@@ -1,0 +1,29 @@
+// From a validated, planned request to a kernel launch (internal; used by attention.cpp's public
+// entry and by the Rust bridge).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/validate.h"
+#include "flashcore/status.h"
+#include "launcher.h"
+
+namespace flashcore::detail {
+
+// The launch arguments for `p` with `plan.row`'s tile. One-query GQA/MQA problems (decoding) are
+// packed: the query heads sharing a key/value head become rows of one head, so each K/V tile is
+// read once per group (exact because the one query sees every key; the dense [batch, heads, 1]
+// logsumexp layout is the same either way).
+FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::Plan& plan);
+
+// Enqueues the planned launch on `stream` (current device). Throws Failure.
+void run(const core::Request& r, const core::Problem& p, const core::Plan& plan,
+         cudaStream_t stream);
+
+// The device's compute capability and per-block shared-memory limit, read once per device.
+core::DeviceCaps device_caps(int device);
+
+// A Failure (or any exception) as a Status.
+Status to_status(const std::exception& e);
+
+}  // namespace flashcore::detail

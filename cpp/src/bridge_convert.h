@@ -1,0 +1,100 @@
+// Conversions between the bridge's plain structs (generated from src/ffi/mod.rs) and the C++
+// library's types. Host-only; included by bridge_core.cpp and bridge.cpp.
+#pragma once
+
+#include "core/validate.h"
+#include "flashcore/src/ffi/mod.rs.h"
+
+namespace flashcore::bridge {
+
+inline core::TensorDesc from_ffi(const DescFfi& d) {
+  core::TensorDesc t;
+  t.address = d.address;
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = d.shape[i];
+    t.stride[i] = d.stride[i];
+  }
+  t.location = d.location;
+  t.element_bytes = d.element_bytes;
+  return t;
+}
+
+inline core::Request from_ffi(const RequestFfi& r) {
+  core::Request out;
+  out.dtype = static_cast<DType>(r.dtype);
+  out.q = from_ffi(r.q);
+  out.k = from_ffi(r.k);
+  out.v = from_ffi(r.v);
+  out.out = from_ffi(r.out);
+  out.lse = from_ffi(r.lse);
+  out.has_lse = r.has_lse;
+  if (r.has_scale) {
+    out.options.scale = r.scale;
+  }
+  out.options.causal = static_cast<Causal>(r.causal);
+  out.options.backend = static_cast<Backend>(r.backend);
+  if (r.forced_arch >= 0) {
+    out.options.force_arch_class = static_cast<ArchClass>(r.forced_arch);
+  }
+  return out;
+}
+
+inline core::Problem from_ffi(const ProblemFfi& p) {
+  return core::Problem{p.batch,    p.seq_q, p.seq_k, p.heads_q, p.heads_kv, p.head_dim,
+                       p.scale,    static_cast<Causal>(p.causal), p.location};
+}
+
+inline ProblemFfi to_ffi(const core::Problem& p) {
+  ProblemFfi out;
+  out.batch = p.batch;
+  out.seq_q = p.seq_q;
+  out.seq_k = p.seq_k;
+  out.heads_q = p.heads_q;
+  out.heads_kv = p.heads_kv;
+  out.head_dim = p.head_dim;
+  out.scale = p.scale;
+  out.causal = static_cast<int32_t>(p.causal);
+  out.location = p.location;
+  return out;
+}
+
+inline StatusFfi to_ffi(const Status& s) {
+  StatusFfi out;
+  out.code = static_cast<int32_t>(s.code);
+  out.operand = static_cast<int32_t>(s.operand);
+  out.field = static_cast<int32_t>(s.field);
+  for (int i = 0; i < 3; ++i) {
+    out.values[i] = s.values[i];
+  }
+  out.cuda_name = rust::String(s.cuda_name);
+  out.message = rust::String(s.message);
+  return out;
+}
+
+inline core::DeviceCaps from_ffi(const CapsFfi& c) {
+  core::DeviceCaps caps;
+  caps.major = c.major;
+  caps.minor = c.minor;
+  caps.smem_per_block_optin = c.smem_per_block_optin;
+  return caps;
+}
+
+// Which table `row` is in and where (index -1: none).
+inline RowRef row_ref(Kernel kernel, const TileRow* row) {
+  RowRef ref;
+  ref.decode = false;
+  ref.index = -1;
+  if (row == nullptr) {
+    return ref;
+  }
+  for (const bool decode : {false, true}) {
+    const Table t = decode ? decode_table() : tile_table(kernel);
+    if (row >= t.begin() && row < t.end()) {
+      ref.decode = decode;
+      ref.index = static_cast<int32_t>(row - t.begin());
+    }
+  }
+  return ref;
+}
+
+}  // namespace flashcore::bridge

@@ -1,0 +1,83 @@
+// The host-only half of the Rust bridge: validation, planning and the tile tables.
+#include "flashcore/cpp/src/bridge.h"
+
+#include "bridge_convert.h"
+
+namespace flashcore::bridge {
+
+// The Rust side (src/ffi/mod.rs) decodes these by value.
+static_assert(static_cast<int>(Code::ShapeMismatch) == 1 && static_cast<int>(Code::LseLayout) == 7 &&
+                  static_cast<int>(Code::SizeOverflow) == 11 && static_cast<int>(Code::NoDevice) == 16 &&
+                  static_cast<int>(Code::Cuda) == 17 && static_cast<int>(Code::Launch) == 18,
+              "flashcore::Code values are part of the bridge: update src/ffi/mod.rs too");
+static_assert(static_cast<int>(Field::HeadStride) == 10 && static_cast<int>(Operand::Lse) == 5,
+              "flashcore::Field / Operand values are part of the bridge: update src/ffi/mod.rs");
+
+StatusFfi validate(const RequestFfi& request, ProblemFfi& problem) {
+  core::Problem p{};
+  const Status s = core::validate(from_ffi(request), &p);
+  if (s.ok()) {
+    problem = to_ffi(p);
+  }
+  return to_ffi(s);
+}
+
+rust::Vec<TileRowFfi> table_rows(int32_t kernel, bool decode) {
+  rust::Vec<TileRowFfi> out;
+  for (const TileRow& r : decode ? decode_table() : tile_table(static_cast<Kernel>(kernel))) {
+    TileRowFfi row;
+    row.arch = static_cast<int32_t>(r.arch);
+    row.max_head_dim = r.max_head_dim;
+    row.queries_per_block = r.tile.queries_per_block;
+    row.keys_per_block = r.tile.keys_per_block;
+    row.tile_max_head_dim = r.tile.max_head_dim;
+    row.smem_bytes = r.smem_bytes;
+    row.reason = rust::String(r.reason);
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
+RowRef select_row(int32_t kernel, int32_t arch, int64_t head_dim, int64_t query_rows) {
+  const Kernel k = static_cast<Kernel>(kernel);
+  return row_ref(k, flashcore::select_row(k, static_cast<ArchClass>(arch), head_dim, query_rows));
+}
+
+StatusFfi choose_row(int32_t kernel, int64_t head_dim, int64_t query_rows, const CapsFfi& caps,
+                     int32_t forced_arch, RowRef& row) {
+  const Kernel k = static_cast<Kernel>(kernel);
+  std::optional<ArchClass> forced;
+  if (forced_arch >= 0) {
+    forced = static_cast<ArchClass>(forced_arch);
+  }
+  const TileRow* chosen = nullptr;
+  const Status s = core::choose_row(k, head_dim, query_rows, from_ffi(caps), forced, &chosen);
+  row = row_ref(k, chosen);
+  return to_ffi(s);
+}
+
+int32_t arch_class(int32_t major, int32_t minor) {
+  const std::optional<ArchClass> a = flashcore::arch_class(major, minor);
+  return a ? static_cast<int32_t>(*a) : -1;
+}
+
+int64_t arch_smem(int32_t arch, bool per_sm) {
+  const ArchClass a = static_cast<ArchClass>(arch);
+  return per_sm ? smem_per_sm(a) : smem_per_block_optin(a);
+}
+
+int64_t wmma_smem_bytes(int32_t queries, int32_t keys, int32_t head_dim) {
+  return flashcore::wmma_smem_bytes(Tile{queries, keys, head_dim});
+}
+
+int32_t auto_kernel() { return static_cast<int32_t>(flashcore::auto_kernel()); }
+
+LimitsFfi limits() {
+  LimitsFfi l;
+  l.max_head_dim = kMaxHeadDim;
+  l.head_dim_multiple = kHeadDimMultiple;
+  l.decode_max_query_rows = kDecodeMaxQueryRows;
+  return l;
+}
+
+}  // namespace flashcore::bridge

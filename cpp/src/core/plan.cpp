@@ -1,0 +1,145 @@
+// Planning: which kernel and tile-table row run a validated problem (see validate.h). The tables
+// are in tables.cpp.
+#include <cstdint>
+#include <limits>
+
+#include "core/validate.h"
+
+namespace flashcore {
+
+std::optional<ArchClass> arch_class(int32_t major, int32_t minor) noexcept {
+  if (major == 8) {
+    return minor == 0 ? ArchClass::Sm80 : ArchClass::Sm86Sm89;
+  }
+  if (major == 9) {
+    return ArchClass::Sm90;
+  }
+  return std::nullopt;
+}
+
+const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
+                          int64_t query_rows) noexcept {
+  auto find = [&](Table table) -> const TileRow* {
+    for (const TileRow& row : table) {
+      if (row.arch == arch && head_dim <= row.max_head_dim) {
+        return &row;
+      }
+    }
+    return nullptr;
+  };
+  if (kernel == Kernel::CutlassSm80 && query_rows <= kDecodeMaxQueryRows) {
+    if (const TileRow* row = find(decode_table())) {
+      return row;
+    }
+  }
+  return find(tile_table(kernel));
+}
+
+// CUTLASS for every problem: on the H200 (2026-11-21, docs/PERFORMANCE.md) the WMMA kernel beat
+// it only on two small f16 seed shapes (by 1% and 6%) and trailed it everywhere else:
+// 0.92-0.95x (d=64, f16), 0.83-0.84x (d=128, f16), 0.55-0.64x (bf16), 0.39-0.49x (decode).
+Kernel auto_kernel() noexcept { return Kernel::CutlassSm80; }
+
+namespace core {
+namespace {
+
+constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kU32Max = std::numeric_limits<uint32_t>::max();
+constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (heads, batch)
+
+Status limit(Kernel kernel, Field what, int64_t value, int64_t max) {
+  if (value <= max) {
+    return {};
+  }
+  return fail(Code::IndexOverflow, Operand::None, what, value, max, static_cast<int64_t>(kernel));
+}
+
+// Both kernels index with 32-bit sequence lengths and put heads and batch on the grid's y and z
+// axes; example 41 also keeps seq/head strides and batch * seq_q in 32 bits (the WMMA kernel
+// shares those limits so that both accept the same problems).
+Status check_index_limits(Kernel kernel, const Request& r, const Problem& p) {
+  const int64_t batch_rows =
+      p.seq_q != 0 && p.batch > kU32Max / p.seq_q ? kU32Max + 1 : p.batch * p.seq_q;
+  const std::pair<Field, std::pair<int64_t, int64_t>> checks[] = {
+      {Field::SeqQ, {p.seq_q, kI32Max}},
+      {Field::SeqK, {p.seq_k, kI32Max}},
+      {Field::Heads, {p.heads_q, kGridYzMax}},
+      {Field::Batch, {p.batch, kGridYzMax}},
+      {Field::BatchTimesSeqQ, {batch_rows, kU32Max}},
+  };
+  for (const auto& [what, vm] : checks) {
+    Status s = limit(kernel, what, vm.first, vm.second);
+    if (!s.ok()) {
+      return s;
+    }
+  }
+  for (const TensorDesc* t : {&r.q, &r.k, &r.v, &r.out}) {
+    for (const auto& [what, value] :
+         {std::pair{Field::SeqStride, t->stride[1]}, std::pair{Field::HeadStride, t->stride[2]}}) {
+      Status s = limit(kernel, what, value, kI32Max);
+      if (!s.ok()) {
+        return s;
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+Status choose_row(Kernel kernel, int64_t head_dim, int64_t query_rows, const DeviceCaps& caps,
+                  std::optional<ArchClass> forced, const TileRow** out) noexcept {
+  try {
+    const std::optional<ArchClass> arch = forced ? forced : arch_class(caps.major, caps.minor);
+    if (!arch) {
+      return fail(Code::UnsupportedDevice, Operand::None, Field::None, caps.major, caps.minor);
+    }
+    const TileRow* row = select_row(kernel, *arch, head_dim, query_rows);
+    if (row == nullptr) {
+      return fail(Code::UnsupportedHeadDim, Operand::None, Field::HeadDim, head_dim);
+    }
+    if (row->smem_bytes > caps.smem_per_block_optin) {
+      return fail(Code::SharedMemoryExceeded, Operand::None, Field::None, row->smem_bytes,
+                  caps.smem_per_block_optin);
+    }
+    *out = row;
+    return {};
+  } catch (...) {
+    Status s;
+    s.code = Code::Launch;
+    s.message = "out of host memory while planning";
+    return s;
+  }
+}
+
+Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* out) noexcept {
+  try {
+    const Kernel kernel = r.options.backend == Backend::CutlassSm80 ? Kernel::CutlassSm80
+                          : r.options.backend == Backend::Wmma     ? Kernel::Wmma
+                                                                   : auto_kernel();
+    if (p.location == kHost) {
+      return fail(Code::BackendUnavailable, Operand::None, Field::None,
+                  static_cast<int64_t>(kernel), 0, 0,
+                  "operands are on the host; GPU kernels need device memory");
+    }
+    Status s = check_index_limits(kernel, r, p);
+    if (!s.ok()) {
+      return s;
+    }
+    const TileRow* row = nullptr;
+    s = choose_row(kernel, p.head_dim, p.query_rows(), caps, r.options.force_arch_class, &row);
+    if (!s.ok()) {
+      return s;
+    }
+    *out = Plan{kernel, row};
+    return {};
+  } catch (...) {
+    Status s;
+    s.code = Code::Launch;
+    s.message = "out of host memory while planning";
+    return s;
+  }
+}
+
+}  // namespace core
+}  // namespace flashcore

@@ -1,0 +1,147 @@
+// Status names and messages (status.h), composed in one place.
+#include <cstring>
+#include <string>
+
+#include "core/validate.h"
+
+namespace flashcore {
+
+const char* name(Code code) noexcept {
+  switch (code) {
+    case Code::Ok: return "ok";
+    case Code::ShapeMismatch: return "shape_mismatch";
+    case Code::HeadsNotDivisible: return "heads_not_divisible";
+    case Code::UnsupportedHeadDim: return "unsupported_head_dim";
+    case Code::NonContiguousHeadDim: return "non_contiguous_head_dim";
+    case Code::MisalignedStride: return "misaligned_stride";
+    case Code::MisalignedPointer: return "misaligned_pointer";
+    case Code::LseLayout: return "lse_layout";
+    case Code::DeviceMismatch: return "device_mismatch";
+    case Code::NoVisibleKeys: return "no_visible_keys";
+    case Code::InvalidScale: return "invalid_scale";
+    case Code::SizeOverflow: return "size_overflow";
+    case Code::IndexOverflow: return "index_overflow";
+    case Code::BackendUnavailable: return "backend_unavailable";
+    case Code::SharedMemoryExceeded: return "shared_memory_exceeded";
+    case Code::UnsupportedDevice: return "unsupported_device";
+    case Code::NoDevice: return "no_device";
+    case Code::Cuda: return "cuda";
+    case Code::Launch: return "launch";
+  }
+  return "unknown";
+}
+
+const char* name(Operand operand) noexcept {
+  switch (operand) {
+    case Operand::None: return "";
+    case Operand::Q: return "q";
+    case Operand::K: return "k";
+    case Operand::V: return "v";
+    case Operand::Out: return "out";
+    case Operand::Lse: return "lse";
+  }
+  return "unknown";
+}
+
+const char* name(Field field) noexcept {
+  switch (field) {
+    case Field::None: return "";
+    case Field::Batch: return "batch";
+    case Field::Seq: return "seq";
+    case Field::Heads: return "heads";
+    case Field::HeadDim: return "head_dim";
+    case Field::SeqQ: return "seq_q";
+    case Field::SeqK: return "seq_k";
+    case Field::BatchTimesSeqQ: return "batch * seq_q";
+    case Field::BatchStride: return "batch stride";
+    case Field::SeqStride: return "seq stride";
+    case Field::HeadStride: return "head stride";
+  }
+  return "unknown";
+}
+
+const char* name(Kernel kernel) noexcept {
+  switch (kernel) {
+    case Kernel::CutlassSm80: return "cutlass-sm80";
+    case Kernel::Wmma: return "wmma";
+  }
+  return "unknown";
+}
+
+namespace core {
+namespace {
+
+std::string where(int64_t location) {
+  return location == kHost ? std::string("host") : "cuda:" + std::to_string(location);
+}
+
+std::string message(const Status& s, const std::string& detail) {
+  const std::string op = name(s.operand), field = name(s.field);
+  const auto v = [&](int i) { return std::to_string(s.values[i]); };
+  switch (s.code) {
+    case Code::ShapeMismatch:
+      return op + ": " + field + " is " + v(0) + ", expected " + v(1);
+    case Code::HeadsNotDivisible:
+      return v(1) + " key/value heads do not divide " + v(0) + " query heads";
+    case Code::UnsupportedHeadDim:
+      return "head dim " + v(0) + " is not supported (must be a multiple of 8, from 8 to 256)";
+    case Code::NonContiguousHeadDim:
+      return op + ": the head-dim stride is " + v(0) + "; the last dimension must be contiguous";
+    case Code::MisalignedStride:
+      return op + ": stride " + v(0) + " of dimension " + field + " is not a multiple of 8 elements";
+    case Code::MisalignedPointer:
+      return op + ": device pointer " + v(0) + " is not 16-byte aligned";
+    case Code::LseLayout:
+      return "lse must be a dense [batch, heads, seq_q] float tensor (BHSD strides, head dim 1)";
+    case Code::DeviceMismatch:
+      return op + " is on " + where(s.values[0]) +
+             (s.operand == Operand::Q ? ", but the current device is " : ", but q is on ") +
+             where(s.values[1]);
+    case Code::NoVisibleKeys:
+      return v(0) + " query rows would attend to no key (seq_q " + v(1) + ", seq_k " + v(2) + ")";
+    case Code::InvalidScale: {
+      float scale = 0;
+      const uint32_t bits = static_cast<uint32_t>(s.values[0]);
+      std::memcpy(&scale, &bits, sizeof(scale));
+      return "softmax scale " + std::to_string(scale) + " is not finite";
+    }
+    case Code::SizeOverflow:
+      return op + ": " + (detail.empty() ? "the addressed extent overflows 64 bits" : detail) +
+             (field.empty() ? "" : " (dimension " + field + ")");
+    case Code::IndexOverflow:
+      return field + " = " + v(0) + " exceeds the " + name(static_cast<Kernel>(s.values[2])) +
+             " backend's limit of " + v(1);
+    case Code::BackendUnavailable:
+      return std::string("backend ") + name(static_cast<Kernel>(s.values[0])) +
+             " is unavailable: " + detail;
+    case Code::SharedMemoryExceeded:
+      return "tile needs " + v(0) + " bytes of shared memory per block, the device offers " + v(1);
+    case Code::UnsupportedDevice:
+      return "compute capability " + v(0) + "." + v(1) + " is not supported (needs 8.0 to 9.x)";
+    case Code::NoDevice:
+      return "no CUDA device " + v(0) + ": " + detail;
+    case Code::Ok:
+    case Code::Cuda:
+    case Code::Launch:
+      break;
+  }
+  return detail;
+}
+
+}  // namespace
+
+Status fail(Code code, Operand operand, Field field, int64_t a, int64_t b, int64_t c,
+            std::string detail) {
+  Status s;
+  s.code = code;
+  s.operand = operand;
+  s.field = field;
+  s.values[0] = a;
+  s.values[1] = b;
+  s.values[2] = c;
+  s.message = message(s, detail);
+  return s;
+}
+
+}  // namespace core
+}  // namespace flashcore

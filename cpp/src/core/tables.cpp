@@ -1,0 +1,158 @@
+// The tile tables of the two GPU kernel families, with the reason for every row. This file is
+// the one place a tile is chosen; the kernels it names are listed in sm80/instances.inc and
+// wmma/instances.inc (checked below at compile time).
+//
+// CUTLASS shared-memory figures are sizeof(AttentionKernel<..>::SharedStorage) measured with
+// nvcc 13.0.88 and CUTLASS 4.2.0, the same for f16 and bf16. Its threads per block are
+// kQueriesPerBlock * kKeysPerBlock / 32; CUTLASS's launch bounds ask for 16 warps per SM.
+// WMMA figures come from wmma_smem_bytes() (flashcore/plan.h), which every WMMA instantiation
+// checks against the kernel's own layout.
+#include <iterator>
+
+#include "flashcore/plan.h"
+
+namespace flashcore {
+namespace {
+
+constexpr Tile tile(int32_t q, int32_t k, int32_t d) { return Tile{q, k, d}; }
+
+constexpr TileRow kCutlassRows[] = {
+    // ---- sm_80: 164 KB per SM ----
+    {ArchClass::Sm80, 64, tile(64, 64, 64), 18944,
+     "19 KB: 4 blocks x 4 warps fill the 16-warp launch bound with room to spare; the whole head "
+     "dim stays in registers (single value iteration)"},
+    {ArchClass::Sm80, 128, tile(64, 128, 128), 52224,
+     "52 KB: 2 blocks x 8 warps fit 164 KB; 64 query rows halve K/V re-reads against 32, and 128 "
+     "keys keep the output in registers for d<=128"},
+    {ArchClass::Sm80, 256, tile(64, 128, 256), 69632,
+     "70 KB: 2 blocks x 8 warps (139 KB) fit 164 KB; d>128 iterates over the value dim with an "
+     "f32 accumulator, so the widest key tile amortises it best"},
+    // ---- sm_86 / sm_89 (L4 is the design target): 100 KB per SM ----
+    {ArchClass::Sm86Sm89, 64, tile(64, 64, 64), 18944,
+     "19 KB: 4 blocks x 4 warps (76 KB) fit 100 KB and reach the 16-warp bound"},
+    {ArchClass::Sm86Sm89, 128, tile(32, 128, 128), 42496,
+     "42 KB: 2 blocks (85 KB) fit 100 KB, where 64x128 (52 KB) fits only one; 128 keys keep the "
+     "output in registers for d<=128"},
+    {ArchClass::Sm86Sm89, 256, tile(64, 64, 256), 34304,
+     "34 KB: 2 blocks (69 KB) fit 100 KB, where 32x128 (51 KB) and 64x128 (70 KB) fit only one "
+     "block per SM"},
+    // ---- sm_90 on the Ampere/Ada path: 228 KB per SM ----
+    {ArchClass::Sm90, 64, tile(64, 64, 64), 18944,
+     "19 KB: measured on the H200 (2026-11-21), 64x64 beats 128x64 on every d=64 bench shape "
+     "(2x32x8192x64: 7.53 ms vs 8.14 ms): twice the blocks in flight"},
+    {ArchClass::Sm90, 128, tile(64, 128, 128), 52224,
+     "52 KB: 2 blocks x 8 warps (104 KB) well inside 228 KB; same reuse as sm_80"},
+    {ArchClass::Sm90, 256, tile(64, 128, 256), 69632,
+     "70 KB: 3 blocks fit 228 KB, but the launch bound targets 2; widest key tile to amortise the "
+     "f32 accumulator pass"},
+};
+
+constexpr const char* kDecodeReason =
+    "decode (<= 32 query rows per head): a 32-row query tile wastes the fewest rows; measured on "
+    "the H200 (2026-11-21) at 32x32(kv 8)x1x4096 d=128: 136 us vs 199 us with 64 rows. 42 KB "
+    "fits every class";
+
+// Head dims above the last decode row use kCutlassRows.
+constexpr TileRow kDecodeRows[] = {
+    {ArchClass::Sm80, 128, tile(32, 128, 128), 42496, kDecodeReason},
+    {ArchClass::Sm86Sm89, 128, tile(32, 128, 128), 42496, kDecodeReason},
+    {ArchClass::Sm90, 128, tile(32, 128, 128), 42496, kDecodeReason},
+};
+
+constexpr TileRow wmma_row(ArchClass arch, int32_t max_head_dim, Tile t, const char* reason) {
+  return TileRow{arch, max_head_dim, t, wmma_smem_bytes(t), reason};
+}
+
+// queries_per_block = 16 x warps (each warp owns 16 query rows); smaller head dims than the
+// row's are zero-padded in shared memory.
+constexpr TileRow kWmmaRows[] = {
+    // ---- sm_80: 164 KB per SM ----
+    wmma_row(ArchClass::Sm80, 64, tile(64, 64, 64),
+             "63 KB: 2 blocks x 4 warps fit 164 KB. On the H200 (2026-11-21) 64x64 beat 64x32 "
+             "(133 vs 127 TFLOP/s f16, 8x32x2048x64) and 128x64 (103 TFLOP/s: 1 block by "
+             "registers)"),
+    wmma_row(ArchClass::Sm80, 128, tile(64, 32, 128),
+             "61 KB: 2 blocks x 4 warps fit 164 KB; 32 keys beat 64 on the H200 (149 vs 144 "
+             "TFLOP/s f16, 8x16x2048x128)"),
+    wmma_row(ArchClass::Sm80, 256, tile(64, 16, 256),
+             "72 KB, 2 blocks: 16-key tiles keep bf16 at 248 registers without spills (32-key "
+             "tiles spill); the 256-wide output alone takes 128 registers per thread"),
+    // ---- sm_86 / sm_89: 100 KB per SM ----
+    wmma_row(ArchClass::Sm86Sm89, 64, tile(64, 64, 64),
+             "63 KB: 1 block per SM within the 99 KB limit; the H200's best d<=64 tile"),
+    wmma_row(ArchClass::Sm86Sm89, 128, tile(64, 32, 128),
+             "61 KB: 64x64 (103 KB) exceeds the 99 KB per-block limit"),
+    wmma_row(ArchClass::Sm86Sm89, 256, tile(64, 16, 256),
+             "72 KB fits the 99 KB per-block limit; 16-key tiles: 32 keys spill in bf16"),
+    // ---- sm_90 on the Ampere/Ada instruction set: 228 KB per SM ----
+    wmma_row(ArchClass::Sm90, 64, tile(64, 64, 64),
+             "63 KB, 139 registers: 3 blocks x 4 warps per SM. Measured on the H200 (2026-11-21): "
+             "133 TFLOP/s f16 at 8x32x2048x64 against 127 for 64x32 and 103 for 128x64"),
+    wmma_row(ArchClass::Sm90, 128, tile(64, 32, 128),
+             "61 KB, 168 registers: 3 blocks x 4 warps per SM. Measured on the H200 (2026-11-21): "
+             "149 TFLOP/s f16 at 8x16x2048x128 against 144 for 64x64 (103 KB, 2 blocks)"),
+    wmma_row(ArchClass::Sm90, 256, tile(64, 16, 256),
+             "72 KB: 3 blocks x 4 warps per SM; 16-key tiles: 32 keys spill in bf16"),
+};
+
+// ---- compile-time checks: every row is instantiated, fits its class, and classes ascend ----
+constexpr Tile kSm80Instances[] = {
+#define FLASHCORE_TILE(Q, K, D) tile(Q, K, D),
+#include "sm80/instances.inc"
+#undef FLASHCORE_TILE
+};
+constexpr Tile kWmmaInstances[] = {
+#define FLASHCORE_TILE(Q, K, D) tile(Q, K, D),
+#include "wmma/instances.inc"
+#undef FLASHCORE_TILE
+};
+
+constexpr int64_t optin(ArchClass a) {
+  return a == ArchClass::Sm80 ? 163 * 1024 : a == ArchClass::Sm86Sm89 ? 99 * 1024 : 227 * 1024;
+}
+
+template <size_t N, size_t M>
+constexpr bool well_formed(const TileRow (&rows)[N], const Tile (&instances)[M]) {
+  for (size_t i = 0; i < N; ++i) {
+    bool instantiated = false;
+    for (size_t j = 0; j < M; ++j) {
+      instantiated = instantiated || instances[j] == rows[i].tile;
+    }
+    const bool fits = rows[i].smem_bytes <= optin(rows[i].arch) &&
+                      rows[i].max_head_dim <= rows[i].tile.max_head_dim;
+    const bool ascends = i == 0 || rows[i - 1].arch != rows[i].arch ||
+                         rows[i - 1].max_head_dim < rows[i].max_head_dim;
+    if (!instantiated || !fits || !ascends) {
+      return false;
+    }
+  }
+  return true;
+}
+
+static_assert(well_formed(kCutlassRows, kSm80Instances), "a CUTLASS row is not instantiated "
+              "(sm80/instances.inc), exceeds its class's shared memory, or is out of order");
+static_assert(well_formed(kDecodeRows, kSm80Instances), "a decode row is not instantiated");
+static_assert(well_formed(kWmmaRows, kWmmaInstances), "a WMMA row is not instantiated "
+              "(wmma/instances.inc), exceeds its class's shared memory, or is out of order");
+
+}  // namespace
+
+Table tile_table(Kernel kernel) noexcept {
+  switch (kernel) {
+    case Kernel::CutlassSm80:
+      return Table{kCutlassRows, std::size(kCutlassRows)};
+    case Kernel::Wmma:
+      return Table{kWmmaRows, std::size(kWmmaRows)};
+  }
+  return Table{nullptr, 0};
+}
+
+Table decode_table() noexcept { return Table{kDecodeRows, std::size(kDecodeRows)}; }
+
+int64_t smem_per_block_optin(ArchClass arch) noexcept { return optin(arch); }
+
+int64_t smem_per_sm(ArchClass arch) noexcept {
+  return arch == ArchClass::Sm80 ? 164 * 1024 : arch == ArchClass::Sm86Sm89 ? 100 * 1024 : 228 * 1024;
+}
+
+}  // namespace flashcore

@@ -1,0 +1,167 @@
+// Validation: see validate.h. The order of the checks is part of the contract (the first
+// failure is the one reported): sizes, devices, shapes, heads, head dim, strides and alignment,
+// scale, visible keys.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/validate.h"
+
+namespace flashcore::core {
+namespace {
+
+constexpr Field kDims[4] = {Field::Batch, Field::Seq, Field::Heads, Field::HeadDim};
+
+// Negative sizes or strides, or an extent (in bytes) that overflows 64 bits.
+Status check_extent(Operand op, const TensorDesc& t) {
+  int64_t last = 0;  // largest element offset
+  bool empty = false;
+  for (int i = 0; i < 4; ++i) {
+    if (t.shape[i] < 0 || t.stride[i] < 0) {
+      return fail(Code::SizeOverflow, op, kDims[i], t.shape[i], t.stride[i], 0,
+                  "negative size or stride");
+    }
+    empty = empty || t.shape[i] == 0;
+  }
+  if (empty) {
+    return {};
+  }
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (int i = 0; i < 4; ++i) {
+    const int64_t n = t.shape[i] - 1;
+    if (n > 0 && t.stride[i] > (kMax - last) / n) {
+      return fail(Code::SizeOverflow, op, kDims[i], t.shape[i], t.stride[i]);
+    }
+    last += n * t.stride[i];
+  }
+  if (last >= kMax / t.element_bytes) {
+    return fail(Code::SizeOverflow, op, Field::None, last, t.element_bytes);
+  }
+  return {};
+}
+
+Status expect_location(Operand op, const TensorDesc& t, int32_t expected) {
+  if (t.location == expected) {
+    return {};
+  }
+  return fail(Code::DeviceMismatch, op, Field::None, t.location, expected);
+}
+
+Status expect_dim(Operand op, int dim, int64_t got, int64_t expected) {
+  if (got == expected) {
+    return {};
+  }
+  return fail(Code::ShapeMismatch, op, kDims[dim], got, expected);
+}
+
+Status expect_shape(Operand op, const TensorDesc& t, const int64_t (&expected)[4]) {
+  for (int i = 0; i < 4; ++i) {
+    Status s = expect_dim(op, i, t.shape[i], expected[i]);
+    if (!s.ok()) {
+      return s;
+    }
+  }
+  return {};
+}
+
+// Head-dim stride 1; other strides (of dims longer than 1) multiples of 8 elements; device
+// addresses 16-byte aligned.
+Status check_strides(Operand op, const TensorDesc& t) {
+  if (t.shape[3] > 1 && t.stride[3] != 1) {
+    return fail(Code::NonContiguousHeadDim, op, Field::HeadDim, t.stride[3]);
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (t.shape[i] > 1 && t.stride[i] % kHeadDimMultiple != 0) {
+      return fail(Code::MisalignedStride, op, kDims[i], t.stride[i]);
+    }
+  }
+  if (t.location != kHost && t.address % 16 != 0) {
+    return fail(Code::MisalignedPointer, op, Field::None, static_cast<int64_t>(t.address));
+  }
+  return {};
+}
+
+#define FLASHCORE_TRY(expr)   \
+  do {                        \
+    Status s_ = (expr);       \
+    if (!s_.ok()) return s_;  \
+  } while (0)
+
+}  // namespace
+
+Status validate(const Request& r, Problem* problem) noexcept {
+  try {
+    FLASHCORE_TRY(check_extent(Operand::Q, r.q));
+    FLASHCORE_TRY(check_extent(Operand::K, r.k));
+    FLASHCORE_TRY(check_extent(Operand::V, r.v));
+    FLASHCORE_TRY(check_extent(Operand::Out, r.out));
+    if (r.has_lse) {
+      FLASHCORE_TRY(check_extent(Operand::Lse, r.lse));
+    }
+
+    const int32_t location = r.q.location;
+    FLASHCORE_TRY(expect_location(Operand::K, r.k, location));
+    FLASHCORE_TRY(expect_location(Operand::V, r.v, location));
+    FLASHCORE_TRY(expect_location(Operand::Out, r.out, location));
+    if (r.has_lse) {
+      FLASHCORE_TRY(expect_location(Operand::Lse, r.lse, location));
+    }
+
+    const int64_t* qs = r.q.shape;
+    const int64_t* ks = r.k.shape;
+    FLASHCORE_TRY(expect_dim(Operand::K, 0, ks[0], qs[0]));
+    FLASHCORE_TRY(expect_dim(Operand::K, 3, ks[3], qs[3]));
+    FLASHCORE_TRY(expect_shape(Operand::V, r.v, {ks[0], ks[1], ks[2], ks[3]}));
+    FLASHCORE_TRY(expect_shape(Operand::Out, r.out, {qs[0], qs[1], qs[2], qs[3]}));
+    if (r.has_lse) {
+      const int64_t want[4] = {qs[0], qs[1], qs[2], 1};
+      FLASHCORE_TRY(expect_shape(Operand::Lse, r.lse, want));
+      int64_t dense[4];
+      bhsd_strides(want, dense);
+      const bool one_element = qs[0] * qs[1] * qs[2] <= 1;
+      if (!one_element && std::memcmp(dense, r.lse.stride, sizeof(dense)) != 0) {
+        return fail(Code::LseLayout, Operand::Lse);
+      }
+    }
+
+    if ((ks[2] == 0 && qs[2] > 0) || (ks[2] > 0 && qs[2] % ks[2] != 0)) {
+      return fail(Code::HeadsNotDivisible, Operand::None, Field::Heads, qs[2], ks[2]);
+    }
+    const int64_t d = qs[3];
+    if (d == 0 || d > kMaxHeadDim || d % kHeadDimMultiple != 0) {
+      return fail(Code::UnsupportedHeadDim, Operand::None, Field::HeadDim, d);
+    }
+    FLASHCORE_TRY(check_strides(Operand::Q, r.q));
+    FLASHCORE_TRY(check_strides(Operand::K, r.k));
+    FLASHCORE_TRY(check_strides(Operand::V, r.v));
+    FLASHCORE_TRY(check_strides(Operand::Out, r.out));
+
+    const float scale = r.options.scale.value_or(1.0f / std::sqrt(static_cast<float>(d)));
+    if (!std::isfinite(scale)) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &scale, sizeof(bits));
+      return fail(Code::InvalidScale, Operand::None, Field::None, bits);
+    }
+    const Problem p{qs[0], qs[1], ks[1], qs[2], ks[2], d, scale, r.options.causal, location};
+    if (!p.empty()) {
+      int64_t blind = 0;
+      if (p.seq_k == 0) {
+        blind = p.seq_q;
+      } else if (p.causal == Causal::BottomRight && p.seq_q > p.seq_k) {
+        blind = p.seq_q - p.seq_k;
+      }
+      if (blind > 0) {
+        return fail(Code::NoVisibleKeys, Operand::None, Field::None, blind, p.seq_q, p.seq_k);
+      }
+    }
+    *problem = p;
+    return {};
+  } catch (...) {  // only std::bad_alloc from a message string can get here
+    Status s;
+    s.code = Code::Launch;
+    s.message = "out of host memory while validating";
+    return s;
+  }
+}
+
+}  // namespace flashcore::core

@@ -1,0 +1,83 @@
+// Validation and planning, host-only: the one place where an attention call's arguments are
+// checked (shapes, strides, alignment, head dim, devices, sizes, scale) and its kernel and tile
+// are chosen. Both front ends call these before anything is launched: the public C++ API
+// (cpp/src/attention.cpp) and the Rust crate (through src/native.rs).
+#pragma once
+
+#include <cstdint>
+
+#include "flashcore/plan.h"
+#include "flashcore/status.h"
+#include "flashcore/types.h"
+
+namespace flashcore::core {
+
+// An operand's location: the host, or a CUDA device ordinal.
+constexpr int32_t kHost = -1;
+
+// One operand as validation sees it: address, logical dims [batch, seq, heads, head_dim],
+// strides in elements, location, and element size in bytes.
+struct TensorDesc {
+  uint64_t address = 0;
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t stride[4] = {0, 0, 0, 0};
+  int32_t location = kHost;
+  int32_t element_bytes = 2;
+};
+
+// One attention call: Q, K, V, the output and the optional logsumexp (f32).
+struct Request {
+  DType dtype = DType::F16;
+  TensorDesc q, k, v, out, lse;
+  bool has_lse = false;
+  Options options;
+};
+
+// A checked problem.
+struct Problem {
+  int64_t batch, seq_q, seq_k, heads_q, heads_kv, head_dim;
+  float scale;
+  Causal causal;
+  int32_t location;
+
+  // No output element: nothing to compute or launch.
+  bool empty() const { return batch == 0 || seq_q == 0 || heads_q == 0; }
+  // One-query GQA/MQA: the query heads sharing a key/value head run as rows of one head (exact
+  // because the one query sees every key).
+  bool packs_heads() const {
+    return seq_q == 1 && heads_kv > 0 && heads_q > heads_kv &&
+           (causal == Causal::None || causal == Causal::BottomRight);
+  }
+  // Query rows per (batch, head) the kernel sees, after packing.
+  int64_t query_rows() const { return packs_heads() ? heads_q / heads_kv : seq_q; }
+};
+
+// Checks `r` and describes the problem in `*problem`.
+Status validate(const Request& r, Problem* problem) noexcept;
+
+// What the device offers (read once per device by the front ends).
+struct DeviceCaps {
+  int32_t major = 0, minor = 0;
+  int64_t smem_per_block_optin = 0;
+};
+
+// The kernel and tile that will run a validated problem.
+struct Plan {
+  Kernel kernel;
+  const TileRow* row;
+};
+
+// `kernel`'s row for `head_dim` and `query_rows` query rows per head on a device with `caps`,
+// taking the rows of class `forced` when set.
+Status choose_row(Kernel kernel, int64_t head_dim, int64_t query_rows, const DeviceCaps& caps,
+                  std::optional<ArchClass> forced, const TileRow** row) noexcept;
+
+// Resolves r.options.backend, checks the kernel's index limits, and picks its tile for a device
+// with `caps` (or for r.options.force_arch_class).
+Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* out) noexcept;
+
+// Status constructors (messages are composed here, in one place).
+Status fail(Code code, Operand operand = Operand::None, Field field = Field::None, int64_t a = 0,
+            int64_t b = 0, int64_t c = 0, std::string detail = {});
+
+}  // namespace flashcore::core

@@ -1,0 +1,64 @@
+// The kernel launchers' interface (internal): one params struct per launch, one launcher per
+// kernel family. Reached only through attention.cpp, after validation and planning; the
+// launchers re-check only what the kernels themselves need (CUTLASS's `check_supported`) and
+// every CUDA call, and throw flashcore::detail::Failure, which attention.cpp turns into a Status.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "flashcore/plan.h"
+#include "flashcore/status.h"
+#include "flashcore/types.h"
+
+namespace flashcore {
+namespace detail {
+
+// A CUDA or launch failure inside the C++ layer (Code::Cuda or Code::Launch). what() is
+// "code|cuda_name|message" so that the cxx bridge's own CUDA wrappers can hand it to Rust.
+class Failure : public std::runtime_error {
+ public:
+  Failure(Code code, const std::string& cuda_name, const std::string& message)
+      : std::runtime_error(std::to_string(static_cast<int>(code)) + "|" + cuda_name + "|" +
+                           message),
+        code_(code),
+        cuda_name_(cuda_name),
+        message_(message) {}
+  Code code() const noexcept { return code_; }
+  const std::string& cuda_name() const noexcept { return cuda_name_; }
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  Code code_;
+  std::string cuda_name_, message_;
+};
+
+}  // namespace detail
+
+// One attention forward launch, after validation, planning and one-query head packing. All
+// strides are in elements; q/out strides are (batch, seq, head), the rest likewise.
+struct FmhaArgs {
+  DType dtype;
+  const void* q;  // [batch, seq_q, heads_q, head_dim]
+  const void* k;  // [batch, seq_k, heads_kv, head_dim]
+  const void* v;  // [batch, seq_k, heads_kv, head_dim]
+  void* out;      // [batch, seq_q, heads_q, head_dim]
+  float* lse;     // optional [batch, heads_q, seq_q], dense, natural log; nullptr for none
+  int64_t batch, seq_q, seq_k, heads_q, heads_kv, head_dim;
+  int64_t q_stride[3];
+  int64_t k_stride[3];
+  int64_t v_stride[3];
+  int64_t o_stride[3];
+  float scale;
+  Causal causal;
+  Tile tile;
+};
+
+// Launches `kernel`'s instantiation for `args.tile` and `args.dtype` on `stream` (of the current
+// device) and returns once it is queued (cpp/src/dispatch.cpp).
+void launch(Kernel kernel, const FmhaArgs& args, cudaStream_t stream);
+
+}  // namespace flashcore

@@ -1,0 +1,190 @@
+// A C++ program that owns its device buffers and stream, runs flashcore's attention on them
+// through the public C++ API, and checks the output and logsumexp against a float64 host
+// reference. Exit status 0 only when every check passes.
+//
+//   flashcore_example            # f16 and bf16, GQA 4:1, causal (bottom-right), seq_q != seq_k
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "flashcore/flashcore.h"
+
+namespace {
+
+#define CHECK_CUDA(call)                                                               \
+  do {                                                                                 \
+    cudaError_t e_ = (call);                                                           \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));          \
+      std::exit(2);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+struct Problem {
+  int64_t batch = 2, seq_q = 200, seq_k = 333, heads_q = 8, heads_kv = 2, head_dim = 128;
+};
+
+float to_float(__half x) { return __half2float(x); }
+float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+float to_float(float x) { return x; }
+template <typename T> T from_float(float x);
+template <> __half from_float<__half>(float x) { return __float2half(x); }
+template <> __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+// Dense BSHD host tensor [b, s, h, d] of random normals (rounded to T).
+template <typename T>
+std::vector<T> randn(std::mt19937& rng, int64_t b, int64_t s, int64_t h, int64_t d) {
+  std::normal_distribution<float> normal;
+  std::vector<T> x(static_cast<size_t>(b * s * h * d));
+  for (T& e : x) e = from_float<T>(normal(rng));
+  return x;
+}
+
+// Float64 reference with bottom-right causal masking: out (BSHD) and lse ([b, h, s_q]).
+template <typename T>
+void reference(const Problem& p, const std::vector<T>& q, const std::vector<T>& k,
+               const std::vector<T>& v, float scale, std::vector<double>& out,
+               std::vector<double>& lse) {
+  const int64_t d = p.head_dim, group = p.heads_q / p.heads_kv;
+  out.assign(static_cast<size_t>(p.batch * p.seq_q * p.heads_q * d), 0.0);
+  lse.assign(static_cast<size_t>(p.batch * p.heads_q * p.seq_q), 0.0);
+  std::vector<double> s(static_cast<size_t>(p.seq_k));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < p.seq_q; ++i) {
+        const int64_t visible = std::min(p.seq_k, i + 1 + p.seq_k - p.seq_q);
+        const T* qi = &q[static_cast<size_t>(((b * p.seq_q + i) * p.heads_q + h) * d)];
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < visible; ++j) {
+          const T* kj = &k[static_cast<size_t>(((b * p.seq_k + j) * p.heads_kv + h / group) * d)];
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c) dot += double(to_float(qi[c])) * double(to_float(kj[c]));
+          s[j] = dot * scale;
+          m = std::max(m, s[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < visible; ++j) sum += (s[j] = std::exp(s[j] - m));
+        double* o = &out[static_cast<size_t>(((b * p.seq_q + i) * p.heads_q + h) * d)];
+        for (int64_t j = 0; j < visible; ++j) {
+          const T* vj = &v[static_cast<size_t>(((b * p.seq_k + j) * p.heads_kv + h / group) * d)];
+          for (int64_t c = 0; c < d; ++c) o[c] += s[j] / sum * double(to_float(vj[c]));
+        }
+        lse[static_cast<size_t>((b * p.heads_q + h) * p.seq_q + i)] = m + std::log(sum);
+      }
+}
+
+template <typename X>
+double rel_l2(const std::vector<X>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = double(to_float(got[i]));
+    num += (g - want[i]) * (g - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / den);  // NaN anywhere makes this NaN, which fails every check
+}
+
+template <typename T>
+T* upload(const std::vector<T>& host) {
+  void* raw = nullptr;
+  CHECK_CUDA(cudaMalloc(&raw, host.size() * sizeof(T)));
+  T* dev = static_cast<T*>(raw);
+  CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return dev;
+}
+
+template <typename Ref>
+Ref bshd(void* data, int64_t b, int64_t s, int64_t h, int64_t d) {
+  Ref r;
+  r.data = static_cast<decltype(r.data)>(data);
+  const int64_t shape[4] = {b, s, h, d};
+  for (int i = 0; i < 4; ++i) r.shape[i] = shape[i];
+  flashcore::bshd_strides(r.shape, r.stride);
+  return r;
+}
+
+template <typename T>
+bool run(flashcore::DType dtype, const char* name, double tolerance, cudaStream_t stream) {
+  const Problem p;
+  std::mt19937 rng(std::random_device{}());  // fresh inputs every run
+  const auto q = randn<T>(rng, p.batch, p.seq_q, p.heads_q, p.head_dim);
+  const auto k = randn<T>(rng, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  const auto v = randn<T>(rng, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  std::vector<T> out(q.size(), from_float<T>(std::numeric_limits<float>::quiet_NaN()));
+  std::vector<float> lse(static_cast<size_t>(p.batch * p.heads_q * p.seq_q),
+                         std::numeric_limits<float>::quiet_NaN());
+  T *dq = upload(q), *dk = upload(k), *dv = upload(v), *dout = upload(out);  // out poisoned
+  float* dlse = upload(lse);
+
+  flashcore::AttentionArgs a;
+  a.dtype = dtype;
+  a.q = bshd<flashcore::TensorRef>(dq, p.batch, p.seq_q, p.heads_q, p.head_dim);
+  a.k = bshd<flashcore::TensorRef>(dk, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  a.v = bshd<flashcore::TensorRef>(dv, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  a.out = bshd<flashcore::OutputRef>(dout, p.batch, p.seq_q, p.heads_q, p.head_dim);
+  flashcore::OutputRef l;
+  l.data = dlse;
+  const int64_t lse_shape[4] = {p.batch, p.seq_q, p.heads_q, 1};
+  for (int i = 0; i < 4; ++i) l.shape[i] = lse_shape[i];
+  flashcore::bhsd_strides(l.shape, l.stride);
+  a.lse = l;
+  a.options.causal = flashcore::Causal::BottomRight;
+
+  flashcore::LaunchInfo info{};
+  const flashcore::Status s = flashcore::attention_forward(a, stream, &info);
+  bool ok = s.ok();
+  if (!ok) {
+    std::printf("%s: attention_forward failed: %s: %s\n", name, flashcore::name(s.code),
+                s.message.c_str());
+  } else {
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaMemcpy(out.data(), dout, out.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(lse.data(), dlse, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<double> want, want_lse;
+    reference(p, q, k, v, 1.0f / std::sqrt(float(p.head_dim)), want, want_lse);
+    const double err = rel_l2(out, want), lse_err = rel_l2(lse, want_lse);
+    ok = err < tolerance && lse_err < 1e-4;  // false for NaN
+    std::printf("%s %ldx%ldx%ld(kv %ld)x%ld causal: kernel %s tile q%d_k%d_d%d, rel L2 %.2e "
+                "(< %.0e), lse %.2e: %s\n",
+                name, long(p.batch), long(p.heads_q), long(p.seq_q), long(p.heads_kv),
+                long(p.head_dim), flashcore::name(info.kernel), info.row.tile.queries_per_block,
+                info.row.tile.keys_per_block, info.row.tile.max_head_dim, err, tolerance, lse_err,
+                ok ? "ok" : "FAILED");
+  }
+
+  // A bad argument comes back as its own code, and nothing is launched.
+  flashcore::AttentionArgs bad = a;
+  bad.k.shape[3] = bad.v.shape[3] = 96;  // head dims disagree
+  const flashcore::Status e = flashcore::attention_forward(bad, stream);
+  const bool refused = e.code == flashcore::Code::ShapeMismatch && e.operand == flashcore::Operand::K;
+  std::printf("%s mismatched head dim: %s (%s): %s\n", name, flashcore::name(e.code),
+              e.message.c_str(), refused ? "ok" : "FAILED");
+  for (void* ptr : {static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
+                    static_cast<void*>(dout), static_cast<void*>(dlse)}) {
+    CHECK_CUDA(cudaFree(ptr));
+  }
+  return ok && refused;
+}
+
+}  // namespace
+
+int main() {
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "flashcore_example needs a CUDA device\n");
+    return 2;
+  }
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const bool f16 = run<__half>(flashcore::DType::F16, "f16", 2e-3, stream);
+  const bool bf16 = run<__nv_bfloat16>(flashcore::DType::BF16, "bf16", 1e-2, stream);
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  std::printf("flashcore_example: %s\n", f16 && bf16 ? "PASSED" : "FAILED");
+  return f16 && bf16 ? 0 : 1;
+}

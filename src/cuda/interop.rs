@@ -1,0 +1,33 @@
+//! Interop hooks for the tests and examples that exercise the C++ side from Rust: memory that
+//! C++ allocated ([`CppDeviceBuffer`]), and the public C++ API called on Rust tensors' memory
+//! ([`cpp_attention_forward`]). Hidden from the docs: applications use the safe API, plus
+//! [`crate::Tensor::from_raw_device`] and [`crate::Stream::from_raw`] for foreign memory.
+
+use super::launch::{run, Entry};
+use crate::dispatch::Execution;
+use crate::element::AttentionElement;
+use crate::error::Result;
+use crate::options::AttentionOptions;
+use crate::tensor::Tensor;
+
+pub use crate::ffi::cuda::CppDeviceBuffer;
+
+/// Runs attention on the memory of Rust device tensors through the public C++ API
+/// (`flashcore::attention_forward`, cpp/include/flashcore/flashcore.h): C++ receives only raw
+/// pointers, shapes, strides and the raw `cudaStream_t` of `out`, validates them itself and
+/// launches. Stream ordering with the inputs' streams is done as for [`crate::attention_into`].
+pub fn cpp_attention_forward<T: AttentionElement>(
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    lse: Option<&mut Tensor<f32>>,
+    opts: &AttentionOptions,
+) -> Result<Execution> {
+    let request = crate::validate::request(q, k, v, out, lse.as_deref(), opts)?;
+    let (kernel, row) = run(Entry::PublicCpp(&request), q, k, v, out, lse)?;
+    Ok(Execution {
+        backend: kernel.into(),
+        tile: Some(*row),
+    })
+}

@@ -1,0 +1,606 @@
+//! The FFI layer: the one cxx bridge to the C++ library in `cpp/`, and the only module with
+//! `unsafe` (the crate denies `unsafe_code` elsewhere).
+//!
+//! The host-only half is always built: validation, planning and the tile tables live in C++
+//! (`cpp/src/core/`), once for both languages, because the standalone C++ library must validate
+//! without Rust while Rust can call C++. This module converts between the bridge's plain structs
+//! and the crate's types, and maps every C++ `Status` to the typed [`Error`]. The CUDA half
+//! (`cuda`, feature `cuda`) wraps streams, events, memory and the launch.
+
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
+
+use std::sync::OnceLock;
+
+use crate::element::DType;
+use crate::error::{Error, Operand};
+use crate::options::{Backend, Causal};
+use crate::plan::{ArchClass, Kernel, Tile, TileRow};
+use crate::tensor::{Location, Shape};
+
+#[cxx::bridge(namespace = "flashcore::bridge")]
+pub(crate) mod sys {
+    /// One operand (mirrors `core::TensorDesc`): address, dims `[batch, seq, heads, head_dim]`,
+    /// element strides, location (-1 host, else device ordinal), element size in bytes.
+    #[derive(Clone, Copy)]
+    struct DescFfi {
+        address: u64,
+        shape: [i64; 4],
+        stride: [i64; 4],
+        location: i32,
+        element_bytes: i32,
+    }
+
+    /// One attention call (mirrors `core::Request`). `forced_arch`: -1 for none.
+    #[derive(Clone, Copy)]
+    struct RequestFfi {
+        dtype: i32,
+        q: DescFfi,
+        k: DescFfi,
+        v: DescFfi,
+        out: DescFfi,
+        lse: DescFfi,
+        has_lse: bool,
+        has_scale: bool,
+        scale: f32,
+        causal: i32,
+        backend: i32,
+        forced_arch: i32,
+    }
+
+    /// A validated problem (mirrors `core::Problem`).
+    #[derive(Clone, Copy, Default)]
+    struct ProblemFfi {
+        batch: i64,
+        seq_q: i64,
+        seq_k: i64,
+        heads_q: i64,
+        heads_kv: i64,
+        head_dim: i64,
+        scale: f32,
+        causal: i32,
+        location: i32,
+    }
+
+    /// `flashcore::Status`.
+    struct StatusFfi {
+        code: i32,
+        operand: i32,
+        field: i32,
+        values: [i64; 3],
+        cuda_name: String,
+        message: String,
+    }
+
+    /// `flashcore::TileRow`.
+    struct TileRowFfi {
+        arch: i32,
+        max_head_dim: i32,
+        queries_per_block: i32,
+        keys_per_block: i32,
+        tile_max_head_dim: i32,
+        smem_bytes: i64,
+        reason: String,
+    }
+
+    /// A row of the tables: `decode_table()` or `tile_table(kernel)`, index (-1: none).
+    #[derive(Clone, Copy, Default)]
+    struct RowRef {
+        decode: bool,
+        index: i32,
+    }
+
+    /// `core::DeviceCaps`.
+    struct CapsFfi {
+        major: i32,
+        minor: i32,
+        smem_per_block_optin: i64,
+    }
+
+    /// The C++ constants that Rust re-exports.
+    struct LimitsFfi {
+        max_head_dim: i64,
+        head_dim_multiple: i64,
+        decode_max_query_rows: i64,
+    }
+
+    /// The result of a launch: status, and on success the kernel and row that ran.
+    #[cfg(feature = "cuda")]
+    struct LaunchedFfi {
+        status: StatusFfi,
+        kernel: i32,
+        row: RowRef,
+    }
+
+    /// Device properties read once when a device is opened.
+    #[cfg(feature = "cuda")]
+    struct DeviceInfo {
+        name: String,
+        major: i32,
+        minor: i32,
+        sm_count: i32,
+        smem_per_block_optin: usize,
+        smem_per_sm: usize,
+        total_memory: usize,
+        l2_bytes: usize,
+    }
+
+    unsafe extern "C++" {
+        include!("flashcore/cpp/src/bridge.h");
+
+        fn validate(request: &RequestFfi, problem: &mut ProblemFfi) -> StatusFfi;
+        fn table_rows(kernel: i32, decode: bool) -> Vec<TileRowFfi>;
+        fn select_row(kernel: i32, arch: i32, head_dim: i64, query_rows: i64) -> RowRef;
+        fn choose_row(
+            kernel: i32,
+            head_dim: i64,
+            query_rows: i64,
+            caps: &CapsFfi,
+            forced_arch: i32,
+            row: &mut RowRef,
+        ) -> StatusFfi;
+        fn arch_class(major: i32, minor: i32) -> i32;
+        fn arch_smem(arch: i32, per_sm: bool) -> i64;
+        fn wmma_smem_bytes(queries: i32, keys: i32, head_dim: i32) -> i64;
+        fn auto_kernel() -> i32;
+        fn limits() -> LimitsFfi;
+
+        #[cfg(feature = "cuda")]
+        fn device_count() -> Result<i32>;
+        #[cfg(feature = "cuda")]
+        fn device_info(ordinal: i32) -> Result<DeviceInfo>;
+        #[cfg(feature = "cuda")]
+        fn retain_pool_memory(ordinal: i32) -> Result<()>;
+
+        #[cfg(feature = "cuda")]
+        fn stream_create(ordinal: i32) -> Result<usize>;
+        #[cfg(feature = "cuda")]
+        unsafe fn stream_destroy(ordinal: i32, stream: usize) -> Result<()>;
+        #[cfg(feature = "cuda")]
+        unsafe fn stream_synchronize(ordinal: i32, stream: usize) -> Result<()>;
+        #[cfg(feature = "cuda")]
+        unsafe fn stream_wait_event(ordinal: i32, stream: usize, event: usize) -> Result<()>;
+
+        #[cfg(feature = "cuda")]
+        fn event_create(ordinal: i32) -> Result<usize>;
+        #[cfg(feature = "cuda")]
+        unsafe fn event_destroy(ordinal: i32, event: usize) -> Result<()>;
+        #[cfg(feature = "cuda")]
+        unsafe fn event_record(ordinal: i32, event: usize, stream: usize) -> Result<()>;
+        #[cfg(feature = "cuda")]
+        unsafe fn event_synchronize(ordinal: i32, event: usize) -> Result<()>;
+        #[cfg(feature = "cuda")]
+        unsafe fn event_elapsed_ms(ordinal: i32, start: usize, end: usize) -> Result<f32>;
+
+        #[cfg(feature = "cuda")]
+        unsafe fn malloc_async(ordinal: i32, bytes: usize, stream: usize) -> Result<usize>;
+        #[cfg(feature = "cuda")]
+        unsafe fn free_async(ordinal: i32, ptr: usize, stream: usize) -> Result<()>;
+        #[cfg(feature = "cuda")]
+        unsafe fn copy_to_device(ordinal: i32, dst: usize, src: &[u8], stream: usize)
+            -> Result<()>;
+        #[cfg(feature = "cuda")]
+        unsafe fn copy_to_host(
+            ordinal: i32,
+            dst: &mut [u8],
+            src: usize,
+            stream: usize,
+        ) -> Result<()>;
+        #[cfg(feature = "cuda")]
+        unsafe fn copy_device(
+            ordinal: i32,
+            dst: usize,
+            src: usize,
+            bytes: usize,
+            stream: usize,
+        ) -> Result<()>;
+
+        /// Plans and launches a validated request on `stream` of device `ordinal`.
+        #[cfg(feature = "cuda")]
+        unsafe fn attention(
+            request: &RequestFfi,
+            problem: &ProblemFfi,
+            caps: &CapsFfi,
+            ordinal: i32,
+            stream: usize,
+        ) -> LaunchedFfi;
+        /// Host nanoseconds per launch of `iters` launches from a C++ loop (bench only).
+        #[cfg(feature = "cuda")]
+        unsafe fn attention_host_ns(
+            request: &RequestFfi,
+            problem: &ProblemFfi,
+            caps: &CapsFfi,
+            ordinal: i32,
+            stream: usize,
+            iters: i32,
+            ns: &mut f64,
+        ) -> StatusFfi;
+        /// Calls the public C++ API (`flashcore::attention_forward`) exactly as a C++ program
+        /// would, on the raw pointers and stream of `request` (interop tests).
+        #[cfg(feature = "cuda")]
+        unsafe fn cpp_attention_forward(
+            request: &RequestFfi,
+            ordinal: i32,
+            stream: usize,
+        ) -> LaunchedFfi;
+        /// `cudaMalloc` / `cudaFree` / synchronous copies done by C++ (interop tests).
+        #[cfg(feature = "cuda")]
+        fn cpp_malloc(ordinal: i32, bytes: usize) -> Result<usize>;
+        #[cfg(feature = "cuda")]
+        unsafe fn cpp_free(ordinal: i32, ptr: usize) -> Result<()>;
+        #[cfg(feature = "cuda")]
+        unsafe fn cpp_upload(ordinal: i32, dst: usize, src: &[u8]) -> Result<()>;
+    }
+}
+
+pub(crate) use sys::{CapsFfi, DescFfi, ProblemFfi, RequestFfi, StatusFfi};
+
+// ---- Status codes (cpp/include/flashcore/status.h; bridge_core.cpp static_asserts them) ----
+const OK: i32 = 0;
+const SHAPE_MISMATCH: i32 = 1;
+const HEADS_NOT_DIVISIBLE: i32 = 2;
+const UNSUPPORTED_HEAD_DIM: i32 = 3;
+const NON_CONTIGUOUS_HEAD_DIM: i32 = 4;
+const MISALIGNED_STRIDE: i32 = 5;
+const MISALIGNED_POINTER: i32 = 6;
+const LSE_LAYOUT: i32 = 7;
+const DEVICE_MISMATCH: i32 = 8;
+const NO_VISIBLE_KEYS: i32 = 9;
+const INVALID_SCALE: i32 = 10;
+const SIZE_OVERFLOW: i32 = 11;
+const INDEX_OVERFLOW: i32 = 12;
+const BACKEND_UNAVAILABLE: i32 = 13;
+const SHARED_MEMORY_EXCEEDED: i32 = 14;
+const UNSUPPORTED_DEVICE: i32 = 15;
+const NO_DEVICE: i32 = 16;
+const CUDA: i32 = 17;
+
+/// `flashcore::Field` names, by value.
+const FIELDS: [&str; 11] = [
+    "",
+    "batch",
+    "seq",
+    "heads",
+    "head_dim",
+    "seq_q",
+    "seq_k",
+    "batch * seq_q",
+    "batch stride",
+    "seq stride",
+    "head stride",
+];
+
+fn operand(value: i32) -> Operand {
+    match value {
+        2 => Operand::K,
+        3 => Operand::V,
+        4 => Operand::Out,
+        5 => Operand::Lse,
+        _ => Operand::Q,
+    }
+}
+
+fn location(value: i64) -> Location {
+    usize::try_from(value).map_or(Location::Host, Location::Cuda)
+}
+
+pub(crate) fn dtype_id(dtype: DType) -> i32 {
+    match dtype {
+        DType::F16 => 0,
+        DType::BF16 => 1,
+        DType::F32 => 2, // never an attention input: validation sees only f16/bf16 requests
+    }
+}
+
+pub(crate) fn causal_id(causal: Causal) -> i32 {
+    match causal {
+        Causal::None => 0,
+        Causal::TopLeft => 1,
+        Causal::BottomRight => 2,
+    }
+}
+
+/// `flashcore::Backend`: the GPU kernel asked for (the CPU backend is Rust's own and never
+/// reaches C++; `Auto` lets the planner choose).
+pub(crate) fn backend_id(backend: Backend) -> i32 {
+    match backend {
+        Backend::Auto | Backend::Cpu => 0,
+        Backend::CutlassSm80 => 1,
+        Backend::Wmma => 2,
+    }
+}
+
+pub(crate) fn kernel_id(kernel: Kernel) -> i32 {
+    match kernel {
+        Kernel::CutlassSm80 => 0,
+        Kernel::Wmma => 1,
+    }
+}
+
+fn kernel_of(id: i64) -> Kernel {
+    if id == 1 {
+        Kernel::Wmma
+    } else {
+        Kernel::CutlassSm80
+    }
+}
+
+pub(crate) fn arch_id(arch: ArchClass) -> i32 {
+    match arch {
+        ArchClass::Sm80 => 0,
+        ArchClass::Sm86Sm89 => 1,
+        ArchClass::Sm90 => 2,
+    }
+}
+
+fn arch_of(id: i32) -> Option<ArchClass> {
+    match id {
+        0 => Some(ArchClass::Sm80),
+        1 => Some(ArchClass::Sm86Sm89),
+        2 => Some(ArchClass::Sm90),
+        _ => None,
+    }
+}
+
+fn count(v: i64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+/// The typed error for a failed C++ `Status`; `request` supplies the operand's shape and strides
+/// for `SizeOverflow`.
+pub(crate) fn to_error(s: StatusFfi, request: Option<&RequestFfi>) -> Error {
+    let [a, b, c] = s.values;
+    let field = FIELDS.get(s.field as usize).copied().unwrap_or("");
+    let op = operand(s.operand);
+    match s.code {
+        SHAPE_MISMATCH => Error::ShapeMismatch {
+            operand: op,
+            dim: field,
+            got: count(a),
+            expected: count(b),
+        },
+        HEADS_NOT_DIVISIBLE => Error::HeadsNotDivisible {
+            q_heads: count(a),
+            kv_heads: count(b),
+        },
+        UNSUPPORTED_HEAD_DIM => Error::UnsupportedHeadDim(count(a)),
+        NON_CONTIGUOUS_HEAD_DIM => Error::NonContiguousHeadDim {
+            operand: op,
+            stride: count(a),
+        },
+        MISALIGNED_STRIDE => Error::MisalignedStride {
+            operand: op,
+            dim: field,
+            stride: count(a),
+        },
+        MISALIGNED_POINTER => Error::MisalignedPointer {
+            operand: op,
+            ptr: a as usize,
+        },
+        LSE_LAYOUT => Error::LseLayout,
+        DEVICE_MISMATCH => Error::DeviceMismatch {
+            operand: op,
+            got: location(a),
+            expected: location(b),
+        },
+        NO_VISIBLE_KEYS => Error::NoVisibleKeys {
+            rows: count(a),
+            seq_q: count(b),
+            seq_k: count(c),
+        },
+        INVALID_SCALE => Error::InvalidScale(f32::from_bits(a as u32)),
+        SIZE_OVERFLOW => {
+            let desc = request.map(|r| match op {
+                Operand::Q => r.q,
+                Operand::K => r.k,
+                Operand::V => r.v,
+                Operand::Out => r.out,
+                Operand::Lse => r.lse,
+            });
+            Error::SizeOverflow {
+                shape: desc.map_or([0; 4], |d| d.shape.map(count)),
+                strides: desc.map_or([0; 4], |d| d.stride.map(count)),
+            }
+        }
+        INDEX_OVERFLOW => Error::IndexOverflow {
+            backend: kernel_of(c).name(),
+            what: field,
+            value: a as u64,
+            limit: b as u64,
+        },
+        BACKEND_UNAVAILABLE => Error::BackendUnavailable {
+            backend: kernel_of(a).name(),
+            reason: s.message,
+        },
+        SHARED_MEMORY_EXCEEDED => Error::SharedMemoryExceeded {
+            needed: count(a),
+            available: count(b),
+        },
+        UNSUPPORTED_DEVICE => Error::UnsupportedDevice {
+            major: a as i32,
+            minor: b as i32,
+        },
+        NO_DEVICE => Error::NoDevice {
+            ordinal: count(a),
+            reason: s.message,
+        },
+        CUDA => Error::Cuda {
+            name: s.cuda_name,
+            message: s.message,
+        },
+        _ => Error::Launch(s.message),
+    }
+}
+
+/// `Ok(())` for an ok status, else its typed error.
+pub(crate) fn check(s: StatusFfi, request: Option<&RequestFfi>) -> crate::Result<()> {
+    if s.code == OK {
+        Ok(())
+    } else {
+        Err(to_error(s, request))
+    }
+}
+
+/// Turns the C++ layer's `"code|cuda_name|message"` exceptions (`detail::Failure`) into typed
+/// errors.
+#[cfg(feature = "cuda")]
+pub(crate) fn map_err(e: cxx::Exception) -> Error {
+    let mut parts = e.what().splitn(3, '|');
+    let (code, name, message) = (parts.next(), parts.next(), parts.next());
+    match (code.and_then(|c| c.parse::<i32>().ok()), name, message) {
+        (Some(CUDA), Some(name), Some(message)) => Error::Cuda {
+            name: name.to_owned(),
+            message: message.to_owned(),
+        },
+        (Some(_), Some(_), Some(message)) => Error::Launch(message.to_owned()),
+        _ => Error::Launch(e.what().to_owned()),
+    }
+}
+
+/// Validates `request` (C++ `core::validate`).
+pub(crate) fn validate(request: &RequestFfi) -> crate::Result<ProblemFfi> {
+    let mut problem = ProblemFfi::default();
+    check(sys::validate(request, &mut problem), Some(request))?;
+    Ok(problem)
+}
+
+// ---- the tile tables, read from C++ once ----
+
+fn load(kernel: Kernel, decode: bool) -> Vec<TileRow> {
+    sys::table_rows(kernel_id(kernel), decode)
+        .into_iter()
+        .map(|r| TileRow {
+            arch: arch_of(r.arch).unwrap_or(ArchClass::Sm80),
+            max_head_dim: r.max_head_dim as u32,
+            tile: Tile {
+                queries_per_block: r.queries_per_block as u32,
+                keys_per_block: r.keys_per_block as u32,
+                max_head_dim: r.tile_max_head_dim as u32,
+            },
+            smem_bytes: count(r.smem_bytes),
+            // Leaked once per process (the tables are loaded once): rows are `Copy` and
+            // `'static`, like the C++ tables they mirror.
+            reason: r.reason.leak(),
+        })
+        .collect()
+}
+
+/// `kernel`'s main table, or (for CUTLASS) its decode table.
+pub(crate) fn table(kernel: Kernel, decode: bool) -> &'static [TileRow] {
+    static TABLES: [OnceLock<Vec<TileRow>>; 3] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let slot = match (kernel, decode) {
+        (Kernel::CutlassSm80, false) => 0,
+        (Kernel::CutlassSm80, true) => 1,
+        (Kernel::Wmma, _) => 2,
+    };
+    TABLES[slot].get_or_init(|| load(kernel, decode && kernel == Kernel::CutlassSm80))
+}
+
+fn resolve(kernel: Kernel, r: sys::RowRef) -> Option<&'static TileRow> {
+    let index = usize::try_from(r.index).ok()?;
+    table(kernel, r.decode).get(index)
+}
+
+pub(crate) fn select_row(
+    kernel: Kernel,
+    arch: ArchClass,
+    head_dim: usize,
+    query_rows: usize,
+) -> Option<&'static TileRow> {
+    let r = sys::select_row(
+        kernel_id(kernel),
+        arch_id(arch),
+        i64::try_from(head_dim).unwrap_or(i64::MAX),
+        i64::try_from(query_rows).unwrap_or(i64::MAX),
+    );
+    resolve(kernel, r)
+}
+
+pub(crate) fn choose_row(
+    kernel: Kernel,
+    head_dim: usize,
+    query_rows: usize,
+    cc: (i32, i32),
+    smem_optin: usize,
+    forced: Option<ArchClass>,
+) -> crate::Result<&'static TileRow> {
+    let caps = CapsFfi {
+        major: cc.0,
+        minor: cc.1,
+        smem_per_block_optin: i64::try_from(smem_optin).unwrap_or(i64::MAX),
+    };
+    let mut row = sys::RowRef::default();
+    let status = sys::choose_row(
+        kernel_id(kernel),
+        i64::try_from(head_dim).unwrap_or(i64::MAX),
+        i64::try_from(query_rows).unwrap_or(i64::MAX),
+        &caps,
+        forced.map_or(-1, arch_id),
+        &mut row,
+    );
+    check(status, None)?;
+    resolve(kernel, row).ok_or_else(|| Error::Launch("the planner named no row".into()))
+}
+
+pub(crate) fn arch_class(major: i32, minor: i32) -> Option<ArchClass> {
+    arch_of(sys::arch_class(major, minor))
+}
+
+pub(crate) fn arch_smem(arch: ArchClass, per_sm: bool) -> usize {
+    count(sys::arch_smem(arch_id(arch), per_sm))
+}
+
+pub(crate) fn wmma_smem_bytes(tile: Tile) -> usize {
+    count(sys::wmma_smem_bytes(
+        tile.queries_per_block as i32,
+        tile.keys_per_block as i32,
+        tile.max_head_dim as i32,
+    ))
+}
+
+pub(crate) fn auto_kernel() -> Kernel {
+    kernel_of(i64::from(sys::auto_kernel()))
+}
+
+/// (largest head dim, head-dim multiple, decode query-row limit) from the C++ library.
+pub(crate) fn limits() -> (usize, usize, usize) {
+    let l = sys::limits();
+    (
+        count(l.max_head_dim),
+        count(l.head_dim_multiple),
+        count(l.decode_max_query_rows),
+    )
+}
+
+/// The bridge's view of one operand.
+pub(crate) fn desc(
+    address: u64,
+    shape: Shape,
+    strides: [usize; 4],
+    location: Location,
+    element_bytes: usize,
+) -> crate::Result<DescFfi> {
+    let overflow = || Error::SizeOverflow {
+        shape: shape.as_array(),
+        strides,
+    };
+    let mut d = DescFfi {
+        address,
+        shape: [0; 4],
+        stride: [0; 4],
+        location: match location {
+            Location::Host => -1,
+            Location::Cuda(i) => i32::try_from(i).map_err(|_| Error::NoDevice {
+                ordinal: i,
+                reason: "ordinal out of range".into(),
+            })?,
+        },
+        element_bytes: element_bytes as i32,
+    };
+    for (i, (&n, &st)) in shape.as_array().iter().zip(&strides).enumerate() {
+        d.shape[i] = i64::try_from(n).map_err(|_| overflow())?;
+        d.stride[i] = i64::try_from(st).map_err(|_| overflow())?;
+    }
+    Ok(d)
+}
