@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf bundle && mkdir -p bundle
-json=$(cargo build --release --tests --examples --benches --message-format=json "$@")
+json=$(cargo build --release --features cudarc --tests --examples --benches --message-format=json "$@")
 # Copy each test / bench / example executable under its target name.
 python3 - "$json" <<'PY'
 import json, os, shutil, sys
@@ -20,7 +20,7 @@ for line in sys.argv[1].splitlines():
         continue
     t = m["target"]
     kind = t["kind"][0]
-    if kind == "test" and t["name"] != "gpu":
+    if kind == "test" and t["name"] not in ("gpu", "cudarc"):
         continue  # CPU suites run in CI
     if kind == "lib":
         continue  # unit tests of the lib run in CI

@@ -34,6 +34,9 @@ rm -f "$marker"
 echo "== GPU test suite"
 "$here/test-gpu" --include-ignored --nocapture 2>&1 | tee "$out/gpu-tests.log"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
+echo "== cudarc interop test"
+"$here/test-cudarc" --include-ignored --nocapture 2>&1 | tee -a "$out/gpu-tests.log"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 if [ -x "$here/example-bench" ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
   echo "== benchmarks: flashcore and torch SDPA in the same run"
   "$here/example-bench" --shapes-json "$out/shapes.json"

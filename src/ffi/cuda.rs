@@ -45,7 +45,12 @@ pub(crate) struct RawStream {
     ordinal: i32,
     handle: usize,
     owned: bool,
+    /// What keeps a borrowed stream alive (a cudarc stream), if anything; only dropped.
+    _keepalive: Option<Keepalive>,
 }
+
+/// A foreign owner whose lifetime keeps a borrowed resource alive (dropped with the borrower).
+pub(crate) type Keepalive = Box<dyn std::any::Any + Send + Sync>;
 
 impl RawStream {
     pub(crate) fn create(ordinal: usize) -> Result<Self> {
@@ -55,6 +60,7 @@ impl RawStream {
             ordinal,
             handle,
             owned: true,
+            _keepalive: None,
         })
     }
 
@@ -63,11 +69,16 @@ impl RawStream {
     /// # Safety
     /// `handle` must be a valid stream of device `ordinal` (or null, the legacy default stream)
     /// and must stay valid for as long as the returned value or any tensor using it lives.
-    pub(crate) unsafe fn borrowed(ordinal: usize, handle: usize) -> Result<Self> {
+    pub(crate) unsafe fn borrowed(
+        ordinal: usize,
+        handle: usize,
+        keepalive: Option<Keepalive>,
+    ) -> Result<Self> {
         Ok(RawStream {
             ordinal: ordinal_i32(ordinal)?,
             handle,
             owned: false,
+            _keepalive: keepalive,
         })
     }
 
@@ -153,6 +164,8 @@ pub(crate) struct RawBuffer {
     /// Allocated here (freed in `Drop`), or foreign memory borrowed through
     /// `Tensor::from_raw_device` (never freed here).
     owned: bool,
+    /// The foreign owner of borrowed memory (a cudarc slice), dropped with the buffer.
+    keepalive: Option<Keepalive>,
 }
 
 impl RawBuffer {
@@ -168,6 +181,7 @@ impl RawBuffer {
             bytes,
             stream,
             owned: true,
+            keepalive: None,
         })
     }
 
@@ -346,13 +360,31 @@ impl RawBuffer {
     /// # Safety
     /// `ptr` must address `bytes` bytes of device memory of `stream`'s device that stay
     /// allocated while the value lives, with every other use ordered against `stream`.
-    pub(crate) unsafe fn borrowed(stream: Arc<RawStream>, ptr: usize, bytes: usize) -> Self {
+    pub(crate) unsafe fn borrowed(
+        stream: Arc<RawStream>,
+        ptr: usize,
+        bytes: usize,
+        keepalive: Option<Keepalive>,
+    ) -> Self {
         RawBuffer {
             ptr,
             bytes,
             stream,
             owned: false,
+            keepalive,
         }
+    }
+
+    /// Takes the foreign owner back out (the buffer then refers to memory it no longer keeps).
+    #[cfg_attr(not(feature = "cudarc"), allow(dead_code))]
+    pub(crate) fn take_keepalive(&mut self) -> Option<Keepalive> {
+        self.keepalive.take()
+    }
+
+    /// Puts back what [`RawBuffer::take_keepalive`] took.
+    #[cfg_attr(not(feature = "cudarc"), allow(dead_code))]
+    pub(crate) fn put_keepalive(&mut self, keepalive: Keepalive) {
+        self.keepalive = Some(keepalive);
     }
 }
 
@@ -406,7 +438,8 @@ impl<T: Element> Tensor<T> {
                 strides,
             })?;
         // SAFETY: forwarded to the caller's contract above.
-        let raw = unsafe { RawBuffer::borrowed(Arc::clone(stream.raw()), ptr as usize, bytes) };
+        let raw =
+            unsafe { RawBuffer::borrowed(Arc::clone(stream.raw()), ptr as usize, bytes, None) };
         let buffer = crate::cuda::DeviceBuffer::from_raw(raw, len, stream);
         Tensor::from_device(buffer, shape, strides)
     }
@@ -469,7 +502,7 @@ impl crate::cuda::Stream {
         raw: *mut std::ffi::c_void,
     ) -> Result<Self> {
         // SAFETY: forwarded to the caller's contract above.
-        let raw = unsafe { RawStream::borrowed(device.ordinal(), raw as usize) }?;
+        let raw = unsafe { RawStream::borrowed(device.ordinal(), raw as usize, None) }?;
         Ok(Self::from_parts(device.clone(), Arc::new(raw)))
     }
 }

@@ -9,6 +9,8 @@
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+#[cfg(feature = "cudarc")]
+mod cudarc;
 
 use std::sync::OnceLock;
 
