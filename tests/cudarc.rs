@@ -34,8 +34,12 @@ fn cudarc_slices_and_streams_without_copies() {
     let opts = AttentionOptions::default().causal(Causal::BottomRight);
     attention_into(&q, &k, &v, &mut out, None, &opts).unwrap();
     // The stream is cudarc's: the result is read back by cudarc, after flashcore's kernel.
-    assert!(Stream::from_cudarc(&cu_stream).unwrap().same_as(out.stream().unwrap()));
-    let out_slice = out.into_cudarc().expect("a cudarc tensor gives its slice back");
+    assert!(Stream::from_cudarc(&cu_stream)
+        .unwrap()
+        .same_as(out.stream().unwrap()));
+    let out_slice = out
+        .into_cudarc()
+        .expect("a cudarc tensor gives its slice back");
     let host: Vec<f16> = cu_stream.clone_dtoh(&out_slice).unwrap();
     cu_stream.synchronize().unwrap();
     let got = logical(&Tensor::from_vec_strided(host, qs, qs.strides(layout).unwrap()).unwrap());

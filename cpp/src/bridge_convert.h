@@ -66,8 +66,10 @@ inline StatusFfi to_ffi(const Status& s) {
   for (int i = 0; i < 3; ++i) {
     out.values[i] = s.values[i];
   }
-  out.cuda_name = rust::String(s.cuda_name);
-  out.message = rust::String(s.message);
+  if (!s.ok()) {  // strings cross only on failure: the success path stays allocation-free
+    out.cuda_name = rust::String(s.cuda_name);
+    out.message = rust::String(s.message);
+  }
   return out;
 }
 

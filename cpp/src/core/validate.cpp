@@ -4,16 +4,20 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "core/validate.h"
 
 namespace flashcore::core {
 namespace {
 
+// A check's result: empty when it passes (cheap: no Status, no strings, on the common path).
+using Failed = std::optional<Status>;
+
 constexpr Field kDims[4] = {Field::Batch, Field::Seq, Field::Heads, Field::HeadDim};
 
 // Negative sizes or strides, or an extent (in bytes) that overflows 64 bits.
-Status check_extent(Operand op, const TensorDesc& t) {
+Failed check_extent(Operand op, const TensorDesc& t) {
   int64_t last = 0;  // largest element offset
   bool empty = false;
   for (int i = 0; i < 4; ++i) {
@@ -24,7 +28,7 @@ Status check_extent(Operand op, const TensorDesc& t) {
     empty = empty || t.shape[i] == 0;
   }
   if (empty) {
-    return {};
+    return std::nullopt;
   }
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   for (int i = 0; i < 4; ++i) {
@@ -37,36 +41,35 @@ Status check_extent(Operand op, const TensorDesc& t) {
   if (last >= kMax / t.element_bytes) {
     return fail(Code::SizeOverflow, op, Field::None, last, t.element_bytes);
   }
-  return {};
+  return std::nullopt;
 }
 
-Status expect_location(Operand op, const TensorDesc& t, int32_t expected) {
+Failed expect_location(Operand op, const TensorDesc& t, int32_t expected) {
   if (t.location == expected) {
-    return {};
+    return std::nullopt;
   }
   return fail(Code::DeviceMismatch, op, Field::None, t.location, expected);
 }
 
-Status expect_dim(Operand op, int dim, int64_t got, int64_t expected) {
+Failed expect_dim(Operand op, int dim, int64_t got, int64_t expected) {
   if (got == expected) {
-    return {};
+    return std::nullopt;
   }
   return fail(Code::ShapeMismatch, op, kDims[dim], got, expected);
 }
 
-Status expect_shape(Operand op, const TensorDesc& t, const int64_t (&expected)[4]) {
+Failed expect_shape(Operand op, const TensorDesc& t, const int64_t (&expected)[4]) {
   for (int i = 0; i < 4; ++i) {
-    Status s = expect_dim(op, i, t.shape[i], expected[i]);
-    if (!s.ok()) {
-      return s;
+    if (Failed f = expect_dim(op, i, t.shape[i], expected[i])) {
+      return f;
     }
   }
-  return {};
+  return std::nullopt;
 }
 
 // Head-dim stride 1; other strides (of dims longer than 1) multiples of 8 elements; device
 // addresses 16-byte aligned.
-Status check_strides(Operand op, const TensorDesc& t) {
+Failed check_strides(Operand op, const TensorDesc& t) {
   if (t.shape[3] > 1 && t.stride[3] != 1) {
     return fail(Code::NonContiguousHeadDim, op, Field::HeadDim, t.stride[3]);
   }
@@ -78,13 +81,12 @@ Status check_strides(Operand op, const TensorDesc& t) {
   if (t.location != kHost && t.address % 16 != 0) {
     return fail(Code::MisalignedPointer, op, Field::None, static_cast<int64_t>(t.address));
   }
-  return {};
+  return std::nullopt;
 }
 
-#define FLASHCORE_TRY(expr)   \
-  do {                        \
-    Status s_ = (expr);       \
-    if (!s_.ok()) return s_;  \
+#define FLASHCORE_TRY(expr)             \
+  do {                                  \
+    if (Failed f_ = (expr)) return *f_; \
   } while (0)
 
 }  // namespace

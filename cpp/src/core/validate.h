@@ -1,7 +1,12 @@
 // Validation and planning, host-only: the one place where an attention call's arguments are
 // checked (shapes, strides, alignment, head dim, devices, sizes, scale) and its kernel and tile
 // are chosen. Both front ends call these before anything is launched: the public C++ API
-// (cpp/src/attention.cpp) and the Rust crate (through src/native.rs).
+// (cpp/src/attention.cpp) and the Rust crate (through its cxx bridge, src/ffi/mod.rs).
+//
+// Why here and not in Rust: the C++ library must validate on its own when built with CMake
+// alone (no cargo, no Rust toolchain), while Rust can call C++ at almost no cost. So the rules
+// live once, in host-only C++ (no CUDA headers: the CPU-only Rust build compiles them too), and
+// Rust maps each Status to its typed Error one for one.
 #pragma once
 
 #include <cstdint>
