@@ -1,7 +1,7 @@
 // flashcore — the result of every public call: a Status, never an exception. Host-only.
 //
 // The codes are the variants of the Rust crate's `flashcore::Error`, one for one (the Rust side
-// maps a Status to its typed error in src/native.rs), so both languages report the same failure
+// maps a Status to its typed error in src/ffi/mod.rs), so both languages report the same failure
 // in the same category.
 #pragma once
 
