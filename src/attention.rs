@@ -5,7 +5,7 @@ use crate::element::{AttentionElement, Element};
 use crate::error::Result;
 use crate::options::AttentionOptions;
 use crate::tensor::{Layout, Location, Tensor};
-use crate::validate::validate;
+use crate::validate::request;
 
 /// The result of [`attention`].
 #[derive(Debug)]
@@ -94,6 +94,6 @@ pub fn attention_into<T: AttentionElement>(
     lse: Option<&mut Tensor<f32>>,
     opts: &AttentionOptions,
 ) -> Result<Execution> {
-    let checked = validate(q, k, v, out, lse.as_deref(), opts)?;
-    dispatch::run(&checked, opts, q, k, v, out, lse)
+    let request = request(q, k, v, out, lse.as_deref(), opts)?;
+    dispatch::run(&request, opts, q, k, v, out, lse)
 }

@@ -1,12 +1,12 @@
-//! Dispatch: send a validated problem to the CPU reference or to the C++ library, which plans
-//! (resolves `Auto`, picks the tile) and launches on the GPU.
+//! Dispatch: send a call to the CPU reference, or to the C++ library, which validates, plans
+//! (resolves `Auto`, picks the tile) and launches GPU calls in one crossing.
 
 use crate::element::AttentionElement;
 use crate::error::{Error, Result};
+use crate::ffi::RequestFfi;
 use crate::options::{AttentionOptions, Backend, BackendKind};
-use crate::plan::TileRow;
+use crate::plan::{Kernel, TileRow};
 use crate::tensor::{Location, Tensor};
-use crate::validate::Validated;
 
 /// What ran: the backend, and for GPU backends the tile-table row.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -17,34 +17,36 @@ pub struct Execution {
     pub tile: Option<TileRow>,
 }
 
-/// The error for a request that cannot run where the operands are; `None` when it can.
-fn misplaced(requested: Backend, location: Location) -> Option<Error> {
-    let reason = match (requested, location) {
-        (Backend::Auto | Backend::Cpu, Location::Host) | (Backend::Auto, Location::Cuda(_)) => {
-            return None
-        }
-        (Backend::CutlassSm80 | Backend::Wmma, Location::Cuda(_)) => return None,
-        (Backend::Cpu, Location::Cuda(_)) => {
-            "operands are on a GPU; copy them with Tensor::to_host first"
-        }
-        (Backend::CutlassSm80 | Backend::Wmma, Location::Host) => {
-            "operands are on the host; copy them with Tensor::to_device first"
-        }
-    };
-    let backend = match requested {
-        Backend::Cpu => "cpu",
-        Backend::CutlassSm80 => crate::plan::Kernel::CutlassSm80.name(),
-        _ => crate::plan::Kernel::Wmma.name(),
-    };
-    Some(Error::BackendUnavailable {
-        backend,
-        reason: reason.into(),
-    })
+/// Whether `requested` runs on the GPU for operands at `location` (q's).
+fn on_gpu(requested: Backend, location: Location) -> bool {
+    matches!(location, Location::Cuda(_)) && requested != Backend::Cpu
 }
 
-/// Runs a validated call on the backend its options and location call for.
+/// The error for a backend that cannot run where the (validated) operands are.
+fn misplaced(requested: Backend) -> Error {
+    let (backend, reason) = match requested {
+        Backend::Cpu => (
+            "cpu",
+            "operands are on a GPU; copy them with Tensor::to_host first",
+        ),
+        Backend::Wmma => (
+            Kernel::Wmma.name(),
+            "operands are on the host; copy them with Tensor::to_device first",
+        ),
+        _ => (
+            Kernel::CutlassSm80.name(),
+            "operands are on the host; copy them with Tensor::to_device first",
+        ),
+    };
+    Error::BackendUnavailable {
+        backend,
+        reason: reason.into(),
+    }
+}
+
+/// Runs the call `request` describes on the backend its options and location call for.
 pub(crate) fn run<T: AttentionElement>(
-    checked: &Validated,
+    request: &RequestFfi,
     opts: &AttentionOptions,
     q: &Tensor<T>,
     k: &Tensor<T>,
@@ -52,35 +54,37 @@ pub(crate) fn run<T: AttentionElement>(
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<Execution> {
-    let problem = &checked.problem;
-    if let Some(e) = misplaced(opts.backend, problem.location) {
-        return Err(e);
+    let location = q.location();
+    if on_gpu(opts.backend, location) {
+        return run_gpu(request, q, k, v, out, lse);
     }
-    match problem.location {
-        Location::Host => {
+    // Host operands, or the CPU asked for: validation errors come first, then placement.
+    let problem = crate::validate::validate(request, location)?;
+    match (opts.backend, location) {
+        (Backend::Auto | Backend::Cpu, Location::Host) => {
             if !problem.is_empty() {
-                crate::cpu::attention(problem, q, k, v, out, lse);
+                crate::cpu::attention(&problem, q, k, v, out, lse);
             }
             Ok(Execution {
                 backend: BackendKind::Cpu,
                 tile: None,
             })
         }
-        Location::Cuda(_) => run_gpu(checked, q, k, v, out, lse),
+        (requested, _) => Err(misplaced(requested)),
     }
 }
 
 #[cfg(feature = "cuda")]
 fn run_gpu<T: AttentionElement>(
-    checked: &Validated,
+    request: &RequestFfi,
     q: &Tensor<T>,
     k: &Tensor<T>,
     v: &Tensor<T>,
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<Execution> {
-    let entry = crate::cuda::launch::Entry::Validated(checked);
-    let (kernel, row) = crate::cuda::launch::run(entry, q, k, v, out, lse)?;
+    let entry = crate::cuda::launch::Entry::Rust;
+    let (kernel, row) = crate::cuda::launch::run(entry, request, q, k, v, out, lse)?;
     Ok(Execution {
         backend: kernel.into(),
         tile: Some(*row),
@@ -89,7 +93,7 @@ fn run_gpu<T: AttentionElement>(
 
 #[cfg(not(feature = "cuda"))]
 fn run_gpu<T: AttentionElement>(
-    _: &Validated,
+    _: &RequestFfi,
     _: &Tensor<T>,
     _: &Tensor<T>,
     _: &Tensor<T>,
@@ -99,9 +103,9 @@ fn run_gpu<T: AttentionElement>(
     Err(Error::CudaNotBuilt)
 }
 
-/// Bench hook: host nanoseconds per launch when C++ plans once and then launches `iters` times
-/// from its own loop, for the same call that [`crate::attention_into`] would run. The
-/// Rust-vs-C++ host-overhead comparison of `examples/bench.rs` uses it.
+/// Bench hook: host nanoseconds per launch when C++ validates and plans once and then launches
+/// `iters` times from its own loop, for the same call that [`crate::attention_into`] would run.
+/// The Rust-vs-C++ host-overhead comparison of `examples/bench.rs` uses it.
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
 pub fn cpp_direct_launch_ns<T: AttentionElement>(
@@ -112,10 +116,11 @@ pub fn cpp_direct_launch_ns<T: AttentionElement>(
     opts: &AttentionOptions,
     iters: u32,
 ) -> Result<f64> {
-    let checked = crate::validate::validate(q, k, v, out, None, opts)?;
-    if let Some(e) = misplaced(opts.backend, checked.problem.location) {
-        return Err(e);
+    let request = crate::validate::request(q, k, v, out, None, opts)?;
+    if !on_gpu(opts.backend, q.location()) {
+        crate::validate::validate(&request, q.location())?;
+        return Err(misplaced(opts.backend));
     }
     let iters = i32::try_from(iters).unwrap_or(i32::MAX);
-    crate::cuda::launch::cpp_launch_ns(&checked, q, k, v, out, iters)
+    crate::cuda::launch::cpp_launch_ns(&request, q, k, v, out, iters)
 }

@@ -1,10 +1,10 @@
 //! Validation: describes the operands to the C++ library's validator (`cpp/src/core/
 //! validate.cpp`, shared with C++ callers), which checks every shape, stride, alignment, device,
-//! size and scale rule once for both languages. Nothing is launched before this passes.
+//! size and scale rule once for both languages. Nothing is launched before it passes.
 
 use crate::element::Element;
 use crate::error::Result;
-use crate::ffi::{self, ProblemFfi, RequestFfi};
+use crate::ffi::{self, RequestFfi};
 use crate::options::{AttentionOptions, Causal};
 use crate::tensor::{Location, Tensor};
 
@@ -38,15 +38,6 @@ impl Problem {
                 .min(self.seq_k),
         }
     }
-}
-
-/// A validated call: the problem, and the request the GPU path hands to the C++ launcher.
-pub(crate) struct Validated {
-    pub problem: Problem,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub request: RequestFfi,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub raw: ProblemFfi,
 }
 
 fn desc<T: Element>(t: &Tensor<T>) -> Result<ffi::DescFfi> {
@@ -88,19 +79,12 @@ pub(crate) fn request<T: Element>(
     })
 }
 
-/// Checks the operands of one attention call and returns the problem they describe.
-pub(crate) fn validate<T: Element>(
-    q: &Tensor<T>,
-    k: &Tensor<T>,
-    v: &Tensor<T>,
-    out: &Tensor<T>,
-    lse: Option<&Tensor<f32>>,
-    opts: &AttentionOptions,
-) -> Result<Validated> {
-    let request = request(q, k, v, out, lse, opts)?;
-    let raw = ffi::validate(&request)?;
+/// Checks `request` (C++ `core::validate`) and returns the problem it describes. GPU calls skip
+/// this: the C++ library validates them in the same crossing that plans and launches.
+pub(crate) fn validate(request: &RequestFfi, location: Location) -> Result<Problem> {
+    let raw = ffi::validate(request)?;
     let size = |v: i64| v as usize; // validated: non-negative and within the tensors' extents
-    let problem = Problem {
+    Ok(Problem {
         batch: size(raw.batch),
         seq_q: size(raw.seq_q),
         seq_k: size(raw.seq_k),
@@ -108,12 +92,7 @@ pub(crate) fn validate<T: Element>(
         heads_kv: size(raw.heads_kv),
         head_dim: size(raw.head_dim),
         scale: raw.scale,
-        causal: opts.causal,
-        location: q.location(),
-    };
-    Ok(Validated {
-        problem,
-        request,
-        raw,
+        causal: ffi::causal_of(raw.causal),
+        location,
     })
 }

@@ -155,12 +155,20 @@ LaunchedFfi launched(const Status& s, Kernel kernel, const TileRow* row) {
 
 }  // namespace
 
-LaunchedFfi attention(const RequestFfi& request, const ProblemFfi& problem, const CapsFfi& caps,
-                      int32_t ordinal, size_t stream) {
-  const core::Request r = from_ffi(request);
-  const core::Problem p = from_ffi(problem);
+// Validates and plans `request` once (ok: `*r`, `*p` and `*plan` are set).
+static Status prepare(const RequestFfi& request, const CapsFfi& caps, core::Request* r,
+               core::Problem* p, core::Plan* plan) {
+  *r = from_ffi(request);
+  Status s = core::validate(*r, p);
+  return s.ok() ? core::plan(*r, *p, from_ffi(caps), plan) : s;
+}
+
+LaunchedFfi attention(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
+                      size_t stream) {
+  core::Request r;
+  core::Problem p{};
   core::Plan plan{Kernel::CutlassSm80, nullptr};
-  Status s = core::plan(r, p, from_ffi(caps), &plan);
+  Status s = prepare(request, caps, &r, &p, &plan);
   if (s.ok()) {
     try {
       use_device(ordinal);
@@ -172,13 +180,12 @@ LaunchedFfi attention(const RequestFfi& request, const ProblemFfi& problem, cons
   return launched(s, plan.kernel, plan.row);
 }
 
-StatusFfi attention_host_ns(const RequestFfi& request, const ProblemFfi& problem,
-                            const CapsFfi& caps, int32_t ordinal, size_t stream, int32_t iters,
-                            double& ns) {
-  const core::Request r = from_ffi(request);
-  const core::Problem p = from_ffi(problem);
+StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
+                            size_t stream, int32_t iters, double& ns) {
+  core::Request r;
+  core::Problem p{};
   core::Plan plan{};
-  Status s = core::plan(r, p, from_ffi(caps), &plan);
+  Status s = prepare(request, caps, &r, &p, &plan);
   if (!s.ok()) {
     return to_ffi(s);
   }

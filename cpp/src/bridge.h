@@ -58,11 +58,10 @@ void copy_to_device(int32_t ordinal, size_t dst, rust::Slice<const uint8_t> src,
 void copy_to_host(int32_t ordinal, rust::Slice<uint8_t> dst, size_t src, size_t stream);
 void copy_device(int32_t ordinal, size_t dst, size_t src, size_t bytes, size_t stream);
 
-LaunchedFfi attention(const RequestFfi& request, const ProblemFfi& problem, const CapsFfi& caps,
-                      int32_t ordinal, size_t stream);
-StatusFfi attention_host_ns(const RequestFfi& request, const ProblemFfi& problem,
-                            const CapsFfi& caps, int32_t ordinal, size_t stream, int32_t iters,
-                            double& ns);
+LaunchedFfi attention(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
+                      size_t stream);
+StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
+                            size_t stream, int32_t iters, double& ns);
 LaunchedFfi cpp_attention_forward(const RequestFfi& request, int32_t ordinal, size_t stream);
 size_t cpp_malloc(int32_t ordinal, size_t bytes);
 void cpp_free(int32_t ordinal, size_t ptr);

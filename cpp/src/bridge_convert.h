@@ -39,11 +39,6 @@ inline core::Request from_ffi(const RequestFfi& r) {
   return out;
 }
 
-inline core::Problem from_ffi(const ProblemFfi& p) {
-  return core::Problem{p.batch,    p.seq_q, p.seq_k, p.heads_q, p.heads_kv, p.head_dim,
-                       p.scale,    static_cast<Causal>(p.causal), p.location};
-}
-
 inline ProblemFfi to_ffi(const core::Problem& p) {
   ProblemFfi out;
   out.batch = p.batch;

@@ -25,7 +25,7 @@ pub fn cpp_attention_forward<T: AttentionElement>(
     opts: &AttentionOptions,
 ) -> Result<Execution> {
     let request = crate::validate::request(q, k, v, out, lse.as_deref(), opts)?;
-    let (kernel, row) = run(Entry::PublicCpp(&request), q, k, v, out, lse)?;
+    let (kernel, row) = run(Entry::PublicCpp, &request, q, k, v, out, lse)?;
     Ok(Execution {
         backend: kernel.into(),
         tile: Some(*row),

@@ -8,7 +8,6 @@ use crate::ffi::cuda::{self as ffi, Operands, RawBuffer, RawEvent};
 use crate::ffi::RequestFfi;
 use crate::plan::{Kernel, TileRow};
 use crate::tensor::{Storage, Tensor};
-use crate::validate::Validated;
 
 /// Makes later work on `stream` wait for the work enqueued so far on each of `others`.
 pub(crate) fn order_after(stream: &Stream, others: &[&Stream]) -> Result<()> {
@@ -32,17 +31,18 @@ fn device_stream<T: Element>(t: &Tensor<T>) -> Result<&Stream> {
     t.stream().ok_or_else(not_on_device)
 }
 
-/// How a call reaches the C++ library.
-pub(crate) enum Entry<'a> {
-    /// Validated by Rust's call to the validator: plan and launch.
-    Validated(&'a Validated),
-    /// Unvalidated, through the public C++ API exactly as a C++ program calls it (interop).
-    PublicCpp(&'a RequestFfi),
+/// How a call reaches the C++ library. Both validate, plan and launch in one crossing.
+pub(crate) enum Entry {
+    /// The Rust crate's entry: locations from the tensors, device caps from [`crate::Device`].
+    Rust,
+    /// The public C++ API, exactly as a C++ program calls it (interop).
+    PublicCpp,
 }
 
-/// Plans and enqueues a call on the output's stream; returns what ran.
+/// Validates, plans and enqueues a call on the output's stream; returns what ran.
 pub(crate) fn run<T: AttentionElement>(
-    entry: Entry<'_>,
+    entry: Entry,
+    request: &RequestFfi,
     q: &Tensor<T>,
     k: &Tensor<T>,
     v: &Tensor<T>,
@@ -66,10 +66,8 @@ pub(crate) fn run<T: AttentionElement>(
     }
     let operands = operands(q, k, v, out, lse)?;
     let ran = match entry {
-        Entry::Validated(c) => {
-            ffi::attention(&c.request, &c.raw, stream.device(), stream.raw(), operands)?
-        }
-        Entry::PublicCpp(r) => ffi::cpp_attention_forward(r, stream.raw(), operands)?,
+        Entry::Rust => ffi::attention(request, stream.device(), stream.raw(), operands)?,
+        Entry::PublicCpp => ffi::cpp_attention_forward(request, stream.raw(), operands)?,
     };
     // Frees and copies later enqueued on the inputs' streams must follow the kernel.
     for s in inputs {
@@ -81,7 +79,7 @@ pub(crate) fn run<T: AttentionElement>(
 /// Host nanoseconds per launch when C++ launches `iters` times from its own loop (bench only).
 /// All operands must be on `out`'s stream.
 pub(crate) fn cpp_launch_ns<T: AttentionElement>(
-    checked: &Validated,
+    request: &RequestFfi,
     q: &Tensor<T>,
     k: &Tensor<T>,
     v: &Tensor<T>,
@@ -98,8 +96,7 @@ pub(crate) fn cpp_launch_ns<T: AttentionElement>(
         }
     }
     ffi::attention_host_ns(
-        &checked.request,
-        &checked.raw,
+        request,
         stream.device(),
         stream.raw(),
         operands(q, k, v, out, None)?,

@@ -10,7 +10,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::tensor::{Shape, Tensor};
 
-use super::{map_err, sys, CapsFfi, ProblemFfi, RequestFfi};
+use super::{map_err, sys, CapsFfi, RequestFfi};
 use crate::cuda::Device;
 use crate::plan::{Kernel, TileRow};
 pub(crate) use sys::DeviceInfo;
@@ -288,19 +288,17 @@ fn launched(l: sys::LaunchedFfi, request: &RequestFfi) -> Result<(Kernel, &'stat
         Kernel::CutlassSm80
     };
     super::check(l.status, Some(request))?;
-    let table = super::table(kernel, l.row.decode);
-    let row = usize::try_from(l.row.index).ok().and_then(|i| table.get(i));
-    row.map(|r| (kernel, r))
+    crate::plan::row(kernel, l.row)
+        .map(|r| (kernel, r))
         .ok_or_else(|| Error::Launch("the C++ planner named no row".into()))
 }
 
-/// Plans `request` (validated into `problem`) for `device` and enqueues it on `stream`.
+/// Validates and plans `request` for `device` and enqueues it on `stream` (one bridge crossing).
 ///
 /// The caller (`cuda::launch`) orders every buffer's stream before `stream` and after the
 /// launch, so no free or copy on another stream overtakes the kernel.
 pub(crate) fn attention(
     request: &RequestFfi,
-    problem: &ProblemFfi,
     device: &Device,
     stream: &RawStream,
     b: Operands<'_>,
@@ -309,14 +307,13 @@ pub(crate) fn attention(
     // SAFETY: the addresses are live allocations of `stream`'s device, large enough for the
     // validated shapes and strides, borrowed (out and lse exclusively) until we return; the
     // kernel is ordered on `stream` before any later free (see above).
-    let l = unsafe { sys::attention(&r, problem, &caps(device), stream.ordinal, stream.handle) };
+    let l = unsafe { sys::attention(&r, &caps(device), stream.ordinal, stream.handle) };
     launched(l, &r)
 }
 
 /// Like [`attention`], `iters` times from a C++ loop; returns host nanoseconds per launch.
 pub(crate) fn attention_host_ns(
     request: &RequestFfi,
-    problem: &ProblemFfi,
     device: &Device,
     stream: &RawStream,
     b: Operands<'_>,
@@ -329,7 +326,6 @@ pub(crate) fn attention_host_ns(
     let status = unsafe {
         sys::attention_host_ns(
             &r,
-            problem,
             &caps(device),
             stream.ordinal,
             stream.handle,
@@ -431,6 +427,24 @@ impl<T: Element> Tensor<T> {
         strides: [usize; 4],
         stream: &crate::cuda::Stream,
     ) -> Result<Self> {
+        // SAFETY: forwarded to the caller's contract above.
+        unsafe { Self::from_borrowed(ptr as usize, len, shape, strides, stream, None) }
+    }
+
+    /// A tensor over `len` elements of foreign memory at `ptr`, kept alive by `keepalive` (if
+    /// any) and never freed by flashcore.
+    ///
+    /// # Safety
+    /// The contract of [`Tensor::from_raw_device`], where `keepalive` may be what keeps the
+    /// memory allocated.
+    pub(crate) unsafe fn from_borrowed(
+        ptr: usize,
+        len: usize,
+        shape: Shape,
+        strides: [usize; 4],
+        stream: &crate::cuda::Stream,
+        keepalive: Option<Keepalive>,
+    ) -> Result<Self> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or(Error::SizeOverflow {
@@ -438,8 +452,7 @@ impl<T: Element> Tensor<T> {
                 strides,
             })?;
         // SAFETY: forwarded to the caller's contract above.
-        let raw =
-            unsafe { RawBuffer::borrowed(Arc::clone(stream.raw()), ptr as usize, bytes, None) };
+        let raw = unsafe { RawBuffer::borrowed(Arc::clone(stream.raw()), ptr, bytes, keepalive) };
         let buffer = crate::cuda::DeviceBuffer::from_raw(raw, len, stream);
         Tensor::from_device(buffer, shape, strides)
     }

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
 
-use super::cuda::{RawBuffer, RawStream};
-use crate::cuda::{Device, DeviceBuffer, Stream};
+use super::cuda::RawStream;
+use crate::cuda::{Device, Stream};
 use crate::element::Element;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::tensor::{Shape, Storage, Tensor};
 
 impl Stream {
@@ -42,27 +42,22 @@ impl<T: Element + DeviceRepr> Tensor<T> {
         let cudarc_stream = Arc::clone(slice.stream());
         let stream = Stream::from_cudarc(&cudarc_stream)?;
         let len = slice.len();
-        let bytes = len
-            .checked_mul(std::mem::size_of::<T>())
-            .ok_or(Error::SizeOverflow {
-                shape: shape.as_array(),
-                strides,
-            })?;
         // Waits (on the slice's stream) for cudarc's earlier work on the slice.
         let (ptr, sync) = slice.device_ptr_mut(&cudarc_stream);
         drop(sync);
         // SAFETY: `ptr` is the slice's allocation of `len` elements on the stream's device; the
-        // slice itself is stored in the buffer, so the memory lives as long as the tensor, and
-        // its free (on the same stream) follows every use flashcore enqueues there.
-        let raw = unsafe {
-            RawBuffer::borrowed(
-                Arc::clone(stream.raw()),
+        // slice itself becomes the keepalive, so the memory lives as long as the tensor, and its
+        // free (on the same stream) follows every use flashcore enqueues there.
+        unsafe {
+            Tensor::from_borrowed(
                 ptr as usize,
-                bytes,
+                len,
+                shape,
+                strides,
+                &stream,
                 Some(Box::new(slice)),
             )
-        };
-        Tensor::from_device(DeviceBuffer::from_raw(raw, len, &stream), shape, strides)
+        }
     }
 
     /// Gives the cudarc slice back (for a tensor made by [`Tensor::from_cudarc`]); any other

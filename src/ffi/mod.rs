@@ -12,12 +12,10 @@ pub(crate) mod cuda;
 #[cfg(feature = "cudarc")]
 mod cudarc;
 
-use std::sync::OnceLock;
-
 use crate::element::DType;
 use crate::error::{Error, Operand};
 use crate::options::{Backend, Causal};
-use crate::plan::{ArchClass, Kernel, Tile, TileRow};
+use crate::plan::{ArchClass, Kernel};
 use crate::tensor::{Location, Shape};
 
 #[cxx::bridge(namespace = "flashcore::bridge")]
@@ -197,11 +195,10 @@ pub(crate) mod sys {
             stream: usize,
         ) -> Result<()>;
 
-        /// Plans and launches a validated request on `stream` of device `ordinal`.
+        /// Validates, plans and launches `request` on `stream` of device `ordinal`.
         #[cfg(feature = "cuda")]
         unsafe fn attention(
             request: &RequestFfi,
-            problem: &ProblemFfi,
             caps: &CapsFfi,
             ordinal: i32,
             stream: usize,
@@ -210,7 +207,6 @@ pub(crate) mod sys {
         #[cfg(feature = "cuda")]
         unsafe fn attention_host_ns(
             request: &RequestFfi,
-            problem: &ProblemFfi,
             caps: &CapsFfi,
             ordinal: i32,
             stream: usize,
@@ -235,7 +231,7 @@ pub(crate) mod sys {
     }
 }
 
-pub(crate) use sys::{CapsFfi, DescFfi, ProblemFfi, RequestFfi, StatusFfi};
+pub(crate) use sys::{CapsFfi, DescFfi, ProblemFfi, RequestFfi, RowRef, StatusFfi};
 
 // ---- Status codes (cpp/include/flashcore/status.h; bridge_core.cpp static_asserts them) ----
 const OK: i32 = 0;
@@ -302,6 +298,14 @@ pub(crate) fn causal_id(causal: Causal) -> i32 {
     }
 }
 
+pub(crate) fn causal_of(id: i32) -> Causal {
+    match id {
+        1 => Causal::TopLeft,
+        2 => Causal::BottomRight,
+        _ => Causal::None,
+    }
+}
+
 /// `flashcore::Backend`: the GPU kernel asked for (the CPU backend is Rust's own and never
 /// reaches C++; `Auto` lets the planner choose).
 pub(crate) fn backend_id(backend: Backend) -> i32 {
@@ -319,7 +323,7 @@ pub(crate) fn kernel_id(kernel: Kernel) -> i32 {
     }
 }
 
-fn kernel_of(id: i64) -> Kernel {
+pub(crate) fn kernel_of(id: i64) -> Kernel {
     if id == 1 {
         Kernel::Wmma
     } else {
@@ -335,7 +339,7 @@ pub(crate) fn arch_id(arch: ArchClass) -> i32 {
     }
 }
 
-fn arch_of(id: i32) -> Option<ArchClass> {
+pub(crate) fn arch_of(id: i32) -> Option<ArchClass> {
     match id {
         0 => Some(ArchClass::Sm80),
         1 => Some(ArchClass::Sm86Sm89),
@@ -344,7 +348,7 @@ fn arch_of(id: i32) -> Option<ArchClass> {
     }
 }
 
-fn count(v: i64) -> usize {
+pub(crate) fn count(v: i64) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
 }
 
@@ -464,105 +468,6 @@ pub(crate) fn validate(request: &RequestFfi) -> crate::Result<ProblemFfi> {
     let mut problem = ProblemFfi::default();
     check(sys::validate(request, &mut problem), Some(request))?;
     Ok(problem)
-}
-
-// ---- the tile tables, read from C++ once ----
-
-fn load(kernel: Kernel, decode: bool) -> Vec<TileRow> {
-    sys::table_rows(kernel_id(kernel), decode)
-        .into_iter()
-        .map(|r| TileRow {
-            arch: arch_of(r.arch).unwrap_or(ArchClass::Sm80),
-            max_head_dim: r.max_head_dim as u32,
-            tile: Tile {
-                queries_per_block: r.queries_per_block as u32,
-                keys_per_block: r.keys_per_block as u32,
-                max_head_dim: r.tile_max_head_dim as u32,
-            },
-            smem_bytes: count(r.smem_bytes),
-            // Leaked once per process (the tables are loaded once): rows are `Copy` and
-            // `'static`, like the C++ tables they mirror.
-            reason: r.reason.leak(),
-        })
-        .collect()
-}
-
-/// `kernel`'s main table, or (for CUTLASS) its decode table.
-pub(crate) fn table(kernel: Kernel, decode: bool) -> &'static [TileRow] {
-    static TABLES: [OnceLock<Vec<TileRow>>; 3] =
-        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-    let slot = match (kernel, decode) {
-        (Kernel::CutlassSm80, false) => 0,
-        (Kernel::CutlassSm80, true) => 1,
-        (Kernel::Wmma, _) => 2,
-    };
-    TABLES[slot].get_or_init(|| load(kernel, decode && kernel == Kernel::CutlassSm80))
-}
-
-fn resolve(kernel: Kernel, r: sys::RowRef) -> Option<&'static TileRow> {
-    let index = usize::try_from(r.index).ok()?;
-    table(kernel, r.decode).get(index)
-}
-
-pub(crate) fn select_row(
-    kernel: Kernel,
-    arch: ArchClass,
-    head_dim: usize,
-    query_rows: usize,
-) -> Option<&'static TileRow> {
-    let r = sys::select_row(
-        kernel_id(kernel),
-        arch_id(arch),
-        i64::try_from(head_dim).unwrap_or(i64::MAX),
-        i64::try_from(query_rows).unwrap_or(i64::MAX),
-    );
-    resolve(kernel, r)
-}
-
-pub(crate) fn choose_row(
-    kernel: Kernel,
-    head_dim: usize,
-    query_rows: usize,
-    cc: (i32, i32),
-    smem_optin: usize,
-    forced: Option<ArchClass>,
-) -> crate::Result<&'static TileRow> {
-    let caps = CapsFfi {
-        major: cc.0,
-        minor: cc.1,
-        smem_per_block_optin: i64::try_from(smem_optin).unwrap_or(i64::MAX),
-    };
-    let mut row = sys::RowRef::default();
-    let status = sys::choose_row(
-        kernel_id(kernel),
-        i64::try_from(head_dim).unwrap_or(i64::MAX),
-        i64::try_from(query_rows).unwrap_or(i64::MAX),
-        &caps,
-        forced.map_or(-1, arch_id),
-        &mut row,
-    );
-    check(status, None)?;
-    resolve(kernel, row).ok_or_else(|| Error::Launch("the planner named no row".into()))
-}
-
-pub(crate) fn arch_class(major: i32, minor: i32) -> Option<ArchClass> {
-    arch_of(sys::arch_class(major, minor))
-}
-
-pub(crate) fn arch_smem(arch: ArchClass, per_sm: bool) -> usize {
-    count(sys::arch_smem(arch_id(arch), per_sm))
-}
-
-pub(crate) fn wmma_smem_bytes(tile: Tile) -> usize {
-    count(sys::wmma_smem_bytes(
-        tile.queries_per_block as i32,
-        tile.keys_per_block as i32,
-        tile.max_head_dim as i32,
-    ))
-}
-
-pub(crate) fn auto_kernel() -> Kernel {
-    kernel_of(i64::from(sys::auto_kernel()))
 }
 
 /// (largest head dim, head-dim multiple, decode query-row limit) from the C++ library.

@@ -2,8 +2,10 @@
 //! live in the C++ library (`cpp/src/core/tables.cpp`, `cpp/src/core/plan.cpp`), shared with C++
 //! callers; this module is their Rust view, usable without a GPU.
 
-use crate::error::Result;
-use crate::ffi;
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+use crate::ffi::{self, sys, CapsFfi, RowRef};
 
 /// Which shared-memory budget (and SASS) a device falls into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -23,17 +25,17 @@ impl ArchClass {
     /// The class of a compute capability, or `None` where this build has no kernels (below
     /// 8.0, or 10.0 and newer).
     pub fn from_compute_capability(major: i32, minor: i32) -> Option<ArchClass> {
-        ffi::arch_class(major, minor)
+        ffi::arch_of(sys::arch_class(major, minor))
     }
 
     /// Shared memory one block may opt in to on this class (bytes).
     pub fn smem_per_block_optin(self) -> usize {
-        ffi::arch_smem(self, false)
+        ffi::count(sys::arch_smem(ffi::arch_id(self), false))
     }
 
     /// Shared memory per SM on this class (bytes).
     pub fn smem_per_sm(self) -> usize {
-        ffi::arch_smem(self, true)
+        ffi::count(sys::arch_smem(ffi::arch_id(self), true))
     }
 }
 
@@ -95,13 +97,13 @@ pub struct TileRow {
 /// assert_eq!(l4_rows.count(), 3); // head dims <= 64, <= 128, <= 256
 /// ```
 pub fn tile_table(kernel: Kernel) -> &'static [TileRow] {
-    ffi::table(kernel, false)
+    table(kernel, false)
 }
 
 /// CUTLASS's rows for problems of at most [`decode_max_query_rows`] query rows per head (after
 /// one-query GQA heads are packed into rows). Head dims above its rows use [`tile_table`].
 pub fn decode_table() -> &'static [TileRow] {
-    ffi::table(Kernel::CutlassSm80, true)
+    table(Kernel::CutlassSm80, true)
 }
 
 /// The query-row limit of [`decode_table`].
@@ -117,7 +119,13 @@ pub fn select_row(
     head_dim: usize,
     query_rows: usize,
 ) -> Option<&'static TileRow> {
-    ffi::select_row(kernel, arch, head_dim, query_rows)
+    let r = sys::select_row(
+        ffi::kernel_id(kernel),
+        ffi::arch_id(arch),
+        i64::try_from(head_dim).unwrap_or(i64::MAX),
+        i64::try_from(query_rows).unwrap_or(i64::MAX),
+    );
+    row(kernel, r)
 }
 
 /// Chooses `kernel`'s row for `head_dim` and `query_rows` query rows per head on a device of
@@ -140,18 +148,72 @@ pub fn choose_row(
     smem_optin: usize,
     forced: Option<ArchClass>,
 ) -> Result<&'static TileRow> {
-    ffi::choose_row(kernel, head_dim, query_rows, cc, smem_optin, forced)
+    let caps = CapsFfi {
+        major: cc.0,
+        minor: cc.1,
+        smem_per_block_optin: i64::try_from(smem_optin).unwrap_or(i64::MAX),
+    };
+    let mut chosen = RowRef::default();
+    let status = sys::choose_row(
+        ffi::kernel_id(kernel),
+        i64::try_from(head_dim).unwrap_or(i64::MAX),
+        i64::try_from(query_rows).unwrap_or(i64::MAX),
+        &caps,
+        forced.map_or(-1, ffi::arch_id),
+        &mut chosen,
+    );
+    ffi::check(status, None)?;
+    row(kernel, chosen).ok_or_else(|| Error::Launch("the planner named no row".into()))
 }
 
 /// Shared memory of the WMMA kernel at `tile` (bytes); every WMMA instantiation checks at
 /// compile time that its layout takes exactly this much.
 pub fn wmma_smem_bytes(tile: Tile) -> usize {
-    ffi::wmma_smem_bytes(tile)
+    ffi::count(sys::wmma_smem_bytes(
+        tile.queries_per_block as i32,
+        tile.keys_per_block as i32,
+        tile.max_head_dim as i32,
+    ))
 }
 
 /// The kernel [`crate::Backend::Auto`] runs on a GPU (the measured reason is beside
 /// `flashcore::auto_kernel` in `cpp/src/core/plan.cpp`: CUTLASS, faster than WMMA on the H200
 /// everywhere but two small f16 shapes).
 pub fn auto_kernel() -> Kernel {
-    ffi::auto_kernel()
+    ffi::kernel_of(i64::from(sys::auto_kernel()))
+}
+
+/// `kernel`'s main table, or (for CUTLASS) its decode table, read from C++ once per process.
+fn table(kernel: Kernel, decode: bool) -> &'static [TileRow] {
+    static TABLES: [OnceLock<Vec<TileRow>>; 3] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let (slot, decode) = match (kernel, decode) {
+        (Kernel::CutlassSm80, false) => (0, false),
+        (Kernel::CutlassSm80, true) => (1, true),
+        (Kernel::Wmma, _) => (2, false),
+    };
+    TABLES[slot].get_or_init(|| {
+        sys::table_rows(ffi::kernel_id(kernel), decode)
+            .into_iter()
+            .map(|r| TileRow {
+                arch: ffi::arch_of(r.arch).unwrap_or(ArchClass::Sm80),
+                max_head_dim: r.max_head_dim as u32,
+                tile: Tile {
+                    queries_per_block: r.queries_per_block as u32,
+                    keys_per_block: r.keys_per_block as u32,
+                    max_head_dim: r.tile_max_head_dim as u32,
+                },
+                smem_bytes: ffi::count(r.smem_bytes),
+                // Leaked once per process (the tables are loaded once): rows are `Copy` and
+                // `'static`, like the C++ tables they mirror.
+                reason: r.reason.leak(),
+            })
+            .collect()
+    })
+}
+
+/// The row a C++ `RowRef` names in `kernel`'s tables (`None` for index -1).
+pub(crate) fn row(kernel: Kernel, r: RowRef) -> Option<&'static TileRow> {
+    let index = usize::try_from(r.index).ok()?;
+    table(kernel, r.decode).get(index)
 }

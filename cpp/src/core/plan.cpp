@@ -105,10 +105,7 @@ Status choose_row(Kernel kernel, int64_t head_dim, int64_t query_rows, const Dev
     *out = row;
     return {};
   } catch (...) {
-    Status s;
-    s.code = Code::Launch;
-    s.message = "out of host memory while planning";
-    return s;
+    return out_of_host_memory();
   }
 }
 
@@ -134,10 +131,7 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     *out = Plan{kernel, row};
     return {};
   } catch (...) {
-    Status s;
-    s.code = Code::Launch;
-    s.message = "out of host memory while planning";
-    return s;
+    return out_of_host_memory();
   }
 }
 

@@ -130,6 +130,13 @@ std::string message(const Status& s, const std::string& detail) {
 
 }  // namespace
 
+Status out_of_host_memory() noexcept {
+  Status s;
+  s.code = Code::Launch;
+  s.message = "out of memory";  // short enough for the small-string buffer: no allocation
+  return s;
+}
+
 Status fail(Code code, Operand operand, Field field, int64_t a, int64_t b, int64_t c,
             std::string detail) {
   Status s;

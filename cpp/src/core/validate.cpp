@@ -159,10 +159,7 @@ Status validate(const Request& r, Problem* problem) noexcept {
     *problem = p;
     return {};
   } catch (...) {  // only std::bad_alloc from a message string can get here
-    Status s;
-    s.code = Code::Launch;
-    s.message = "out of host memory while validating";
-    return s;
+    return out_of_host_memory();
   }
 }
 

@@ -81,6 +81,9 @@ Status choose_row(Kernel kernel, int64_t head_dim, int64_t query_rows, const Dev
 // with `caps` (or for r.options.force_arch_class).
 Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* out) noexcept;
 
+// The status for a std::bad_alloc caught while composing a message (Code::Launch).
+Status out_of_host_memory() noexcept;
+
 // Status constructors (messages are composed here, in one place).
 Status fail(Code code, Operand operand = Operand::None, Field field = Field::None, int64_t a = 0,
             int64_t b = 0, int64_t c = 0, std::string detail = {});
