@@ -55,10 +55,15 @@ pub(crate) fn run<T: AttentionElement>(
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<Execution> {
     let location = q.location();
-    if on_gpu(opts.backend, location) {
+    let together = [k.location(), v.location(), out.location()]
+        .into_iter()
+        .chain(lse.as_deref().map(Tensor::location))
+        .all(|l| l == location);
+    if together && on_gpu(opts.backend, location) {
         return run_gpu(request, q, k, v, out, lse);
     }
-    // Host operands, or the CPU asked for: validation errors come first, then placement.
+    // Host operands, the CPU asked for, or operands in different places: validation errors
+    // come first (DeviceMismatch for the last), then placement.
     let problem = crate::validate::validate(request, location)?;
     match (opts.backend, location) {
         (Backend::Auto | Backend::Cpu, Location::Host) => {
