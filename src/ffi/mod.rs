@@ -3,9 +3,10 @@
 //!
 //! The host-only half is always built: validation, planning and the tile tables live in C++
 //! (`cpp/src/core/`), once for both languages, because the standalone C++ library must validate
-//! without Rust while Rust can call C++. This module converts between the bridge's plain structs
-//! and the crate's types, and maps every C++ `Status` to the typed [`Error`]. The CUDA half
-//! (`cuda`, feature `cuda`) wraps streams, events, memory and the launch.
+//! without Rust while Rust can call C++. This module holds the bridge and the conversions between
+//! its plain structs and the crate's types (`plan` reads the tables through it), and maps every
+//! C++ `Status` to the typed [`Error`]. The CUDA half (`cuda`, feature `cuda`) wraps streams,
+//! events, memory and the launch (one crossing: validate, plan, launch).
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
