@@ -150,7 +150,11 @@ impl Config<'_> {
                 );
             }
             Family::Wmma => {
-                for file in ["src/wmma/kernel.cuh", "src/wmma/launch.cuh"] {
+                for file in [
+                    "src/wmma/fragments.cuh",
+                    "src/wmma/kernel.cuh",
+                    "src/wmma/launch.cuh",
+                ] {
                     h.update(fs::read(self.cpp.join(file)).expect("read a WMMA header"));
                 }
             }

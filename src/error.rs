@@ -130,8 +130,8 @@ pub enum Error {
         /// Key length.
         seq_k: usize,
     },
-    /// The softmax scale is NaN or infinite.
-    #[error("softmax scale {0} is not finite")]
+    /// The softmax scale is not a positive finite number (NaN, infinite, zero or negative).
+    #[error("softmax scale {0} is not a positive finite number")]
     InvalidScale(f32),
     /// A dimension or stride exceeds what a backend's 32-bit indexing can address.
     #[error("{what} = {value} exceeds the {backend} backend's limit of {limit}")]

@@ -84,7 +84,7 @@ impl From<Kernel> for BackendKind {
 /// Options of [`crate::attention`] and [`crate::attention_into`].
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct AttentionOptions {
-    /// Softmax scale; `None` means `1 / sqrt(head_dim)`.
+    /// Softmax scale, positive and finite; `None` means `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
     /// Causal masking.
     pub causal: Causal,

@@ -4,7 +4,9 @@
 mod common;
 
 use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
-use flashcore::plan::{choose_row, decode_table, select_row, tile_table, ArchClass, Kernel};
+use flashcore::plan::{
+    auto_kernel, choose_row, decode_table, select_row, tile_table, ArchClass, Kernel,
+};
 use flashcore::{
     attention, attention_into, AttentionOptions, BackendKind, Causal, Error, Layout, Operand,
     Shape, Tensor,
@@ -309,7 +311,7 @@ fn rows_without_keys_are_refused() {
 #[test]
 fn invalid_scale() {
     let t = host(&[1, 2, 1, 8]);
-    for s in [f32::NAN, f32::INFINITY] {
+    for s in [f32::NAN, f32::INFINITY, 0.0, -0.0, -0.5, f32::NEG_INFINITY] {
         assert!(matches!(
             run(&t, &t, &t, AttentionOptions::default().scale(s)),
             Error::InvalidScale(_)
@@ -435,6 +437,11 @@ fn wmma_rows_are_whole_warps_of_sixteen_rows() {
     for r in tile_table(Kernel::Wmma) {
         let t = r.tile;
         assert_eq!(t.queries_per_block % 16, 0, "{r:?}");
+        // Up to 4 warps of 16 rows, or 4 warps of a whole number of 16-row tiles.
+        assert!(
+            t.queries_per_block <= 64 || t.queries_per_block % 64 == 0,
+            "{r:?}"
+        );
         assert_eq!(t.keys_per_block % 16, 0, "{r:?}");
         assert_eq!(t.max_head_dim % 16, 0, "{r:?}");
         assert_eq!(r.smem_bytes, flashcore::plan::wmma_smem_bytes(t));
@@ -464,6 +471,17 @@ fn decode_rows_serve_few_query_rows() {
         }
         let row = choose_row(Kernel::CutlassSm80, 64, limit + 1, cc, smem, None).unwrap();
         assert!(tile_table(Kernel::CutlassSm80).contains(row));
+    }
+}
+
+#[test]
+fn auto_runs_wmma_except_on_decode_problems() {
+    let limit = flashcore::plan::decode_max_query_rows();
+    for rows in [1, 4, limit] {
+        assert_eq!(auto_kernel(rows), Kernel::CutlassSm80, "{rows} query rows");
+    }
+    for rows in [limit + 1, 64, 4096, usize::MAX] {
+        assert_eq!(auto_kernel(rows), Kernel::Wmma, "{rows} query rows");
     }
 }
 

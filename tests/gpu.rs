@@ -31,6 +31,8 @@ struct Case {
     layout: Layout,
     lse: bool,
     force: Option<ArchClass>,
+    /// `None`: `1 / sqrt(d)`.
+    scale: Option<f32>,
     /// `None`: run the case on every GPU kernel ([`Kernel::ALL`]).
     backend: Option<Kernel>,
 }
@@ -47,6 +49,7 @@ const fn case(b: usize, h: usize, s: usize, d: usize) -> Case {
         layout: Layout::Bshd,
         lse: false,
         force: None,
+        scale: None,
         backend: None,
     }
 }
@@ -78,7 +81,7 @@ fn run_case<T: AttentionElement>(s: &Stream, c: Case, kernel: Kernel) -> (f64, f
         backend: Backend::from(kernel),
         return_lse: c.lse,
         force_arch_class: c.force,
-        ..Default::default()
+        scale: c.scale,
     };
     let (dq, dk, dv) = (
         q.to_device(s).unwrap(),
@@ -92,7 +95,8 @@ fn run_case<T: AttentionElement>(s: &Stream, c: Case, kernel: Kernel) -> (f64, f
         assert_eq!(exec.tile.unwrap().arch, class);
     }
     let got = logical(&out.to_host().unwrap());
-    let (want, want_lse) = naive(&q, &k, &v, 1.0 / (c.d as f64).sqrt(), c.causal);
+    let scale = c.scale.map_or(1.0 / (c.d as f64).sqrt(), f64::from);
+    let (want, want_lse) = naive(&q, &k, &v, scale, c.causal);
     let lse_err = lse.map_or(0.0, |l| {
         rel_l2(&lse_values(&l.to_host().unwrap()), &want_lse)
     });
@@ -205,6 +209,35 @@ fn causal_alignments() {
                 sk,
                 causal,
                 ..case(1, 4, 0, 128)
+            });
+        }
+    }
+    both_dtypes(&cases);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn explicit_scales() {
+    // A subnormal scale (the WMMA launcher raises it to the smallest normal float so that masked
+    // keys stay -inf after scaling), a small one and a large one (peaked rows). Zero and negative
+    // scales are refused by validation (tests/cpu.rs).
+    let mut cases = Vec::new();
+    for scale in [1e-40, 0.01, 1.5] {
+        for causal in [Causal::None, Causal::BottomRight] {
+            cases.push(Case {
+                sq: 100,
+                sk: 300,
+                causal,
+                scale: Some(scale),
+                lse: true,
+                ..case(1, 4, 0, 64)
+            });
+            cases.push(Case {
+                sq: 130,
+                sk: 200,
+                causal,
+                scale: Some(scale),
+                ..case(1, 2, 0, 128)
             });
         }
     }
@@ -341,8 +374,14 @@ fn auto_backend_and_results_on_other_streams() {
         k.to_device(&s2).unwrap(),
     );
     let res = attention(&dq, &dk, &dv, &AttentionOptions::default().with_lse()).unwrap();
-    assert_eq!(res.execution.backend, BackendKind::from(auto_kernel()));
+    assert_eq!(res.execution.backend, BackendKind::from(auto_kernel(64)));
     assert!(res.out.stream().unwrap().same_as(&s1));
+    // One query per head: Auto takes the decode row's kernel.
+    let one = randn::<f16>(&mut rng, &[2, 1, 4, 64], Layout::Bshd)
+        .to_device(&s1)
+        .unwrap();
+    let dec = attention(&one, &dk, &dv, &AttentionOptions::default()).unwrap();
+    assert_eq!(dec.execution.backend, BackendKind::from(auto_kernel(1)));
     let (want, _) = naive(&q, &k, &k, 0.125, Causal::None);
     let err = rel_l2(&logical(&res.out.to_host().unwrap()), &want);
     assert!(err < 2e-3, "rel L2 {err}");
@@ -498,7 +537,7 @@ fn cpp_allocates_rust_computes() {
     }
     .unwrap();
     let exec = attention_into(&q, &k, &v, &mut out, Some(&mut lse), &interop_opts()).unwrap();
-    assert_eq!(exec.backend, BackendKind::from(auto_kernel()));
+    assert_eq!(exec.backend, BackendKind::from(auto_kernel(INTEROP.sq)));
     let (err, lse_err) = interop_errors(inputs.each_ref(), &out, &lse);
     println!("C++ memory, Rust call: rel L2 {err:.2e}, lse {lse_err:.2e}");
     assert!(

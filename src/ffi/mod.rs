@@ -143,7 +143,7 @@ pub(crate) mod sys {
         fn arch_class(major: i32, minor: i32) -> i32;
         fn arch_smem(arch: i32, per_sm: bool) -> i64;
         fn wmma_smem_bytes(queries: i32, keys: i32, head_dim: i32) -> i64;
-        fn auto_kernel() -> i32;
+        fn auto_kernel(query_rows: i64) -> i32;
         fn limits() -> LimitsFfi;
 
         #[cfg(feature = "cuda")]

@@ -176,11 +176,15 @@ pub fn wmma_smem_bytes(tile: Tile) -> usize {
     ))
 }
 
-/// The kernel [`crate::Backend::Auto`] runs on a GPU (the measured reason is beside
-/// `flashcore::auto_kernel` in `cpp/src/core/plan.cpp`: CUTLASS, faster than WMMA on the H200
-/// everywhere but two small f16 shapes).
-pub fn auto_kernel() -> Kernel {
-    ffi::kernel_of(i64::from(sys::auto_kernel()))
+/// The kernel [`crate::Backend::Auto`] runs on a GPU for a problem of `query_rows` query rows
+/// per head (a one-query GQA problem counts its packed heads: see [`decode_max_query_rows`]).
+/// Measured, the reason is beside `flashcore::auto_kernel` in `cpp/src/core/plan.cpp`: WMMA,
+/// faster than CUTLASS on the H200 on every throughput and seed shape, except up to
+/// [`decode_max_query_rows`] query rows, where CUTLASS's decode row wins.
+pub fn auto_kernel(query_rows: usize) -> Kernel {
+    ffi::kernel_of(i64::from(sys::auto_kernel(
+        i64::try_from(query_rows).unwrap_or(i64::MAX),
+    )))
 }
 
 /// `kernel`'s main table, or (for CUTLASS) its decode table, read from C++ once per process.

@@ -54,11 +54,11 @@ Table tile_table(Kernel kernel) noexcept;
 Table decode_table() noexcept;
 
 // Shared memory of the WMMA kernel at `tile` for 2-byte elements: the query tile, two stages of
-// K and of V (rows padded by 8 elements), and one f32 score tile of 16 x (keys + 8) per warp.
+// K and of V, rows padded by 8 elements (scores and probabilities stay in registers).
 // Each WMMA instantiation static_asserts that its own layout takes exactly this much.
 constexpr int64_t wmma_smem_bytes(Tile t) {
   const int64_t br = t.queries_per_block, bc = t.keys_per_block, d = t.max_head_dim;
-  return (br * (d + 8) + 4 * bc * (d + 8)) * 2 + (br / 16) * 16 * (bc + 8) * 4;
+  return (br + 4 * bc) * (d + 8) * 2;
 }
 
 // The class of a compute capability; empty below 8.0 and from 10.0 (no kernels built there).
@@ -72,7 +72,8 @@ int64_t smem_per_sm(ArchClass arch) noexcept;
 const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
                           int64_t query_rows) noexcept;
 
-// The kernel Backend::Auto runs (measured: see its definition in cpp/src/core/plan.cpp).
-Kernel auto_kernel() noexcept;
+// The kernel Backend::Auto runs for a problem of `query_rows` query rows per head (after the
+// packing of one-query GQA problems); measured, see its definition in cpp/src/core/plan.cpp.
+Kernel auto_kernel(int64_t query_rows) noexcept;
 
 }  // namespace flashcore

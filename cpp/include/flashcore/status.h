@@ -1,8 +1,8 @@
 // flashcore — the result of every public call: a Status, never an exception. Host-only.
 //
-// The codes are the variants of the Rust crate's `flashcore::Error`, one for one (the Rust side
-// maps a Status to its typed error in src/ffi/mod.rs), so both languages report the same failure
-// in the same category.
+// Each code is one variant of the Rust crate's `flashcore::Error` (the Rust side maps a Status to
+// its typed error in src/ffi/mod.rs), so both languages report the same failure in the same
+// category. Rust has three variants C++ never produces: Rank, StorageTooSmall and CudaNotBuilt.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,7 @@ enum class Code : int32_t {
   LseLayout,             // lse is not a dense [batch, heads, seq_q] float tensor
   DeviceMismatch,        // operand is on values[0], q on values[1] (-1: host, else ordinal)
   NoVisibleKeys,         // values: rows that see no key, seq_q, seq_k
-  InvalidScale,          // the scale is NaN or infinite (values[0]: its IEEE bits)
+  InvalidScale,          // the scale is not positive and finite (values[0]: its IEEE bits)
   SizeOverflow,          // operand's extent (shape x strides x element size) overflows 64 bits
   IndexOverflow,         // `field` = values[0] exceeds values[1], the kernel's limit (values[2])
   // Could not run here.

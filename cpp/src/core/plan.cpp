@@ -35,10 +35,12 @@ const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
   return find(tile_table(kernel));
 }
 
-// CUTLASS for every problem: on the H200 (2026-11-21, docs/PERFORMANCE.md) the WMMA kernel beat
-// it only on two small f16 seed shapes (by 1% and 6%) and trailed it everywhere else:
-// 0.92-0.95x (d=64, f16), 0.83-0.84x (d=128, f16), 0.55-0.64x (bf16), 0.39-0.49x (decode).
-Kernel auto_kernel() noexcept { return Kernel::CutlassSm80; }
+// WMMA, except for few-query (decode) problems: on the H200 (2026-11-21, docs/PERFORMANCE.md) the
+// WMMA kernel ran every throughput and seed shape faster than CUTLASS, in f16 and bf16, while
+// CUTLASS's 32-query decode row stayed ahead on decode (one query, 4096 keys).
+Kernel auto_kernel(int64_t query_rows) noexcept {
+  return query_rows <= kDecodeMaxQueryRows ? Kernel::CutlassSm80 : Kernel::Wmma;
+}
 
 namespace core {
 namespace {
@@ -113,7 +115,7 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
   try {
     const Kernel kernel = r.options.backend == Backend::CutlassSm80 ? Kernel::CutlassSm80
                           : r.options.backend == Backend::Wmma     ? Kernel::Wmma
-                                                                   : auto_kernel();
+                                                                   : auto_kernel(p.query_rows());
     if (p.location == kHost) {
       return fail(Code::BackendUnavailable, Operand::None, Field::None,
                   static_cast<int64_t>(kernel), 0, 0,

@@ -103,7 +103,7 @@ std::string message(const Status& s, const std::string& detail) {
       float scale = 0;
       const uint32_t bits = static_cast<uint32_t>(s.values[0]);
       std::memcpy(&scale, &bits, sizeof(scale));
-      return "softmax scale " + std::to_string(scale) + " is not finite";
+      return "softmax scale " + std::to_string(scale) + " is not a positive finite number";
     }
     case Code::SizeOverflow:
       return op + ": " + (detail.empty() ? "the addressed extent overflows 64 bits" : detail) +

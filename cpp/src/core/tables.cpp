@@ -63,36 +63,37 @@ constexpr TileRow wmma_row(ArchClass arch, int32_t max_head_dim, Tile t, const c
   return TileRow{arch, max_head_dim, t, wmma_smem_bytes(t), reason};
 }
 
-// queries_per_block = 16 x warps (each warp owns 16 query rows); smaller head dims than the
-// row's are zero-padded in shared memory.
+// queries_per_block = 16 x warps x row tiles: up to 4 warps, each owning 16 or 32 query rows
+// (cpp/src/wmma/kernel.cuh); smaller head dims than the row's are zero-padded in shared memory.
+// Measured on the H200 (2026-11-21, docs/WMMA.md "versions", f16 and bf16 within 3%):
+constexpr const char* kWmma64 =
+    "46 KB, 145 registers: 3 blocks x 4 warps per SM. Against 128x64 (32 rows per warp): 4-12% "
+    "slower on 8x32x2048x64 and 2x32x8192x64 (254-264 vs 271-285 TFLOP/s) but 21-27% faster on "
+    "the seeds (1x8x512x64: 12.5 vs 17.1 us)";
+constexpr const char* kWmma128 =
+    "70 KB, 238 registers: 2 blocks x 4 warps per SM, 32 rows per warp. 309-336 TFLOP/s against "
+    "258-272 for 64x32 and 172 for 64x64 (8x16x2048x128, 2x16x8192x128)";
+constexpr const char* kWmma256 =
+    "101 KB, 241 registers: 2 blocks per SM. 253 TFLOP/s at 4x8x4096x256 against 217 for 64x64 "
+    "(169 KB, 1 block)";
+
 constexpr TileRow kWmmaRows[] = {
-    // ---- sm_80: 164 KB per SM ----
-    wmma_row(ArchClass::Sm80, 64, tile(64, 64, 64),
-             "63 KB: 2 blocks x 4 warps fit 164 KB. On the H200 (2026-11-21) 64x64 beat 64x32 "
-             "(133 vs 127 TFLOP/s f16, 8x32x2048x64) and 128x64 (103 TFLOP/s: 1 block by "
-             "registers)"),
-    wmma_row(ArchClass::Sm80, 128, tile(64, 32, 128),
-             "61 KB: 2 blocks x 4 warps fit 164 KB; 32 keys beat 64 on the H200 (149 vs 144 "
-             "TFLOP/s f16, 8x16x2048x128)"),
-    wmma_row(ArchClass::Sm80, 256, tile(64, 16, 256),
-             "72 KB, 2 blocks: 16-key tiles keep bf16 at 248 registers without spills (32-key "
-             "tiles spill); the 256-wide output alone takes 128 registers per thread"),
-    // ---- sm_86 / sm_89: 100 KB per SM ----
+    // ---- sm_80: 164 KB per SM (rows as measured best on the H200, which shares the ISA) ----
+    wmma_row(ArchClass::Sm80, 64, tile(64, 64, 64), kWmma64),
+    wmma_row(ArchClass::Sm80, 128, tile(128, 32, 128), kWmma128),
+    wmma_row(ArchClass::Sm80, 256, tile(64, 32, 256), kWmma256),
+    // ---- sm_86 / sm_89: 100 KB per SM, 99 KB per block ----
     wmma_row(ArchClass::Sm86Sm89, 64, tile(64, 64, 64),
-             "63 KB: 1 block per SM within the 99 KB limit; the H200's best d<=64 tile"),
-    wmma_row(ArchClass::Sm86Sm89, 128, tile(64, 32, 128),
-             "61 KB: 64x64 (103 KB) exceeds the 99 KB per-block limit"),
+             "46 KB: 2 blocks per SM fit 100 KB; the H200's best d<=64 tile"),
+    wmma_row(ArchClass::Sm86Sm89, 128, tile(128, 32, 128),
+             "70 KB: 1 block per SM, as 64x32 (52 KB) would be; 32 rows per warp halve K and V "
+             "reads per FLOP, which won by 20% on the H200"),
     wmma_row(ArchClass::Sm86Sm89, 256, tile(64, 16, 256),
-             "72 KB fits the 99 KB per-block limit; 16-key tiles: 32 keys spill in bf16"),
+             "68 KB: 64x32 (101 KB) exceeds the 99 KB per-block limit"),
     // ---- sm_90 on the Ampere/Ada instruction set: 228 KB per SM ----
-    wmma_row(ArchClass::Sm90, 64, tile(64, 64, 64),
-             "63 KB, 139 registers: 3 blocks x 4 warps per SM. Measured on the H200 (2026-11-21): "
-             "133 TFLOP/s f16 at 8x32x2048x64 against 127 for 64x32 and 103 for 128x64"),
-    wmma_row(ArchClass::Sm90, 128, tile(64, 32, 128),
-             "61 KB, 168 registers: 3 blocks x 4 warps per SM. Measured on the H200 (2026-11-21): "
-             "149 TFLOP/s f16 at 8x16x2048x128 against 144 for 64x64 (103 KB, 2 blocks)"),
-    wmma_row(ArchClass::Sm90, 256, tile(64, 16, 256),
-             "72 KB: 3 blocks x 4 warps per SM; 16-key tiles: 32 keys spill in bf16"),
+    wmma_row(ArchClass::Sm90, 64, tile(64, 64, 64), kWmma64),
+    wmma_row(ArchClass::Sm90, 128, tile(128, 32, 128), kWmma128),
+    wmma_row(ArchClass::Sm90, 256, tile(64, 32, 256), kWmma256),
 };
 
 // ---- compile-time checks: every row is instantiated, fits its class, and classes ascend ----

@@ -139,7 +139,10 @@ Status validate(const Request& r, Problem* problem) noexcept {
     FLASHCORE_TRY(check_strides(Operand::Out, r.out));
 
     const float scale = r.options.scale.value_or(1.0f / std::sqrt(static_cast<float>(d)));
-    if (!std::isfinite(scale)) {
+    // Positive and finite: a zero or negative scale flattens or inverts attention, and CUTLASS
+    // example 41 masks causal keys before scaling, so its results would be NaN there (found by
+    // tests/gpu.rs explicit_scales, 2026-11-21).
+    if (!std::isfinite(scale) || !(scale > 0.0f)) {
       uint32_t bits = 0;
       std::memcpy(&bits, &scale, sizeof(bits));
       return fail(Code::InvalidScale, Operand::None, Field::None, bits);

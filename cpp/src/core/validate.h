@@ -6,7 +6,7 @@
 // Why here and not in Rust: the C++ library must validate on its own when built with CMake
 // alone (no cargo, no Rust toolchain), while Rust can call C++ at almost no cost. So the rules
 // live once, in host-only C++ (no CUDA headers: the CPU-only Rust build compiles them too), and
-// Rust maps each Status to its typed Error one for one.
+// Rust maps each Status to its typed Error (src/ffi/mod.rs).
 #pragma once
 
 #include <cstdint>

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cfloat>
+#include <cmath>
 #include <string>
 
 #include "../check.h"
@@ -36,7 +38,9 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   p.group = static_cast<int32_t>(a.heads_q / a.heads_kv);
   p.causal = a.causal != Causal::None;
   p.causal_offset = a.causal == Causal::BottomRight ? static_cast<int32_t>(a.seq_k - a.seq_q) : 0;
-  p.scale_log2 = a.scale * 1.4426950408889634f;
+  // The scale is positive (validated); a subnormal one becomes the smallest normal float, so that
+  // -inf * scale stays -inf for masked keys (exp2 of |s| * 2^-126 rounds to 1 either way).
+  p.scale_log2 = std::fmax(a.scale * 1.4426950408889634f, FLT_MIN);
   if (a.head_dim > D || a.head_dim % 8 != 0) {
     throw detail::Failure(Code::Launch, "",
                 "wmma kernel: head dim " + std::to_string(a.head_dim) + " is not a multiple of 8 "

@@ -1,0 +1,64 @@
+// Global -> shared tile copies for the WMMA kernel: 16-byte cp.async, zero-filled past the
+// sequence and the head dim.
+#pragma once
+
+#include <cuda_pipeline.h>
+
+#include <cstdint>
+
+namespace flashcore::wmma_fa {
+
+// Copies ROWS x D tiles of a row-major global matrix into shared memory (row stride LD),
+// THREADS threads at a time. Each thread owns one 16-byte column chunk and every
+// (THREADS / chunks per row)-th row, fixed for the kernel, so a full tile costs an address add per
+// copy. Rows past the sequence and columns past the head dim are zero-filled.
+template <int ROWS, int D, int LD, int THREADS, typename T>
+class TileCopy {
+ public:
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static_assert(THREADS % kChunks == 0, "whole rows per pass");
+  static constexpr int kRowStep = THREADS / kChunks;
+  static_assert(ROWS % kRowStep == 0, "whole passes per tile");
+
+  // `base`: element (0, 0) of the matrix; `rows` x `cols` of it are real.
+  __device__ TileCopy(const T* base, int64_t row_stride, int rows, int cols)
+      : origin_(base),
+        stride_(row_stride),
+        row_(threadIdx.x / kChunks),
+        dst_(row_ * LD + (threadIdx.x % kChunks) * 8),
+        rows_(rows),
+        col_ok_((threadIdx.x % kChunks) * 8 < cols) {
+    src_ = base + int64_t(row_) * row_stride + (threadIdx.x % kChunks) * 8;
+  }
+
+  // Starts copying rows [row0, row0 + ROWS) into `tile` (not committed).
+  __device__ void start(T* tile, int row0) const {
+    const T* from = src_ + int64_t(row0) * stride_;
+    const int64_t step = int64_t(kRowStep) * stride_;
+    if (col_ok_ && row0 + ROWS <= rows_) {  // every row real: no zero fill
+#pragma unroll
+      for (int j = 0; j < ROWS / kRowStep; ++j) {
+        __pipeline_memcpy_async(tile + dst_ + j * kRowStep * LD, from + j * step, 16);
+      }
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < ROWS / kRowStep; ++j) {
+      const bool ok = col_ok_ && row0 + row_ + j * kRowStep < rows_;
+      // A zero-filled copy reads nothing; it still gets an in-bounds address.
+      __pipeline_memcpy_async(tile + dst_ + j * kRowStep * LD, ok ? from + j * step : origin_, 16,
+                              ok ? 0 : 16);
+    }
+  }
+
+ private:
+  const T* origin_;  // element (0, 0)
+  const T* src_;     // this thread's chunk of row 0
+  int64_t stride_;   // global row stride (elements)
+  int row_;          // this thread's first row within a tile
+  int dst_;          // this thread's first shared-memory element within a tile
+  int rows_;         // rows of the matrix (the sequence length)
+  bool col_ok_;      // the chunk lies within the head dim
+};
+
+}  // namespace flashcore::wmma_fa
