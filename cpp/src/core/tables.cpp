@@ -67,14 +67,14 @@ constexpr TileRow wmma_row(ArchClass arch, int32_t max_head_dim, Tile t, const c
 // (cpp/src/wmma/kernel.cuh); smaller head dims than the row's are zero-padded in shared memory.
 // Measured on the H200 (2026-11-21, docs/WMMA.md "versions", f16 and bf16 within 3%):
 constexpr const char* kWmma64 =
-    "46 KB, 145 registers: 3 blocks x 4 warps per SM. Against 128x64 (32 rows per warp): 4-12% "
+    "46 KB, 139-145 registers: 3 blocks x 4 warps per SM. Against 128x64 (32 rows per warp): 4-12% "
     "slower on 8x32x2048x64 and 2x32x8192x64 (254-264 vs 271-285 TFLOP/s) but 21-27% faster on "
     "the seeds (1x8x512x64: 12.5 vs 17.1 us)";
 constexpr const char* kWmma128 =
-    "70 KB, 238 registers: 2 blocks x 4 warps per SM, 32 rows per warp. 309-336 TFLOP/s against "
+    "70 KB, 237-245 registers: 2 blocks x 4 warps per SM, 32 rows per warp. 309-336 TFLOP/s against "
     "258-272 for 64x32 and 172 for 64x64 (8x16x2048x128, 2x16x8192x128)";
 constexpr const char* kWmma256 =
-    "101 KB, 241 registers: 2 blocks per SM. 253 TFLOP/s at 4x8x4096x256 against 217 for 64x64 "
+    "101 KB, 235-241 registers: 2 blocks per SM. 253 TFLOP/s at 4x8x4096x256 against 217 for 64x64 "
     "(169 KB, 1 block)";
 
 constexpr TileRow kWmmaRows[] = {
