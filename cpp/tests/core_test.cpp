@@ -1,0 +1,191 @@
+// Host-only tests of the C++ core (validation and planning, cpp/src/core/): the inputs that only C++
+// callers can produce (negative sizes and strides, null or raw addresses, any scale bits), which
+// the Rust API cannot express and so its tests cannot reach. No CUDA needed:
+//   g++ -std=c++17 -Icpp/include -Icpp/src cpp/src/core/*.cpp cpp/tests/core_test.cpp && ./a.out
+// (run by .ci/run). Exits non-zero, naming each failed check, if any fails.
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "core/validate.h"
+
+namespace {
+
+using flashcore::Causal;
+using flashcore::Code;
+using flashcore::Field;
+using flashcore::Kernel;
+using flashcore::Operand;
+using flashcore::Status;
+using flashcore::core::kHost;
+using flashcore::core::Problem;
+using flashcore::core::Request;
+using flashcore::core::TensorDesc;
+
+int failures = 0;
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) {
+    std::printf("FAILED: %s\n", what.c_str());
+    ++failures;
+  }
+}
+
+// A dense BSHD operand [b, s, h, d] on device 0 at a 16-byte aligned address.
+TensorDesc bshd(int64_t b, int64_t s, int64_t h, int64_t d, uint64_t address = 0x10000) {
+  TensorDesc t;
+  t.address = address;
+  t.shape[0] = b, t.shape[1] = s, t.shape[2] = h, t.shape[3] = d;
+  t.stride[3] = 1, t.stride[2] = d, t.stride[1] = h * d, t.stride[0] = s * h * d;
+  t.location = 0;
+  return t;
+}
+
+// A valid call: 2 x 100 queries, 8 heads, 130 keys on 2 kv heads, d = 64.
+Request valid() {
+  Request r;
+  r.q = bshd(2, 100, 8, 64);
+  r.k = bshd(2, 130, 2, 64);
+  r.v = bshd(2, 130, 2, 64);
+  r.out = bshd(2, 100, 8, 64);
+  return r;
+}
+
+Status check(const Request& r) {
+  Problem p{};
+  return flashcore::core::validate(r, &p);
+}
+
+void expect_code(const Request& r, Code code, Operand op, const std::string& what) {
+  const Status s = check(r);
+  expect(s.code == code && s.operand == op,
+         what + ": got " + flashcore::name(s.code) + " for " + flashcore::name(s.operand) +
+             " (" + s.message + ")");
+  expect(s.ok() || !s.message.empty(), what + ": an error carries a message");
+}
+
+void valid_call_passes() {
+  Problem p{};
+  const Status s = flashcore::core::validate(valid(), &p);
+  expect(s.ok(), "the valid call passes: " + s.message);
+  expect(p.batch == 2 && p.seq_q == 100 && p.seq_k == 130 && p.heads_q == 8 && p.heads_kv == 2 &&
+             p.head_dim == 64,
+         "the problem describes the call");
+  expect(std::fabs(p.scale - 0.125f) < 1e-7f, "the default scale is 1/sqrt(d)");
+}
+
+void negative_sizes_and_strides() {
+  for (int dim = 0; dim < 4; ++dim) {
+    Request r = valid();
+    r.k.shape[dim] = -1;
+    const Status s = check(r);
+    expect(s.code == Code::SizeOverflow && s.operand == Operand::K &&
+               s.message.find("negative") != std::string::npos,
+           "negative k dim " + std::to_string(dim) + ": " + s.message);
+    Request t = valid();
+    t.out.stride[dim] = -8;
+    expect_code(t, Code::SizeOverflow, Operand::Out, "negative out stride " + std::to_string(dim));
+  }
+  Request r = valid();
+  r.has_lse = true;
+  r.lse.shape[0] = 2, r.lse.shape[1] = 100, r.lse.shape[2] = 8, r.lse.shape[3] = -1;
+  r.lse.location = 0;
+  expect_code(r, Code::SizeOverflow, Operand::Lse, "negative lse dim");
+}
+
+void extents_that_overflow() {
+  Request r = valid();
+  r.v.stride[0] = std::numeric_limits<int64_t>::max() / 2;
+  expect_code(r, Code::SizeOverflow, Operand::V, "a batch stride whose extent overflows");
+  Request big = valid();
+  big.q.stride[1] = std::numeric_limits<int64_t>::max() / 100;  // fits in elements, not in bytes
+  expect_code(big, Code::SizeOverflow, Operand::Q, "an extent that overflows in bytes");
+}
+
+void addresses_and_locations() {
+  Request r = valid();
+  r.v.address = 0x10008;  // 8-byte aligned only
+  expect_code(r, Code::MisalignedPointer, Operand::V, "misaligned v");
+  Request host_k = valid();
+  host_k.k.location = kHost;
+  expect_code(host_k, Code::DeviceMismatch, Operand::K, "k on the host, q on device 0");
+  Request other = valid();
+  other.out.location = 1;
+  expect_code(other, Code::DeviceMismatch, Operand::Out, "out on device 1");
+  Request on_host = valid();
+  for (TensorDesc* t : {&on_host.q, &on_host.k, &on_host.v, &on_host.out}) {
+    t->location = kHost;
+    t->address = 0x10002;  // host tensors have no alignment rule
+  }
+  expect(check(on_host).ok(), "host operands at any address validate");
+}
+
+void scales() {
+  for (float bad : {0.0f, -0.0f, -0.5f, std::numeric_limits<float>::quiet_NaN(),
+                    std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    Request r = valid();
+    r.options.scale = bad;
+    expect_code(r, Code::InvalidScale, Operand::None, "scale " + std::to_string(bad));
+  }
+  for (float ok : {1e-40f, 1e-3f, 2.0f}) {
+    Request r = valid();
+    r.options.scale = ok;
+    expect(check(r).ok(), "scale " + std::to_string(ok) + " is accepted");
+  }
+}
+
+void heads_and_head_dims() {
+  Request r = valid();
+  r.k.shape[2] = r.v.shape[2] = 3;
+  r.k.stride[1] = r.v.stride[1] = 3 * 64;
+  r.k.stride[0] = r.v.stride[0] = 130 * 3 * 64;
+  expect_code(r, Code::HeadsNotDivisible, Operand::None, "8 query heads on 3 kv heads");
+  for (int64_t d : {int64_t{4}, int64_t{100}, int64_t{264}}) {
+    Request t;
+    t.q = t.out = bshd(1, 16, 1, d);
+    t.k = t.v = bshd(1, 16, 1, d);
+    expect_code(t, Code::UnsupportedHeadDim, Operand::None, "head dim " + std::to_string(d));
+  }
+}
+
+void planning() {
+  const int64_t limit = flashcore::kDecodeMaxQueryRows;
+  expect(flashcore::auto_kernel(1) == Kernel::CutlassSm80, "Auto: one query runs CUTLASS");
+  expect(flashcore::auto_kernel(limit) == Kernel::CutlassSm80, "Auto: the decode limit");
+  expect(flashcore::auto_kernel(limit + 1) == Kernel::Wmma, "Auto: above it, WMMA");
+  Request r = valid();
+  Problem p{};
+  expect(flashcore::core::validate(r, &p).ok(), "valid for planning");
+  flashcore::core::DeviceCaps l4{8, 9, 99 * 1024};
+  flashcore::core::Plan plan{};
+  const Status s = flashcore::core::plan(r, p, l4, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.row->arch == flashcore::ArchClass::Sm86Sm89,
+         "an L4 runs WMMA's sm_89 row: " + s.message);
+  flashcore::core::DeviceCaps volta{7, 0, 96 * 1024};
+  expect(flashcore::core::plan(r, p, volta, &plan).code == Code::UnsupportedDevice,
+         "compute capability 7.0 is refused");
+  r.options.causal = Causal::BottomRight;
+  r.q.shape[1] = r.out.shape[1] = 200;  // 70 rows would see no key
+  r.q.stride[0] = r.out.stride[0] = 200 * 8 * 64;
+  expect_code(r, Code::NoVisibleKeys, Operand::None, "bottom-right with seq_q > seq_k");
+}
+
+}  // namespace
+
+int main() {
+  valid_call_passes();
+  negative_sizes_and_strides();
+  extents_that_overflow();
+  addresses_and_locations();
+  scales();
+  heads_and_head_dims();
+  planning();
+  if (failures != 0) {
+    std::printf("core_test: %d check(s) FAILED\n", failures);
+    return 1;
+  }
+  std::printf("core_test: all checks passed\n");
+  return 0;
+}
