@@ -42,13 +42,7 @@ pub fn units(cpp: &Path) -> Vec<Unit> {
     let mut units = Vec::new();
     for family in Family::ALL {
         let dir = cpp.join("src").join(family.dir()).join("instances");
-        let mut sources: Vec<PathBuf> = fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-            .collect();
-        sources.sort();
-        for source in sources {
+        for source in files_with_extension(&dir, "cu") {
             let stem = source.file_stem().unwrap().to_string_lossy();
             units.push(Unit {
                 name: format!("fmha_{}_{stem}", family.dir()),
@@ -58,6 +52,17 @@ pub fn units(cpp: &Path) -> Vec<Unit> {
         }
     }
     units
+}
+
+/// The files of `dir` (not its subfolders) named `*.ext`, sorted.
+fn files_with_extension(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    files.sort();
+    files
 }
 
 /// Hash of every file under `dir` (sorted), for the cache key.
@@ -138,9 +143,13 @@ impl Config<'_> {
         ] {
             h.update(fs::read(self.cpp.join(file)).expect("read a kernel header under cpp/"));
         }
+        // Every header of the family's folder (launcher and kernel), so a new one cannot be missed.
+        for path in files_with_extension(&self.cpp.join("src").join(family.dir()), "cuh") {
+            h.update(path.file_name().unwrap().to_string_lossy().as_bytes());
+            h.update(fs::read(&path).expect("read a kernel header"));
+        }
         match family {
             Family::Sm80 => {
-                h.update(fs::read(self.cpp.join("src/sm80/launch.cuh")).expect("read launch.cuh"));
                 h.update(
                     fs::read(self.cutlass.join("include/cutlass/version.h")).unwrap_or_default(),
                 );
@@ -149,15 +158,7 @@ impl Config<'_> {
                     &self.cutlass.join("examples/41_fused_multi_head_attention"),
                 );
             }
-            Family::Wmma => {
-                for file in [
-                    "src/wmma/fragments.cuh",
-                    "src/wmma/kernel.cuh",
-                    "src/wmma/launch.cuh",
-                ] {
-                    h.update(fs::read(self.cpp.join(file)).expect("read a WMMA header"));
-                }
-            }
+            Family::Wmma => {}
         }
         h
     }

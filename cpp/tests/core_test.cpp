@@ -37,7 +37,7 @@ TensorDesc bshd(int64_t b, int64_t s, int64_t h, int64_t d, uint64_t address = 0
   TensorDesc t;
   t.address = address;
   t.shape[0] = b, t.shape[1] = s, t.shape[2] = h, t.shape[3] = d;
-  t.stride[3] = 1, t.stride[2] = d, t.stride[1] = h * d, t.stride[0] = s * h * d;
+  flashcore::bshd_strides(t.shape, t.stride);
   t.location = 0;
   return t;
 }
@@ -89,8 +89,8 @@ void negative_sizes_and_strides() {
   }
   Request r = valid();
   r.has_lse = true;
-  r.lse.shape[0] = 2, r.lse.shape[1] = 100, r.lse.shape[2] = 8, r.lse.shape[3] = -1;
-  r.lse.location = 0;
+  r.lse = bshd(2, 100, 8, 1);
+  r.lse.shape[3] = -1;
   expect_code(r, Code::SizeOverflow, Operand::Lse, "negative lse dim");
 }
 
@@ -138,9 +138,7 @@ void scales() {
 
 void heads_and_head_dims() {
   Request r = valid();
-  r.k.shape[2] = r.v.shape[2] = 3;
-  r.k.stride[1] = r.v.stride[1] = 3 * 64;
-  r.k.stride[0] = r.v.stride[0] = 130 * 3 * 64;
+  r.k = r.v = bshd(2, 130, 3, 64);
   expect_code(r, Code::HeadsNotDivisible, Operand::None, "8 query heads on 3 kv heads");
   for (int64_t d : {int64_t{4}, int64_t{100}, int64_t{264}}) {
     Request t;
@@ -167,8 +165,7 @@ void planning() {
   expect(flashcore::core::plan(r, p, volta, &plan).code == Code::UnsupportedDevice,
          "compute capability 7.0 is refused");
   r.options.causal = Causal::BottomRight;
-  r.q.shape[1] = r.out.shape[1] = 200;  // 70 rows would see no key
-  r.q.stride[0] = r.out.stride[0] = 200 * 8 * 64;
+  r.q = r.out = bshd(2, 200, 8, 64);  // 70 rows would see no key
   expect_code(r, Code::NoVisibleKeys, Operand::None, "bottom-right with seq_q > seq_k");
 }
 

@@ -81,11 +81,19 @@ __device__ inline void ldsm_x4_trans(uint32_t (&w)[4], const void* smem) {
                : "r"(addr));
 }
 
+// The address lane `lane` gives ldmatrix for a 16x16 row-major tile read as four 8x8 matrices
+// in the order (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (8-15, 8-15):
+// the register order of matrix_a, and of matrix_b when transposed.
+template <typename T>
+__device__ inline const T* quad_row(const T* tile, int ld, int lane) {
+  return tile + (lane % 16) * ld + (lane / 16) * 8;
+}
+
 // A = the 16x16 row-major tile at `tile` (row stride `ld` elements, rows 16-byte aligned).
 template <typename T>
 __device__ inline void load_a(FragA<T>& f, const T* tile, int ld, int lane) {
   uint32_t w[4];
-  ldsm_x4(w, tile + (lane % 16) * ld + (lane / 16) * 8);
+  ldsm_x4(w, quad_row(tile, ld, lane));
   set_words(f, w);
 }
 
@@ -101,7 +109,7 @@ __device__ inline void load_b_col(FragBCol<T>& f, const T* tile, int ld, int lan
 template <typename T>
 __device__ inline void load_b_row(FragBRow<T>& f, const T* tile, int ld, int lane) {
   uint32_t w[4];
-  ldsm_x4_trans(w, tile + (lane % 16) * ld + (lane / 16) * 8);
+  ldsm_x4_trans(w, quad_row(tile, ld, lane));
   set_words(f, w);
 }
 

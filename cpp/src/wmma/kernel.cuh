@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
     }
   }
   RowState rows[WM];
-  const T* s_qw = s_q + (warp * 16 * WM) * C::kLd;
+  T* s_qw = s_q + (warp * 16 * WM) * C::kLd;  // the warp's Q rows, its output rows at the end
 
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t % 2;
@@ -226,7 +226,6 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
 
   // Epilogue: normalise by l, stage the warp's rows as T over its own (now unused) Q rows, then
   // write 16-byte vectors; the log-sum-exp (natural log) when asked.
-  T* s_ow = s_q + (warp * 16 * WM) * C::kLd;
 #pragma unroll
   for (int mt = 0; mt < WM; ++mt) {
     rows[mt].reduce_sums();
@@ -236,7 +235,7 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 8; i += 2) {
         const float f = inv_l[row_half(i)];
-        *reinterpret_cast<uint32_t*>(s_ow + (mt * 16 + acc_row(lane, i)) * C::kLd + j * 16 +
+        *reinterpret_cast<uint32_t*>(s_qw + (mt * 16 + acc_row(lane, i)) * C::kLd + j * 16 +
                                      acc_col(lane, i)) =
             pack2(T(), o[mt][j].x[i] * f, o[mt][j].x[i + 1] * f);
       }
@@ -262,7 +261,7 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
     const int q_row = warp_row0 + r;
     if (q_row < p.seq_q) {
       *reinterpret_cast<uint4*>(out + int64_t(q_row) * p.o_stride[1] + c) =
-          *reinterpret_cast<const uint4*>(s_ow + r * C::kLd + c);
+          *reinterpret_cast<const uint4*>(s_qw + r * C::kLd + c);
     }
   }
 }
