@@ -91,6 +91,9 @@ fn main() {
         .max(1);
 
     // The bridge first: GNU ld resolves static archives left to right.
+    if kernels::builds_hopper(&archs) {
+        bridge.define("FLASHCORE_WITH_SM90", "1");
+    }
     bridge
         .file(cpp.join("src/bridge.cpp"))
         .file(cpp.join("src/attention.cpp"))
@@ -107,7 +110,7 @@ fn main() {
         jobs,
         out_dir: &out_dir,
     };
-    let objects = config.compile(&kernels::units(&cpp));
+    let objects = config.compile(&kernels::units(&cpp, &archs));
     cc::Build::new()
         .objects(&objects)
         .cargo_metadata(true)

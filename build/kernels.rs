@@ -10,24 +10,46 @@ use sha2::{Digest, Sha256};
 
 use crate::toolchain::Cuda;
 
-/// A kernel family: the folder under `cpp/src/` whose `instances/` holds its translation units.
+/// A kernel family: the folder under `cpp/src/` whose `instances/` holds its translation units,
+/// and how nvcc builds them. One row per family: adding a family is adding a row.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    /// CUTLASS example 41.
-    Sm80,
-    /// flashcore's WMMA kernel.
-    Wmma,
+pub struct Family {
+    dir: &'static str,
+    /// The CUTLASS example folder its kernels include (and whose files key the cache).
+    cutlass_example: Option<&'static str>,
+    /// Hopper-only (SASS `sm_90a`): built only when 90 is among the target archs.
+    hopper: bool,
+    /// Our own kernel must not spill at any tile of its table: make a spill a build error.
+    no_spills: bool,
 }
 
-impl Family {
-    const ALL: [Family; 2] = [Family::Sm80, Family::Wmma];
+pub const FAMILIES: [Family; 3] = [
+    // CUTLASS example 41.
+    Family {
+        dir: "sm80",
+        cutlass_example: Some("examples/41_fused_multi_head_attention"),
+        hopper: false,
+        no_spills: false,
+    },
+    // flashcore's WMMA kernel.
+    Family {
+        dir: "wmma",
+        cutlass_example: None,
+        hopper: false,
+        no_spills: true,
+    },
+    // CUTLASS example 88's Hopper mainloop under flashcore's kernel layer.
+    Family {
+        dir: "sm90",
+        cutlass_example: Some("examples/88_hopper_fmha"),
+        hopper: true,
+        no_spills: false,
+    },
+];
 
-    fn dir(self) -> &'static str {
-        match self {
-            Family::Sm80 => "sm80",
-            Family::Wmma => "wmma",
-        }
-    }
+/// Whether `archs` (as in FLASHCORE_CUDA_ARCHS) includes Hopper, so the sm90 family is built.
+pub fn builds_hopper(archs: &[String]) -> bool {
+    archs.iter().any(|a| a == "90" || a == "90a")
 }
 
 pub struct Unit {
@@ -36,16 +58,19 @@ pub struct Unit {
     family: Family,
 }
 
-/// Every kernel translation unit: `cpp/src/<family>/instances/*.cu` (one per dtype x tile of
-/// the family's `instances.inc`).
-pub fn units(cpp: &Path) -> Vec<Unit> {
+/// Every kernel translation unit of the families built for `archs`:
+/// `cpp/src/<family>/instances/*.cu` (one per dtype x tile of the family's `instances.inc`).
+pub fn units(cpp: &Path, archs: &[String]) -> Vec<Unit> {
     let mut units = Vec::new();
-    for family in Family::ALL {
-        let dir = cpp.join("src").join(family.dir()).join("instances");
+    for family in FAMILIES {
+        if family.hopper && !builds_hopper(archs) {
+            continue;
+        }
+        let dir = cpp.join("src").join(family.dir).join("instances");
         for source in files_with_extension(&dir, "cu") {
             let stem = source.file_stem().unwrap().to_string_lossy();
             units.push(Unit {
-                name: format!("fmha_{}_{stem}", family.dir()),
+                name: format!("fmha_{}_{stem}", family.dir),
                 source,
                 family,
             });
@@ -103,16 +128,22 @@ impl Config<'_> {
             .include(self.cpp.join("src"))
             .include(self.cutlass.join("include"))
             .include(self.cutlass.join("tools/util/include"))
-            .include(self.cutlass.join("examples/41_fused_multi_head_attention"))
             .flag("-std=c++17")
             .flag("--expt-relaxed-constexpr")
             .flag("-DNDEBUG")
             .flag("-Xcudafe=--diag_suppress=esa_on_defaulted_function_ignored");
-        for arch in self.archs {
-            b.flag(format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
+        if let Some(example) = family.cutlass_example {
+            b.include(self.cutlass.join(example));
         }
-        if family == Family::Wmma {
-            // Our own kernel must not spill at any tile of its table: make a spill a build error.
+        if family.hopper {
+            // wgmma and setmaxnreg need the arch-specific target.
+            b.flag("-gencode=arch=compute_90a,code=sm_90a");
+        } else {
+            for arch in self.archs {
+                b.flag(format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
+            }
+        }
+        if family.no_spills {
             b.flag("-Xptxas=-warn-spills,-Werror");
         }
         b
@@ -144,21 +175,13 @@ impl Config<'_> {
             h.update(fs::read(self.cpp.join(file)).expect("read a kernel header under cpp/"));
         }
         // Every header of the family's folder (launcher and kernel), so a new one cannot be missed.
-        for path in files_with_extension(&self.cpp.join("src").join(family.dir()), "cuh") {
+        for path in files_with_extension(&self.cpp.join("src").join(family.dir), "cuh") {
             h.update(path.file_name().unwrap().to_string_lossy().as_bytes());
             h.update(fs::read(&path).expect("read a kernel header"));
         }
-        match family {
-            Family::Sm80 => {
-                h.update(
-                    fs::read(self.cutlass.join("include/cutlass/version.h")).unwrap_or_default(),
-                );
-                hash_tree(
-                    &mut h,
-                    &self.cutlass.join("examples/41_fused_multi_head_attention"),
-                );
-            }
-            Family::Wmma => {}
+        if let Some(example) = family.cutlass_example {
+            h.update(fs::read(self.cutlass.join("include/cutlass/version.h")).unwrap_or_default());
+            hash_tree(&mut h, &self.cutlass.join(example));
         }
         h
     }
@@ -170,11 +193,11 @@ impl Config<'_> {
         // translation). Set before any thread starts.
         std::env::set_var("NVCC", &self.cuda.nvcc);
         fs::create_dir_all(self.cache).expect("create nvcc cache dir");
-        let families = Family::ALL.map(|f| self.family_hash(f));
+        let families = FAMILIES.map(|f| self.family_hash(f));
         let objects: Vec<PathBuf> = units
             .iter()
             .map(|u| {
-                let family = &families[Family::ALL.iter().position(|&f| f == u.family).unwrap()];
+                let family = &families[FAMILIES.iter().position(|&f| f == u.family).unwrap()];
                 let key = self.key(u, family);
                 self.cache.join(format!("{}-{}.o", u.name, &key[..16]))
             })

@@ -2,7 +2,7 @@
 //! backend, shape, time and error against the float64 CPU reference.
 //!
 //! `cargo run --release --example attention -- [B H S D] [--causal] [--bf16]
-//! [--backend auto|cutlass|wmma]` (default: the mission shape 1 x 8 x 512 x 64, f16, `Auto`).
+//! [--backend auto|cutlass|cutlass-sm80|wmma|cutlass-sm90]` (default: the mission shape 1 x 8 x 512 x 64, f16, `Auto`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -10,6 +10,7 @@ mod common;
 use std::time::Instant;
 
 use common::{logical, randn, rel_l2, Rng};
+use flashcore::plan::Kernel;
 use flashcore::{attention, AttentionElement, AttentionOptions, Backend, Causal, Layout, Tensor};
 use half::{bf16, f16};
 
@@ -31,9 +32,11 @@ fn parse() -> Result<Args, String> {
             "--backend" => {
                 backend = match args.next().as_deref() {
                     Some("auto") => Backend::Auto,
-                    Some("cutlass") => Backend::CutlassSm80,
-                    Some("wmma") => Backend::Wmma,
-                    other => return Err(format!("bad --backend {other:?}")),
+                    Some("cutlass") => Backend::Kernel(Kernel::CutlassSm80),
+                    Some(name) => Kernel::from_name(name)
+                        .map(Backend::Kernel)
+                        .ok_or_else(|| format!("bad --backend {name:?}"))?,
+                    None => return Err("--backend needs a name".into()),
                 }
             }
             n => dims.push(

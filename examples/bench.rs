@@ -13,7 +13,7 @@ use std::time::Instant;
 use common::{percentiles, shapes, time_calls, BenchShape, Inputs};
 use flashcore::plan::{ArchClass, Kernel};
 use flashcore::{
-    attention, AttentionElement, AttentionOptions, Backend, Causal, Device, Layout, Stream, Tensor,
+    attention, AttentionElement, AttentionOptions, Causal, Device, Layout, Stream, Tensor,
 };
 use half::{bf16, f16};
 use serde_json::json;
@@ -84,7 +84,7 @@ fn gpu<T: AttentionElement>(
     iters: usize,
     force: Option<ArchClass>,
 ) -> Vec<(&'static str, flashcore::Result<Vec<f64>>)> {
-    let mut inputs = match Inputs::<T>::new(stream, shape, Backend::CutlassSm80, force) {
+    let mut inputs = match Inputs::<T>::new(stream, shape, Kernel::CutlassSm80.into(), force) {
         Ok(i) => i,
         Err(e) => {
             return Kernel::ALL

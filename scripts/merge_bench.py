@@ -2,8 +2,9 @@
 """Merges flashcore's bench JSON and torch's into one markdown table with ratios and roofline.
 
 Usage: merge_bench.py SHAPES_JSON OURS_JSON TORCH_JSON
-wmma / cutlass = WMMA TFLOP/s over CUTLASS's (> 1: WMMA faster).
-Ratio = our best backend's TFLOP/s / the best torch backend's TFLOP/s (> 1: we are faster).
+One µs and TFLOP/s column pair per flashcore kernel family found in OURS_JSON (in its order).
+K / cudnn = that kernel's TFLOP/s over torch's cudnn backend (> 1: ours faster), for the newest
+family (last in OURS_JSON). Best / torch = our best family's TFLOP/s over the best torch backend's.
 Roofline = max(flops / bf16 matmul peak, bytes / copy bandwidth), both measured in the same run.
 """
 import json
@@ -16,15 +17,21 @@ ceil = torch["ceilings"]
 peak, bw = ceil["bf16_matmul_tflops"], ceil["copy_gbps"]
 
 by = {}
+kernels = []
 for r in ours["records"] + torch["records"]:
     by.setdefault((r["shape"], r["dtype"]), {})[r["impl"]] = r
+    if r["impl"].startswith("flashcore/") and r["impl"] != "flashcore/cpu" and r["impl"] not in kernels:
+        kernels.append(r["impl"])
+names = [k.split("/", 1)[1] for k in kernels]
+newest = names[-1] if names else "n/a"
 
 print(f"Device {torch['device']}, driver {torch['driver']}, torch {torch['torch']}, "
       f"cuDNN {torch['cudnn']}. Ceilings measured in the same run: bf16 matmul "
       f"{peak:.0f} TFLOP/s, copy {bw:.0f} GB/s.\n")
-print("| shape (BxHxSxD) | dtype | cutlass-sm80 µs | TFLOP/s | wmma µs | TFLOP/s | wmma / cutlass "
-      "| % roofline (best ours) | torch flash | torch efficient | torch cudnn | best ours / best torch |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+head = "".join(f" {n} µs | TFLOP/s |" for n in names)
+print(f"| shape (BxHxSxD) | dtype |{head} torch flash | torch efficient | torch cudnn "
+      f"| {newest} / cudnn | % roofline (best ours) | best ours / best torch |")
+print("|---|---|" + "---:|---:|" * len(names) + "---:|---:|---:|---:|---:|---:|")
 
 
 def tf(r):
@@ -32,20 +39,23 @@ def tf(r):
 
 
 def us(r):
-    return f"{r['median_us']:.1f}" if r else "n/a"
+    return f"{r['median_us']:.1f}" if r and "median_us" in r else "n/a"
 
 
 for (name, dtype), impls in by.items():
-    cut, wm = impls.get("flashcore/cutlass-sm80"), impls.get("flashcore/wmma")
-    ours_best = [r for r in (cut, wm) if r]
-    if not ours_best:
+    mine = [impls.get(k) for k in kernels]
+    ran = [r for r in mine if r and "tflops" in r]
+    if not ran:
         continue
-    best_ours = max(ours_best, key=lambda r: r["tflops"])
+    best_ours = max(ran, key=lambda r: r["tflops"])
     s = shapes[name]
     floor_us = max(s["flops"] / (peak * 1e12), s["bytes"] / (bw * 1e9)) * 1e6
     t = [impls.get(f"torch/{b}") for b in ("flash", "efficient", "cudnn")]
     best = max((x["tflops"] for x in t if x and "tflops" in x), default=None)
     ratio = f"{best_ours['tflops'] / best:.2f}" if best else "n/a"
-    race = f"{wm['tflops'] / cut['tflops']:.2f}" if cut and wm else "n/a"
-    print(f"| {name} | {dtype} | {us(cut)} | {tf(cut)} | {us(wm)} | {tf(wm)} | {race} | "
-          f"{100 * floor_us / best_ours['median_us']:.0f}% | {tf(t[0])} | {tf(t[1])} | {tf(t[2])} | {ratio} |")
+    cudnn = t[2] if t[2] and "tflops" in t[2] else None
+    last = mine[-1] if mine and mine[-1] and "tflops" in mine[-1] else None
+    vs_cudnn = f"{last['tflops'] / cudnn['tflops']:.2f}" if last and cudnn else "n/a"
+    cols = "".join(f" {us(r)} | {tf(r)} |" for r in mine)
+    print(f"| {name} | {dtype} |{cols} {tf(t[0])} | {tf(t[1])} | {tf(t[2])} | {vs_cudnn} | "
+          f"{100 * floor_us / best_ours['median_us']:.0f}% | {ratio} |")

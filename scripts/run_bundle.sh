@@ -22,13 +22,28 @@ rm -f "$marker"
   echo "== WMMA kernels: registers, shared memory, stack, spills (cuobjdump --dump-resource-usage)"
   cuobjdump --dump-resource-usage "$here/example-attention" |
     awk '/^[ \t]*arch = /{arch=$3} /Function .*wmma/{fn=$2} /REG:/{ if (fn != "") { print arch, fn, $0; fn="" } }'
-  echo "== compute-sanitizer racecheck: WMMA on the seed shapes"
+  echo "== Hopper kernels: wgmma instructions (HGMMA) in the sm_90a SASS, and resources"
+  cuobjdump --dump-sass "$here/example-attention" |
+    awk '/Function : .*fmha_sm90/{fn=$3} /HGMMA/{ if (fn != "") n[fn]++ } END { for (f in n) print n[f], "HGMMA in", f }'
+  cuobjdump --dump-resource-usage "$here/example-attention" |
+    awk '/Function .*fmha_sm90/{fn=$2} /REG:/{ if (fn != "") { print fn, $0; fn="" } }'
   sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-  for shape in "1 8 512 64" "4 8 256 64" "1 8 1024 64"; do
-    # shellcheck disable=SC2086
-    "$sanitizer" --tool racecheck --racecheck-report all --error-exitcode 3 \
-      "$here/example-attention" $shape --backend wmma || touch "$marker"
-  done
+  if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
+    echo "== compute-sanitizer racecheck: WMMA on the seed shapes"
+    for shape in "1 8 512 64" "4 8 256 64" "1 8 1024 64"; do
+      # shellcheck disable=SC2086
+      "$sanitizer" --tool racecheck --racecheck-report all --error-exitcode 3 \
+        "$here/example-attention" $shape --backend wmma || touch "$marker"
+    done
+    echo "== compute-sanitizer memcheck and racecheck: Hopper kernel, seeds and a throughput shape"
+    for shape in "1 8 512 64" "4 8 256 64" "1 8 1024 64" "4 8 1024 128 --causal --bf16"; do
+      for tool in memcheck racecheck; do
+        # shellcheck disable=SC2086
+        "$sanitizer" --tool $tool --error-exitcode 3 \
+          "$here/example-attention" $shape --backend cutlass-sm90 || touch "$marker"
+      done
+    done
+  fi
 } 2>&1 | tee "$out/example.log"
 [ -e "$marker" ] && { echo "== example or racecheck FAILED"; status=1; }
 echo "== GPU test suite"

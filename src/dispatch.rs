@@ -5,7 +5,7 @@ use crate::element::AttentionElement;
 use crate::error::{Error, Result};
 use crate::ffi::RequestFfi;
 use crate::options::{AttentionOptions, Backend, BackendKind};
-use crate::plan::{Kernel, TileRow};
+use crate::plan::TileRow;
 use crate::tensor::{Location, Tensor};
 
 /// What ran: the backend, and for GPU backends the tile-table row.
@@ -24,23 +24,18 @@ fn on_gpu(requested: Backend, location: Location) -> bool {
 
 /// The error for a backend that cannot run where the (validated) operands are.
 fn misplaced(requested: Backend) -> Error {
-    let (backend, reason) = match requested {
-        Backend::Cpu => (
-            "cpu",
-            "operands are on a GPU; copy them with Tensor::to_host first",
-        ),
-        Backend::Wmma => (
-            Kernel::Wmma.name(),
-            "operands are on the host; copy them with Tensor::to_device first",
-        ),
-        _ => (
-            Kernel::CutlassSm80.name(),
-            "operands are on the host; copy them with Tensor::to_device first",
-        ),
-    };
-    Error::BackendUnavailable {
-        backend,
-        reason: reason.into(),
+    match requested {
+        Backend::Cpu => Error::BackendUnavailable {
+            backend: "cpu",
+            reason: "operands are on a GPU; copy them with Tensor::to_host first".into(),
+        },
+        Backend::Kernel(_) | Backend::Auto => Error::BackendUnavailable {
+            backend: match requested {
+                Backend::Kernel(kernel) => kernel.name(),
+                _ => "auto",
+            },
+            reason: "operands are on the host; copy them with Tensor::to_device first".into(),
+        },
     }
 }
 

@@ -3,11 +3,13 @@
 //! Fast, safe fused attention — `softmax(scale * Q K^T + mask) V` — on NVIDIA GPUs, with a CPU
 //! reference backend that runs everywhere.
 //!
-//! * **GPU** (compute capability 8.0 to 9.x), two kernels, each with flashcore's own tile table
-//!   ([`plan::tile_table`]): flashcore's FlashAttention-2 kernel on `nvcuda::wmma` tensor cores,
-//!   which [`Backend::Auto`] runs for every problem but decode, and CUTLASS's fused multi-head
-//!   attention (example 41, the Ampere/Ada kernel), which it runs for decode
-//!   ([`plan::auto_kernel`]).
+//! * **GPU** (compute capability 8.0 to 9.x), three kernel families ([`plan::Kernel`]), each with
+//!   flashcore's own tile table ([`plan::tile_table`]): flashcore's FlashAttention-2 kernel on
+//!   `nvcuda::wmma` tensor cores, which [`Backend::Auto`] runs for every problem but decode;
+//!   CUTLASS's fused multi-head attention (example 41, the Ampere/Ada kernel), which it runs for
+//!   decode ([`plan::auto_kernel`]); and, on compute capability 9.0, CUTLASS example 88's Hopper
+//!   mainloop (`wgmma`, TMA) under flashcore's own kernel layer, forced with
+//!   `Backend::Kernel(Kernel::CutlassSm90)`.
 //! * **CPU**: an exact float64-accumulating reference, used on hosts without a GPU and by tests.
 //! * **C++**: the same kernels, validation and tile tables are a standalone C++17 library
 //!   (`cpp/include/flashcore/flashcore.h`), which this crate calls through its cxx bridge. Device

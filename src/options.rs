@@ -16,6 +16,11 @@ pub enum Causal {
 }
 
 /// Which implementation runs the attention.
+///
+/// ```
+/// use flashcore::{plan::Kernel, Backend};
+/// assert_eq!(Backend::from(Kernel::Wmma), Backend::Kernel(Kernel::Wmma));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Backend {
     /// The best available for the operands' location: on a GPU the kernel
@@ -24,11 +29,10 @@ pub enum Backend {
     Auto,
     /// The float64-accumulating CPU reference (host tensors).
     Cpu,
-    /// CUTLASS example 41 (`Sm80` tag) on compute capability 8.0 to 9.x (device tensors).
-    CutlassSm80,
-    /// flashcore's WMMA FlashAttention-2 kernel on compute capability 8.0 to 9.x (device
-    /// tensors), with its own tile table ([`crate::plan::tile_table`]).
-    Wmma,
+    /// One GPU kernel family (device tensors), with its own tile table
+    /// ([`crate::plan::tile_table`]). A family that cannot run the call on this device or build
+    /// gives [`crate::Error::BackendUnavailable`].
+    Kernel(Kernel),
 }
 
 /// The backend that actually ran, reported by every call.
@@ -36,10 +40,8 @@ pub enum Backend {
 pub enum BackendKind {
     /// The CPU reference.
     Cpu,
-    /// CUTLASS Ampere/Ada.
-    CutlassSm80,
-    /// The WMMA kernel.
-    Wmma,
+    /// A GPU kernel family.
+    Kernel(Kernel),
 }
 
 impl BackendKind {
@@ -47,8 +49,7 @@ impl BackendKind {
     pub const fn name(self) -> &'static str {
         match self {
             BackendKind::Cpu => "cpu",
-            BackendKind::CutlassSm80 => Kernel::CutlassSm80.name(),
-            BackendKind::Wmma => Kernel::Wmma.name(),
+            BackendKind::Kernel(kernel) => kernel.name(),
         }
     }
 
@@ -56,8 +57,7 @@ impl BackendKind {
     pub const fn kernel(self) -> Option<Kernel> {
         match self {
             BackendKind::Cpu => None,
-            BackendKind::CutlassSm80 => Some(Kernel::CutlassSm80),
-            BackendKind::Wmma => Some(Kernel::Wmma),
+            BackendKind::Kernel(kernel) => Some(kernel),
         }
     }
 }
@@ -65,19 +65,13 @@ impl BackendKind {
 impl From<Kernel> for Backend {
     /// The backend that forces `kernel`.
     fn from(kernel: Kernel) -> Self {
-        match kernel {
-            Kernel::CutlassSm80 => Backend::CutlassSm80,
-            Kernel::Wmma => Backend::Wmma,
-        }
+        Backend::Kernel(kernel)
     }
 }
 
 impl From<Kernel> for BackendKind {
     fn from(kernel: Kernel) -> Self {
-        match kernel {
-            Kernel::CutlassSm80 => BackendKind::CutlassSm80,
-            Kernel::Wmma => BackendKind::Wmma,
-        }
+        BackendKind::Kernel(kernel)
     }
 }
 

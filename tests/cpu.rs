@@ -413,9 +413,15 @@ fn tile_table_rows_fit_their_class() {
         let table = tile_table(kernel);
         for class in ArchClass::ALL {
             let rows: Vec<_> = table.iter().filter(|r| r.arch == class).collect();
+            // The Hopper kernel's SASS is sm_90a: it has rows for that class only.
+            let tiers: &[u32] = if kernel == Kernel::CutlassSm90 && class != ArchClass::Sm90 {
+                &[]
+            } else {
+                &[64, 128, 256]
+            };
             assert_eq!(
                 rows.iter().map(|r| r.max_head_dim).collect::<Vec<_>>(),
-                [64, 128, 256]
+                tiers
             );
             for r in rows {
                 assert!(r.smem_bytes <= class.smem_per_block_optin(), "{r:?}");
@@ -430,6 +436,40 @@ fn tile_table_rows_fit_their_class() {
             }
         }
     }
+}
+
+#[test]
+fn sm90_serves_compute_capability_9_only() {
+    for d in (8..=256).step_by(8) {
+        let row = choose_row(Kernel::CutlassSm90, d, 4096, (9, 0), 227 * 1024, None).unwrap();
+        assert_eq!(row.arch, ArchClass::Sm90);
+        assert!(d <= row.max_head_dim as usize);
+        // Two consumer warpgroups of 64 query rows.
+        assert_eq!(row.tile.queries_per_block, 128, "{row:?}");
+    }
+    // Another GPU, or another class forced on an H200: a typed error naming the backend.
+    for (cc, smem, forced) in [
+        ((8, 9), 99 * 1024, None),
+        ((8, 0), 163 * 1024, None),
+        ((9, 0), 227 * 1024, Some(ArchClass::Sm86Sm89)),
+    ] {
+        let e = choose_row(Kernel::CutlassSm90, 128, 4096, cc, smem, forced).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::BackendUnavailable {
+                    backend: "cutlass-sm90",
+                    ..
+                }
+            ),
+            "{cc:?} {forced:?}: {e:?}"
+        );
+    }
+    assert_eq!(Kernel::from_name("cutlass-sm90"), Some(Kernel::CutlassSm90));
+    assert_eq!(
+        flashcore::Backend::from(Kernel::CutlassSm90),
+        flashcore::Backend::Kernel(Kernel::CutlassSm90)
+    );
 }
 
 #[test]

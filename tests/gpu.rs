@@ -1,4 +1,5 @@
-//! GPU suite: every GPU backend (CUTLASS and WMMA) vs the f64 reference over one matrix. Every test is ignored by
+//! GPU suite: every GPU backend ([`Kernel::ALL`]: CUTLASS example 41, WMMA and, on compute
+//! capability 9.0, the Hopper kernel) vs the f64 reference over one matrix. Every test is ignored by
 //! default and *fails* (never passes silently) when no CUDA device is present. Run with
 //! `cargo test --release --test gpu -- --include-ignored`, or the bundle's runner.
 #![cfg(feature = "cuda")]
@@ -111,14 +112,21 @@ fn tolerance<T: AttentionElement>() -> f64 {
     }
 }
 
-/// Runs every case and fails listing all cases over tolerance (NaN counts as infinite error).
+/// Whether `kernel` runs on device 0 (the Hopper kernel needs compute capability 9.0).
+fn runs_here(kernel: Kernel) -> bool {
+    let device = Device::open(0).expect("this test needs a CUDA device");
+    kernel != Kernel::CutlassSm90 || device.compute_capability() == (9, 0)
+}
+
+/// Runs every case (on its pinned kernel, or on every kernel that runs here) and fails listing
+/// all cases over tolerance (NaN counts as infinite error).
 fn check_all<T: AttentionElement>(cases: &[Case]) {
     let s = stream();
     let mut failures = Vec::new();
     for &c in cases {
         let pinned = c.backend.map(|k| [k]);
         let kernels = pinned.as_ref().map_or(&Kernel::ALL[..], |p| &p[..]);
-        for &backend in kernels {
+        for &backend in kernels.iter().filter(|&&k| runs_here(k)) {
             let (err, lse_err) = run_case::<T>(&s, c, backend);
             println!(
                 "{backend:?} {:?} {c:?}: rel L2 {err:.2e} lse {lse_err:.2e}",
@@ -171,6 +179,34 @@ fn odd_lengths_and_unequal_seqs() {
             });
         }
     }
+    both_dtypes(&cases);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn long_sequences_with_partial_tiles() {
+    // 4097 = 32 x 128 + 1 leaves a one-row query tile and a one-key key tile at every tile size
+    // of the Hopper table; the masked tiles cross the diagonal and the sequence end at once.
+    // Hopper only (the other kernels run the shorter odd lengths above): the f64 reference of
+    // one such head costs seconds.
+    let mut cases = Vec::new();
+    for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+        cases.push(Case {
+            sq: 4097,
+            sk: 4097,
+            causal,
+            lse: true,
+            backend: Some(Kernel::CutlassSm90),
+            ..case(1, 1, 0, 64)
+        });
+    }
+    cases.push(Case {
+        sq: 1000,
+        sk: 4097,
+        causal: Causal::BottomRight,
+        backend: Some(Kernel::CutlassSm90),
+        ..case(1, 1, 0, 128)
+    });
     both_dtypes(&cases);
 }
 
@@ -417,6 +453,26 @@ fn gpu_errors_launch_nothing() {
         e,
         Err(Error::BackendUnavailable { backend: "cpu", .. })
     ));
+    // The Hopper kernel forced with another class's rows: a typed error, nothing launched.
+    let e = attention(
+        &dev,
+        &dev,
+        &dev,
+        &AttentionOptions::default()
+            .backend(Kernel::CutlassSm90.into())
+            .force_arch_class(ArchClass::Sm86Sm89),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::BackendUnavailable {
+                backend: "cutlass-sm90",
+                ..
+            }
+        ),
+        "{e}"
+    );
     // Empty problems validate and launch nothing.
     let empty = Tensor::full(f16::ONE, &[0, 8, 2, 64], Layout::Bshd)
         .unwrap()

@@ -73,6 +73,7 @@ core::DeviceCaps device_caps(int device) {
   check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
              "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   caps.smem_per_block_optin = optin;
+  caps.kernels = compiled_kernels();
   if (static_cast<size_t>(device) >= cache.size()) {
     cache.resize(device + 1);
   }

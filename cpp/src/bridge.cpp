@@ -160,7 +160,12 @@ static Status prepare(const RequestFfi& request, const CapsFfi& caps, core::Requ
                core::Problem* p, core::Plan* plan) {
   *r = from_ffi(request);
   Status s = core::validate(*r, p);
-  return s.ok() ? core::plan(*r, *p, from_ffi(caps), plan) : s;
+  if (!s.ok()) {
+    return s;
+  }
+  core::DeviceCaps device = from_ffi(caps);
+  device.kernels = compiled_kernels();
+  return core::plan(*r, *p, device, plan);
 }
 
 LaunchedFfi attention(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,

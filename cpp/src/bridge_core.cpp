@@ -10,7 +10,7 @@ static_assert(static_cast<int>(Code::ShapeMismatch) == 1 && static_cast<int>(Cod
                   static_cast<int>(Code::SizeOverflow) == 11 && static_cast<int>(Code::NoDevice) == 16 &&
                   static_cast<int>(Code::Cuda) == 17 && static_cast<int>(Code::Launch) == 18,
               "flashcore::Code values are part of the bridge: update src/ffi/mod.rs too");
-static_assert(static_cast<int>(Field::HeadStride) == 10 && static_cast<int>(Operand::Lse) == 5,
+static_assert(static_cast<int>(Field::WorkUnits) == 11 && static_cast<int>(Operand::Lse) == 5,
               "flashcore::Field / Operand values are part of the bridge: update src/ffi/mod.rs");
 
 StatusFfi validate(const RequestFfi& request, ProblemFfi& problem) {

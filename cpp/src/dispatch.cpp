@@ -1,9 +1,9 @@
 // From (kernel family, dtype, tile) to the one instantiation compiled for it. The instances are
-// listed once per family in instances.inc; each line names an f16 and a bf16 symbol defined by
-// the files in instances/ (a missing file fails the link).
+// listed once per family in <family>/instances.inc; each line names an f16 and a bf16 symbol
+// defined by the files in <family>/instances/ (a missing file fails the link). The Hopper family
+// is compiled only when the build targets sm_90 (FLASHCORE_WITH_SM90, set by build.rs and CMake).
 #include <cuda_runtime_api.h>
 
-#include <iterator>
 #include <string>
 
 #include "launcher.h"
@@ -21,6 +21,11 @@ namespace flashcore {
 #define FLASHCORE_TILE(Q, K, D) FLASHCORE_DECLARE(wmma_fa, wmma, Q, K, D)
 #include "wmma/instances.inc"
 #undef FLASHCORE_TILE
+#if FLASHCORE_WITH_SM90
+#define FLASHCORE_TILE(Q, K, D, PERSISTENT) FLASHCORE_DECLARE(sm90, sm90, Q, K, D)
+#include "sm90/instances.inc"
+#undef FLASHCORE_TILE
+#endif
 #undef FLASHCORE_DECLARE
 
 namespace {
@@ -45,14 +50,52 @@ constexpr Instance kWmma[] = {
 #include "wmma/instances.inc"
 #undef FLASHCORE_TILE
 };
+#if FLASHCORE_WITH_SM90
+constexpr Instance kSm90[] = {
+#define FLASHCORE_TILE(Q, K, D, PERSISTENT) FLASHCORE_ENTRY(sm90, sm90, Q, K, D)
+#include "sm90/instances.inc"
+#undef FLASHCORE_TILE
+};
+#endif
 #undef FLASHCORE_ENTRY
+
+// Each family's instances, indexed by Kernel; empty where the family was not compiled.
+struct Span {
+  const Instance* first = nullptr;
+  const Instance* last = nullptr;
+};
+template <size_t N>
+constexpr Span span(const Instance (&a)[N]) {
+  return Span{a, a + N};
+}
+constexpr Span kFamilies[kKernelCount] = {
+    span(kSm80),
+    span(kWmma),
+#if FLASHCORE_WITH_SM90
+    span(kSm90),
+#else
+    Span{},
+#endif
+};
+
+Span family(Kernel kernel) {
+  const auto k = static_cast<size_t>(kernel);
+  return k < kKernelCount ? kFamilies[k] : Span{};
+}
 
 }  // namespace
 
+uint32_t compiled_kernels() noexcept {
+  uint32_t mask = 0;
+  for (int32_t k = 0; k < kKernelCount; ++k) {
+    mask |= family(static_cast<Kernel>(k)).first != nullptr ? 1u << k : 0u;
+  }
+  return mask;
+}
+
 void launch(Kernel kernel, const FmhaArgs& args, cudaStream_t stream) {
-  const Instance* first = kernel == Kernel::Wmma ? std::begin(kWmma) : std::begin(kSm80);
-  const Instance* last = kernel == Kernel::Wmma ? std::end(kWmma) : std::end(kSm80);
-  for (const Instance* i = first; i != last; ++i) {
+  const Span s = family(kernel);
+  for (const Instance* i = s.first; i != s.last; ++i) {
     if (i->tile == args.tile) {
       return (args.dtype == DType::F16 ? i->f16 : i->bf16)(args, stream);
     }

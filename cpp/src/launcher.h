@@ -61,4 +61,7 @@ struct FmhaArgs {
 // device) and returns once it is queued (cpp/src/dispatch.cpp).
 void launch(Kernel kernel, const FmhaArgs& args, cudaStream_t stream);
 
+// The kernel families this build compiled, one bit per Kernel value (core::DeviceCaps::kernels).
+uint32_t compiled_kernels() noexcept;
+
 }  // namespace flashcore

@@ -169,6 +169,60 @@ void planning() {
   expect_code(r, Code::NoVisibleKeys, Operand::None, "bottom-right with seq_q > seq_k");
 }
 
+// The Hopper family: compute capability 9.0 only, only when compiled, and its 32-bit work count.
+void planning_sm90() {
+  using flashcore::Backend;
+  using flashcore::core::DeviceCaps;
+  Request r = valid();
+  r.options.backend = Backend::CutlassSm90;
+  Problem p{};
+  expect(flashcore::core::validate(r, &p).ok(), "valid for planning");
+  flashcore::core::Plan plan{};
+  const DeviceCaps h200{9, 0, 227 * 1024};
+  Status s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.row->tile.queries_per_block == 128,
+         "an H200 runs the sm90 row: " + s.message);
+  const DeviceCaps l4{8, 9, 99 * 1024};
+  s = flashcore::core::plan(r, p, l4, &plan);
+  expect(s.code == Code::BackendUnavailable && s.values[0] == int64_t(Kernel::CutlassSm90),
+         "an L4 cannot run the sm90 kernel: " + s.message);
+  r.options.force_arch_class = flashcore::ArchClass::Sm86Sm89;
+  expect(flashcore::core::plan(r, p, h200, &plan).code == Code::BackendUnavailable,
+         "the sm90 kernel has no sm_89 rows to force");
+  r.options.force_arch_class.reset();
+  DeviceCaps without = h200;
+  without.kernels = ~(1u << int(Kernel::CutlassSm90));
+  s = flashcore::core::plan(r, p, without, &plan);
+  expect(s.code == Code::BackendUnavailable && s.message.find("did not compile") != std::string::npos,
+         "a build without sm_90 refuses the sm90 kernel: " + s.message);
+  expect(flashcore::kernel_of(Backend::Auto) == std::nullopt &&
+             flashcore::kernel_of(Backend::CutlassSm90) == Kernel::CutlassSm90 &&
+             flashcore::kernel_of(Backend::Wmma) == Kernel::Wmma,
+         "Backend = Kernel + 1");
+  // A broadcast K (stride 0 over batch) cannot be described to TMA: refused before any launch.
+  Request broadcast = r;
+  broadcast.k.stride[0] = 0;
+  expect(flashcore::core::validate(broadcast, &p).ok(), "a broadcast K validates");
+  s = flashcore::core::plan(broadcast, p, h200, &plan);
+  expect(s.code == Code::BackendUnavailable && s.operand == Operand::K,
+         "the sm90 kernel refuses a stride-0 K: " + s.message);
+  broadcast.options.backend = Backend::Wmma;
+  expect(flashcore::core::plan(broadcast, p, h200, &plan).ok(), "WMMA takes a stride-0 K");
+  // 2^16 heads x 2^15 batches x 2 query blocks: more work units than an int counts (K and V
+  // with stride 0 describe it without memory).
+  Request big;
+  big.options.backend = Backend::CutlassSm90;
+  big.q = big.out = bshd(32768, 129, 65535, 64);
+  big.k = big.v = bshd(32768, 1, 1, 64);
+  for (TensorDesc* t : {&big.q, &big.out}) {
+    t->stride[0] = t->stride[1] = t->stride[2] = 0;
+  }
+  expect(flashcore::core::validate(big, &p).ok(), "the big problem validates");
+  s = flashcore::core::plan(big, p, h200, &plan);
+  expect(s.code == Code::IndexOverflow && s.field == Field::WorkUnits,
+         "too many sm90 work units: " + s.message);
+}
+
 }  // namespace
 
 int main() {
@@ -179,6 +233,7 @@ int main() {
   scales();
   heads_and_head_dims();
   planning();
+  planning_sm90();
   if (failures != 0) {
     std::printf("core_test: %d check(s) FAILED\n", failures);
     return 1;

@@ -282,12 +282,9 @@ fn caps(device: &Device) -> CapsFfi {
 }
 
 fn launched(l: sys::LaunchedFfi, request: &RequestFfi) -> Result<(Kernel, &'static TileRow)> {
-    let kernel = if l.kernel == 1 {
-        Kernel::Wmma
-    } else {
-        Kernel::CutlassSm80
-    };
     super::check(l.status, Some(request))?;
+    let kernel = super::kernel_of(i64::from(l.kernel))
+        .ok_or_else(|| Error::Launch("the C++ planner named no kernel".into()))?;
     crate::plan::row(kernel, l.row)
         .map(|r| (kernel, r))
         .ok_or_else(|| Error::Launch("the C++ planner named no row".into()))

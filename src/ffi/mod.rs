@@ -255,7 +255,7 @@ const NO_DEVICE: i32 = 16;
 const CUDA: i32 = 17;
 
 /// `flashcore::Field` names, by value.
-const FIELDS: [&str; 11] = [
+const FIELDS: [&str; 12] = [
     "",
     "batch",
     "seq",
@@ -267,6 +267,7 @@ const FIELDS: [&str; 11] = [
     "batch stride",
     "seq stride",
     "head stride",
+    "work units (query blocks x batch x heads)",
 ];
 
 fn operand(value: i32) -> Operand {
@@ -307,29 +308,24 @@ pub(crate) fn causal_of(id: i32) -> Causal {
     }
 }
 
-/// `flashcore::Backend`: the GPU kernel asked for (the CPU backend is Rust's own and never
-/// reaches C++; `Auto` lets the planner choose).
+/// `flashcore::Backend`: the GPU kernel asked for, whose value is its Kernel's plus one (the CPU
+/// backend is Rust's own and never reaches C++; `Auto` lets the planner choose).
 pub(crate) fn backend_id(backend: Backend) -> i32 {
     match backend {
         Backend::Auto | Backend::Cpu => 0,
-        Backend::CutlassSm80 => 1,
-        Backend::Wmma => 2,
+        Backend::Kernel(kernel) => kernel_id(kernel) + 1,
     }
 }
 
+/// `flashcore::Kernel`: the same discriminants on both sides.
 pub(crate) fn kernel_id(kernel: Kernel) -> i32 {
-    match kernel {
-        Kernel::CutlassSm80 => 0,
-        Kernel::Wmma => 1,
-    }
+    kernel as i32
 }
 
-pub(crate) fn kernel_of(id: i64) -> Kernel {
-    if id == 1 {
-        Kernel::Wmma
-    } else {
-        Kernel::CutlassSm80
-    }
+pub(crate) fn kernel_of(id: i64) -> Option<Kernel> {
+    Kernel::ALL
+        .into_iter()
+        .find(|&k| i64::from(kernel_id(k)) == id)
 }
 
 pub(crate) fn arch_id(arch: ArchClass) -> i32 {
@@ -410,13 +406,13 @@ pub(crate) fn to_error(s: StatusFfi, request: Option<&RequestFfi>) -> Error {
             }
         }
         INDEX_OVERFLOW => Error::IndexOverflow {
-            backend: kernel_of(c).name(),
+            backend: kernel_of(c).map_or("unknown", Kernel::name),
             what: field,
             value: a as u64,
             limit: b as u64,
         },
         BACKEND_UNAVAILABLE => Error::BackendUnavailable {
-            backend: kernel_of(a).name(),
+            backend: kernel_of(a).map_or("unknown", Kernel::name),
             reason: s.message,
         },
         SHARED_MEMORY_EXCEEDED => Error::SharedMemoryExceeded {

@@ -14,7 +14,7 @@ pub enum ArchClass {
     Sm80,
     /// sm_86 / sm_87 / sm_89 (RTX 30xx, A10, L4, L40, RTX 40xx): 100 KB per SM, 99 KB per block.
     Sm86Sm89,
-    /// sm_90 (H100, H200) running the Ampere/Ada path: 228 KB per SM, 227 KB per block.
+    /// sm_90 (H100, H200): 228 KB per SM, 227 KB per block.
     Sm90,
 }
 
@@ -39,18 +39,24 @@ impl ArchClass {
     }
 }
 
-/// The GPU kernel families, each with its own tile table.
+/// The GPU kernel families, each with its own tile table. The discriminants are the C++
+/// `flashcore::Kernel` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(i32)]
 pub enum Kernel {
     /// CUTLASS example 41 (`Sm80` tag): [`tile_table`] and [`decode_table`].
-    CutlassSm80,
+    CutlassSm80 = 0,
     /// flashcore's WMMA FlashAttention-2 kernel: [`tile_table`].
-    Wmma,
+    Wmma = 1,
+    /// CUTLASS example 88's Hopper mainloop (`wgmma`, TMA, warp specialization) under
+    /// flashcore's kernel layer, compute capability 9.0 only (SASS `sm_90a`): [`tile_table`].
+    /// Built when 90 is among `FLASHCORE_CUDA_ARCHS`.
+    CutlassSm90 = 2,
 }
 
 impl Kernel {
     /// Every GPU kernel family, in the order benches and tests race them.
-    pub const ALL: [Kernel; 2] = [Kernel::CutlassSm80, Kernel::Wmma];
+    pub const ALL: [Kernel; 3] = [Kernel::CutlassSm80, Kernel::Wmma, Kernel::CutlassSm90];
 
     /// A short stable name (also the backend name in errors and bench tables; the C++
     /// `flashcore::name(Kernel)` gives the same).
@@ -58,12 +64,25 @@ impl Kernel {
         match self {
             Kernel::CutlassSm80 => "cutlass-sm80",
             Kernel::Wmma => "wmma",
+            Kernel::CutlassSm90 => "cutlass-sm90",
         }
+    }
+
+    /// The family named `name` (as [`Kernel::name`] spells it).
+    ///
+    /// ```
+    /// use flashcore::plan::Kernel;
+    /// assert_eq!(Kernel::from_name("wmma"), Some(Kernel::Wmma));
+    /// assert_eq!(Kernel::from_name("tpu"), None);
+    /// ```
+    pub fn from_name(name: &str) -> Option<Kernel> {
+        Kernel::ALL.into_iter().find(|k| k.name() == name)
     }
 }
 
-/// One kernel instantiation. For CUTLASS: `AttentionKernel<T, Sm80, aligned, Q, K, MAX_K>`; for
-/// WMMA: `fmha_wmma_kernel<T, BR = Q, BC = K, D = MAX_K>`.
+/// One kernel instantiation. For CUTLASS example 41: `AttentionKernel<T, Sm80, aligned, Q, K,
+/// MAX_K>`; for WMMA: `fmha_wmma_kernel<T, BR = Q, BC = K, D = MAX_K>`; for the Hopper kernel:
+/// `sm90::Kernel<T, Q, K, D, ..>` (`cpp/src/sm90/kernel.cuh`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tile {
     /// Query rows per thread block.
@@ -182,19 +201,19 @@ pub fn wmma_smem_bytes(tile: Tile) -> usize {
 /// faster than CUTLASS on the H200 on every throughput and seed shape, except up to
 /// [`decode_max_query_rows`] query rows, where CUTLASS's decode row wins.
 pub fn auto_kernel(query_rows: usize) -> Kernel {
-    ffi::kernel_of(i64::from(sys::auto_kernel(
-        i64::try_from(query_rows).unwrap_or(i64::MAX),
-    )))
+    let id = sys::auto_kernel(i64::try_from(query_rows).unwrap_or(i64::MAX));
+    ffi::kernel_of(i64::from(id)).unwrap_or(Kernel::Wmma)
 }
 
 /// `kernel`'s main table, or (for CUTLASS) its decode table, read from C++ once per process.
 fn table(kernel: Kernel, decode: bool) -> &'static [TileRow] {
-    static TABLES: [OnceLock<Vec<TileRow>>; 3] =
-        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-    let (slot, decode) = match (kernel, decode) {
-        (Kernel::CutlassSm80, false) => (0, false),
-        (Kernel::CutlassSm80, true) => (1, true),
-        (Kernel::Wmma, _) => (2, false),
+    // One slot per family's main table, then the decode table.
+    static TABLES: [OnceLock<Vec<TileRow>>; Kernel::ALL.len() + 1] =
+        [const { OnceLock::new() }; Kernel::ALL.len() + 1];
+    let slot = if decode {
+        Kernel::ALL.len()
+    } else {
+        kernel as usize
     };
     TABLES[slot].get_or_init(|| {
         sys::table_rows(ffi::kernel_id(kernel), decode)

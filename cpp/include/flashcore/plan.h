@@ -61,6 +61,15 @@ constexpr int64_t wmma_smem_bytes(Tile t) {
   return (br + 4 * bc) * (d + 8) * 2;
 }
 
+// Shared memory of the Hopper kernel (cpp/src/sm90/) at `t` for 2-byte elements: one Q buffer per
+// consumer warpgroup (the block's rows), five pipeline stages each holding a K or a V tile, and
+// 160 bytes of pipeline barriers. Each sm90 instantiation static_asserts that its SharedStorage
+// takes exactly this much.
+constexpr int64_t sm90_smem_bytes(Tile t) {
+  const int64_t bq = t.queries_per_block, bk = t.keys_per_block, d = t.max_head_dim;
+  return (bq * d + 5 * bk * d) * 2 + 160;
+}
+
 // The class of a compute capability; empty below 8.0 and from 10.0 (no kernels built there).
 std::optional<ArchClass> arch_class(int32_t major, int32_t minor) noexcept;
 // Shared memory one block may opt in to on `arch`, and per SM (bytes).

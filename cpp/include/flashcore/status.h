@@ -53,6 +53,7 @@ enum class Field : int32_t {
   BatchStride,
   SeqStride,
   HeadStride,
+  WorkUnits,  // query blocks x batch x heads (the Hopper kernel's scheduler counts them in 32 bits)
 };
 
 struct Status {

@@ -13,20 +13,32 @@ enum class DType : int32_t { F16 = 0, BF16 = 1 };
 // Bottom-right: when j <= i + (seq_k - seq_q) (the last query sees every key).
 enum class Causal : int32_t { None = 0, TopLeft = 1, BottomRight = 2 };
 
-// The GPU kernel families. Each has its own tile table (flashcore/plan.h).
+// The GPU kernel families. Each has its own folder under cpp/src/ and its own tile table
+// (flashcore/plan.h); the values are dense from 0 (kKernelCount).
 enum class Kernel : int32_t {
   CutlassSm80 = 0,  // CUTLASS example 41 (Sm80 tag): compute capability 8.0 to 9.x
   Wmma = 1,         // flashcore's FlashAttention-2 style kernel on nvcuda::wmma
+  CutlassSm90 = 2,  // CUTLASS example 88's Hopper mainloop (wgmma, TMA): compute capability 9.0
 };
+constexpr int32_t kKernelCount = 3;
 
-// Which kernel runs a call: a family, or Auto (the planner's choice, see auto_kernel()).
-enum class Backend : int32_t { Auto = 0, CutlassSm80 = 1, Wmma = 2 };
+// Which kernel runs a call: Auto (the planner's choice, see auto_kernel()) or one family, whose
+// value is its Kernel's plus one (kernel_of).
+enum class Backend : int32_t { Auto = 0, CutlassSm80 = 1, Wmma = 2, CutlassSm90 = 3 };
+
+// The family a Backend forces, or empty for Auto.
+constexpr std::optional<Kernel> kernel_of(Backend backend) {
+  if (backend == Backend::Auto) {
+    return std::nullopt;
+  }
+  return static_cast<Kernel>(static_cast<int32_t>(backend) - 1);
+}
 
 // Which shared-memory budget (and SASS) a device falls into.
 enum class ArchClass : int32_t {
   Sm80 = 0,      // A100, A30: 164 KB per SM, 163 KB per block
   Sm86Sm89 = 1,  // RTX 30xx/40xx, A10, L4, L40: 100 KB per SM, 99 KB per block
-  Sm90 = 2,      // H100, H200 on the Ampere/Ada instruction set: 228 KB per SM, 227 KB per block
+  Sm90 = 2,      // H100, H200: 228 KB per SM, 227 KB per block
 };
 
 // A 4-D tensor in device memory: logical dims [batch, seq, heads, head_dim] and their strides in

@@ -1,7 +1,9 @@
 // Planning: which kernel and tile-table row run a validated problem (see validate.h). The tables
 // are in tables.cpp.
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "core/validate.h"
 
@@ -56,9 +58,9 @@ Status limit(Kernel kernel, Field what, int64_t value, int64_t max) {
   return fail(Code::IndexOverflow, Operand::None, what, value, max, static_cast<int64_t>(kernel));
 }
 
-// Both kernels index with 32-bit sequence lengths and put heads and batch on the grid's y and z
-// axes; example 41 also keeps seq/head strides and batch * seq_q in 32 bits (the WMMA kernel
-// shares those limits so that both accept the same problems).
+// The kernels index with 32-bit sequence lengths and put heads and batch on the grid's y and z
+// axes; example 41 also keeps seq/head strides and batch * seq_q in 32 bits (the WMMA and Hopper
+// kernels share those limits so that all accept the same problems).
 Status check_index_limits(Kernel kernel, const Request& r, const Problem& p) {
   const int64_t batch_rows =
       p.seq_q != 0 && p.batch > kU32Max / p.seq_q ? kU32Max + 1 : p.batch * p.seq_q;
@@ -75,12 +77,47 @@ Status check_index_limits(Kernel kernel, const Request& r, const Problem& p) {
       return s;
     }
   }
+  if (kernel == Kernel::CutlassSm90) {
+    // The scheduler numbers (query block, batch, head) units in an int. Each factor is at most
+    // 2^32 here (checked above), so the product of the first two cannot overflow 64 bits.
+    const TileRow* row = select_row(kernel, ArchClass::Sm90, p.head_dim, p.query_rows());
+    const int64_t block = row != nullptr ? row->tile.queries_per_block : 1;
+    const int64_t units = (p.seq_q + block - 1) / block * p.batch;
+    Status s = limit(kernel, Field::WorkUnits,
+                     units > kI32Max / std::max<int64_t>(p.heads_q, 1) ? kI32Max + 1
+                                                                       : units * p.heads_q,
+                     kI32Max);
+    if (!s.ok()) {
+      return s;
+    }
+  }
   for (const TensorDesc* t : {&r.q, &r.k, &r.v, &r.out}) {
     for (const auto& [what, value] :
          {std::pair{Field::SeqStride, t->stride[1]}, std::pair{Field::HeadStride, t->stride[2]}}) {
       Status s = limit(kernel, what, value, kI32Max);
       if (!s.ok()) {
         return s;
+      }
+    }
+  }
+  return {};
+}
+
+// The Hopper kernel reads Q, K and V through TMA descriptors, whose strides must be nonzero
+// multiples of 16 bytes below 2^40 bytes (validation already gives multiples of 8 elements; a
+// dimension of extent 1 gets a valid stride from the launcher). A broadcast (stride 0) dimension
+// or a stride beyond the limit is refused before any descriptor is built.
+Status check_tma_strides(Kernel kernel, const Request& r) {
+  constexpr int64_t kMaxStride = (int64_t{1} << 40) / 2;  // elements of 2 bytes
+  const std::pair<Operand, const TensorDesc*> operands[] = {
+      {Operand::Q, &r.q}, {Operand::K, &r.k}, {Operand::V, &r.v}};
+  for (const auto& [op, t] : operands) {
+    for (int i = 0; i < 3; ++i) {
+      if (t->shape[i] > 1 && (t->stride[i] == 0 || t->stride[i] >= kMaxStride)) {
+        return fail(Code::BackendUnavailable, op, Field::None, static_cast<int64_t>(kernel), 0, 0,
+                    std::string("its TMA loads need every stride of ") + name(op) +
+                        " to be nonzero and below 2^39 elements (stride " +
+                        std::to_string(t->stride[i]) + ")");
       }
     }
   }
@@ -96,8 +133,23 @@ Status choose_row(Kernel kernel, int64_t head_dim, int64_t query_rows, const Dev
     if (!arch) {
       return fail(Code::UnsupportedDevice, Operand::None, Field::None, caps.major, caps.minor);
     }
+    if ((caps.kernels >> static_cast<int32_t>(kernel) & 1u) == 0) {
+      return fail(Code::BackendUnavailable, Operand::None, Field::None,
+                  static_cast<int64_t>(kernel), 0, 0,
+                  "this build did not compile it (FLASHCORE_CUDA_ARCHS lacks its arch)");
+    }
     const TileRow* row = select_row(kernel, *arch, head_dim, query_rows);
     if (row == nullptr) {
+      const bool serves_class = std::any_of(
+          tile_table(kernel).begin(), tile_table(kernel).end(),
+          [&](const TileRow& r) { return r.arch == *arch; });
+      if (!serves_class) {
+        return fail(Code::BackendUnavailable, Operand::None, Field::None,
+                    static_cast<int64_t>(kernel), 0, 0,
+                    std::string("it has no kernels for compute capability ") +
+                        std::to_string(caps.major) + "." + std::to_string(caps.minor) +
+                        (forced ? " (or the forced class)" : ""));
+      }
       return fail(Code::UnsupportedHeadDim, Operand::None, Field::HeadDim, head_dim);
     }
     if (row->smem_bytes > caps.smem_per_block_optin) {
@@ -113,15 +165,16 @@ Status choose_row(Kernel kernel, int64_t head_dim, int64_t query_rows, const Dev
 
 Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* out) noexcept {
   try {
-    const Kernel kernel = r.options.backend == Backend::CutlassSm80 ? Kernel::CutlassSm80
-                          : r.options.backend == Backend::Wmma     ? Kernel::Wmma
-                                                                   : auto_kernel(p.query_rows());
+    const Kernel kernel = kernel_of(r.options.backend).value_or(auto_kernel(p.query_rows()));
     if (p.location == kHost) {
       return fail(Code::BackendUnavailable, Operand::None, Field::None,
                   static_cast<int64_t>(kernel), 0, 0,
                   "operands are on the host; GPU kernels need device memory");
     }
     Status s = check_index_limits(kernel, r, p);
+    if (s.ok() && kernel == Kernel::CutlassSm90) {
+      s = check_tma_strides(kernel, r);
+    }
     if (!s.ok()) {
       return s;
     }

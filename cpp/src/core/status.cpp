@@ -56,6 +56,7 @@ const char* name(Field field) noexcept {
     case Field::BatchStride: return "batch stride";
     case Field::SeqStride: return "seq stride";
     case Field::HeadStride: return "head stride";
+    case Field::WorkUnits: return "work units (query blocks x batch x heads)";
   }
   return "unknown";
 }
@@ -64,6 +65,7 @@ const char* name(Kernel kernel) noexcept {
   switch (kernel) {
     case Kernel::CutlassSm80: return "cutlass-sm80";
     case Kernel::Wmma: return "wmma";
+    case Kernel::CutlassSm90: return "cutlass-sm90";
   }
   return "unknown";
 }

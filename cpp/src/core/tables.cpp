@@ -1,6 +1,6 @@
-// The tile tables of the two GPU kernel families, with the reason for every row. This file is
-// the one place a tile is chosen; the kernels it names are listed in sm80/instances.inc and
-// wmma/instances.inc (checked below at compile time).
+// The tile tables of the GPU kernel families, with the reason for every row. This file is the one
+// place a tile is chosen; the kernels it names are listed in each family's instances.inc
+// (sm80/, wmma/, sm90/; checked below at compile time).
 //
 // CUTLASS shared-memory figures are sizeof(AttentionKernel<..>::SharedStorage) measured with
 // nvcc 13.0.88 and CUTLASS 4.2.0, the same for f16 and bf16. Its threads per block are
@@ -96,6 +96,22 @@ constexpr TileRow kWmmaRows[] = {
     wmma_row(ArchClass::Sm90, 256, tile(64, 32, 256), kWmma256),
 };
 
+// CUTLASS example 88's warp-specialized mainloop under flashcore's kernel layer (cpp/src/sm90/):
+// 128 query rows per block in two consumer warpgroups of 64, one producer warpgroup, TMA loads
+// of K and V through a 5-stage shared-memory pipeline. Shared memory is sm90_smem_bytes(), which
+// each instantiation checks against its SharedStorage. Rows for compute capability 9.0 only: the
+// SASS is sm_90a.
+constexpr TileRow kSm90Rows[] = {
+    {ArchClass::Sm90, 64, tile(128, 64, 64), sm90_smem_bytes(tile(128, 64, 64)),
+     "56 KB, persistent: example 88's d=64 schedule (ping-pong, 128x64); not yet swept"},
+    {ArchClass::Sm90, 128, tile(128, 128, 128), sm90_smem_bytes(tile(128, 128, 128)),
+     "192 KB, one block per SM: example 88's d=128 schedule (cooperative, 128x128); not yet "
+     "swept"},
+    {ArchClass::Sm90, 256, tile(128, 64, 256), sm90_smem_bytes(tile(128, 64, 256)),
+     "224 KB, one block per SM: example 88's d=256 schedule (cooperative, 128x64), the only "
+     "one of its tiles that fits 227 KB"},
+};
+
 // ---- compile-time checks: every row is instantiated, fits its class, and classes ascend ----
 constexpr Tile kSm80Instances[] = {
 #define FLASHCORE_TILE(Q, K, D) tile(Q, K, D),
@@ -105,6 +121,11 @@ constexpr Tile kSm80Instances[] = {
 constexpr Tile kWmmaInstances[] = {
 #define FLASHCORE_TILE(Q, K, D) tile(Q, K, D),
 #include "wmma/instances.inc"
+#undef FLASHCORE_TILE
+};
+constexpr Tile kSm90Instances[] = {
+#define FLASHCORE_TILE(Q, K, D, PERSISTENT) tile(Q, K, D),
+#include "sm90/instances.inc"
 #undef FLASHCORE_TILE
 };
 
@@ -135,17 +156,21 @@ static_assert(well_formed(kCutlassRows, kSm80Instances), "a CUTLASS row is not i
 static_assert(well_formed(kDecodeRows, kSm80Instances), "a decode row is not instantiated");
 static_assert(well_formed(kWmmaRows, kWmmaInstances), "a WMMA row is not instantiated "
               "(wmma/instances.inc), exceeds its class's shared memory, or is out of order");
+static_assert(well_formed(kSm90Rows, kSm90Instances), "an sm90 row is not instantiated "
+              "(sm90/instances.inc), exceeds its class's shared memory, or is out of order");
+
+// Each family's main table, indexed by Kernel.
+constexpr Table kTables[kKernelCount] = {
+    {kCutlassRows, std::size(kCutlassRows)},
+    {kWmmaRows, std::size(kWmmaRows)},
+    {kSm90Rows, std::size(kSm90Rows)},
+};
 
 }  // namespace
 
 Table tile_table(Kernel kernel) noexcept {
-  switch (kernel) {
-    case Kernel::CutlassSm80:
-      return Table{kCutlassRows, std::size(kCutlassRows)};
-    case Kernel::Wmma:
-      return Table{kWmmaRows, std::size(kWmmaRows)};
-  }
-  return Table{nullptr, 0};
+  const auto k = static_cast<size_t>(kernel);
+  return k < std::size(kTables) ? kTables[k] : Table{nullptr, 0};
 }
 
 Table decode_table() noexcept { return Table{kDecodeRows, std::size(kDecodeRows)}; }

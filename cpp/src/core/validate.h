@@ -60,10 +60,12 @@ struct Problem {
 // Checks `r` and describes the problem in `*problem`.
 Status validate(const Request& r, Problem* problem) noexcept;
 
-// What the device offers (read once per device by the front ends).
+// What the device offers (read once per device by the front ends), and which kernel families
+// this build compiled (one bit per Kernel value; see compiled_kernels() in cpp/src/launcher.h).
 struct DeviceCaps {
   int32_t major = 0, minor = 0;
   int64_t smem_per_block_optin = 0;
+  uint32_t kernels = ~0u;
 };
 
 // The kernel and tile that will run a validated problem.

@@ -1,0 +1,198 @@
+// The Hopper tile sweep: times every candidate of candidates.inc (built by scripts/sweep_sm90.sh,
+// one translation unit each) on the bench list's shapes of its head-dim tier, bf16, BHSD, with
+// CUDA events around each call (5 warm-up calls, median of 30), inputs rotated over enough copies
+// to exceed 3x the L2, random normal data. Each candidate's output is compared with the first
+// candidate's on the same inputs (a wrong candidate must not win on speed). Prints one table.
+//
+// Usage: sm90-sweep [ITERS]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cutlass/bfloat16.h"
+#include "launcher.h"
+
+using flashcore::FmhaArgs;
+using Launch = void (*)(const FmhaArgs&, cudaStream_t);
+
+#define CANDIDATE(Q, K, D, P) \
+  void sweep_q##Q##_k##K##_d##D##_##P(const FmhaArgs&, cudaStream_t);
+#include "candidates.inc"
+#undef CANDIDATE
+
+namespace {
+
+struct Candidate {
+  int q, k, d;
+  bool persistent;
+  Launch run;
+};
+
+const Candidate kCandidates[] = {
+#define CANDIDATE(Q, K, D, P) {Q, K, D, P, sweep_q##Q##_k##K##_d##D##_##P},
+#include "candidates.inc"
+#undef CANDIDATE
+};
+
+struct Shape {
+  int b, h, hk, s, d;
+  bool causal;
+};
+
+// The bench list's throughput, GQA and seed shapes (benches/common/mod.rs).
+const Shape kShapes[] = {
+    {1, 8, 8, 512, 64, false},     {4, 8, 8, 256, 64, false},     {1, 8, 8, 1024, 64, false},
+    {8, 32, 32, 2048, 64, false},  {8, 32, 32, 2048, 64, true},   {2, 32, 32, 8192, 64, false},
+    {2, 32, 32, 8192, 64, true},   {8, 16, 16, 2048, 128, false}, {8, 16, 16, 2048, 128, true},
+    {2, 16, 16, 8192, 128, false}, {2, 16, 16, 8192, 128, true},  {4, 32, 8, 4096, 128, true},
+    {4, 8, 8, 4096, 256, false},   {4, 8, 8, 4096, 256, true},
+};
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// Standard normal values from a per-element hash (Box-Muller), never zeros.
+__global__ void fill_normal(cutlass::bfloat16_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed, y = uint32_t(i >> 32) + seed * 40503u + 1u;
+    x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
+    y ^= y >> 16, y *= 0x7feb352du, y ^= y >> 15, y *= 0x846ca68bu, y ^= y >> 16;
+    const float u1 = (x >> 8) * (1.0f / 16777216.0f) + 1e-7f, u2 = (y >> 8) * (1.0f / 16777216.0f);
+    p[i] = cutlass::bfloat16_t(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
+  }
+}
+
+__global__ void max_abs_diff(const cutlass::bfloat16_t* a, const cutlass::bfloat16_t* b, size_t n,
+                             float* out) {
+  float m = 0.f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float d = fabsf(float(a[i]) - float(b[i]));
+    m = d != d ? INFINITY : fmaxf(m, d);
+  }
+  atomicMax(reinterpret_cast<int*>(out), __float_as_int(m));  // non-negative floats order as ints
+}
+
+struct Buffers {
+  std::vector<cutlass::bfloat16_t*> q, k, v;
+  cutlass::bfloat16_t *out = nullptr, *first = nullptr;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 30;
+  int l2 = 0;
+  check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), "L2 size");
+  cudaStream_t stream;
+  check(cudaStreamCreate(&stream), "stream");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  float* diff = nullptr;
+  check(cudaMalloc(&diff, sizeof(float)), "malloc");
+
+  std::printf("| shape (BxHxSxD) | candidate (q x k x d, schedule) | median us | TFLOP/s | max |diff| vs first |\n");
+  std::printf("|---|---|---:|---:|---:|\n");
+  for (const Shape& sh : kShapes) {
+    const size_t nq = size_t(sh.b) * sh.h * sh.s * sh.d, nk = size_t(sh.b) * sh.hk * sh.s * sh.d;
+    const size_t bytes = 2 * (2 * nq + 2 * nk);
+    const int sets = int(std::clamp<size_t>((3 * size_t(l2) + bytes - 1) / bytes, 1, 16));
+    Buffers buf;
+    uint32_t seed = 1;
+    for (int i = 0; i < sets; ++i) {
+      for (auto* list : {&buf.q, &buf.k, &buf.v}) {
+        const size_t n = list == &buf.q ? nq : nk;
+        cutlass::bfloat16_t* p = nullptr;
+        check(cudaMalloc(&p, n * 2), "malloc");
+        fill_normal<<<1024, 256, 0, stream>>>(p, n, seed++);
+        list->push_back(p);
+      }
+    }
+    check(cudaMalloc(&buf.out, nq * 2), "malloc");
+    check(cudaMalloc(&buf.first, nq * 2), "malloc");
+    const double flops = 4.0 * sh.b * sh.h * double(sh.s) * sh.s * sh.d * (sh.causal ? 0.5 : 1.0);
+    const int tier = sh.d <= 64 ? 64 : sh.d <= 128 ? 128 : 256;
+    char name[64];
+    std::snprintf(name, sizeof name, "%dx%s%dx%dx%d%s", sh.b,
+                  sh.hk == sh.h ? "" : (std::to_string(sh.h) + "kv").c_str(),
+                  sh.hk == sh.h ? sh.h : sh.hk, sh.s, sh.d, sh.causal ? "-causal" : "");
+    bool have_first = false;
+    for (const Candidate& c : kCandidates) {
+      if (c.d != tier) {
+        continue;
+      }
+      auto args_for = [&](int set) {
+        FmhaArgs a{};
+        a.dtype = flashcore::DType::BF16;
+        a.q = buf.q[set], a.k = buf.k[set], a.v = buf.v[set], a.out = buf.out, a.lse = nullptr;
+        a.batch = sh.b, a.seq_q = sh.s, a.seq_k = sh.s, a.heads_q = sh.h, a.heads_kv = sh.hk;
+        a.head_dim = sh.d;
+        const int64_t qs[3] = {int64_t(sh.h) * sh.s * sh.d, sh.d, int64_t(sh.s) * sh.d};
+        const int64_t ks[3] = {int64_t(sh.hk) * sh.s * sh.d, sh.d, int64_t(sh.s) * sh.d};
+        for (int i = 0; i < 3; ++i) {
+          a.q_stride[i] = a.o_stride[i] = qs[i];
+          a.k_stride[i] = a.v_stride[i] = ks[i];
+        }
+        a.scale = 1.0f / std::sqrt(float(sh.d));
+        a.causal = sh.causal ? flashcore::Causal::BottomRight : flashcore::Causal::None;
+        a.tile = flashcore::Tile{c.q, c.k, c.d};
+        return a;
+      };
+      std::vector<float> ms;
+      try {
+        for (int i = 0; i < 5; ++i) {
+          c.run(args_for(i % sets), stream);
+        }
+        for (int i = 0; i < iters; ++i) {
+          check(cudaEventRecord(e0, stream), "record");
+          c.run(args_for(i % sets), stream);
+          check(cudaEventRecord(e1, stream), "record");
+          check(cudaEventSynchronize(e1), "sync");
+          float t = 0;
+          check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
+          ms.push_back(t);
+        }
+        c.run(args_for(0), stream);
+      } catch (const std::exception& e) {
+        std::printf("| %s | %dx%dx%d %s | failed: %s | | |\n", name, c.q, c.k, c.d,
+                    c.persistent ? "persistent" : "one unit per block", e.what());
+        continue;
+      }
+      check(cudaStreamSynchronize(stream), "run");
+      float d = 0;
+      if (!have_first) {
+        check(cudaMemcpy(buf.first, buf.out, nq * 2, cudaMemcpyDeviceToDevice), "copy");
+        have_first = true;
+      } else {
+        check(cudaMemset(diff, 0, sizeof(float)), "memset");
+        max_abs_diff<<<1024, 256, 0, stream>>>(buf.out, buf.first, nq, diff);
+        check(cudaMemcpy(&d, diff, sizeof(float), cudaMemcpyDeviceToHost), "diff");
+      }
+      std::sort(ms.begin(), ms.end());
+      const double med = ms[ms.size() / 2] * 1e3;
+      std::printf("| %s | %dx%dx%d %s | %.1f | %.1f | %.3g |\n", name, c.q, c.k, c.d,
+                  c.persistent ? "persistent" : "one unit per block", med, flops / med * 1e-6,
+                  double(d));
+      std::fflush(stdout);
+    }
+    for (auto* list : {&buf.q, &buf.k, &buf.v}) {
+      for (auto* p : *list) {
+        cudaFree(p);
+      }
+    }
+    cudaFree(buf.out);
+    cudaFree(buf.first);
+  }
+  return 0;
+}

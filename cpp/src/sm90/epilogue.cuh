@@ -1,0 +1,78 @@
+// The epilogue of flashcore's Hopper kernel: each consumer warpgroup writes its normalised output
+// rows straight from registers to global memory (two adjacent columns per store), and the
+// logsumexp when asked for. Unlike example 88's TMA epilogue it takes any output strides the
+// validator accepts, GQA's nested heads, partial query tiles and an optional LSE; rows at or past
+// seq_q and columns at or past head_dim are never written.
+#pragma once
+
+#include <cstdint>
+
+#include "collective/fmha_common.hpp"  // CUTLASS examples/88_hopper_fmha: layout_acc_mn
+#include "cute/tensor.hpp"
+#include "sm90/problem.cuh"
+
+namespace flashcore::sm90 {
+
+template <class Element>
+struct Epilogue {
+  struct Params {
+    Element* out;
+    int64_t o_seq, o_head, o_batch;  // output strides in elements (head-dim stride 1)
+    float* lse;                      // dense [batch, heads, seq_q], or nullptr
+  };
+
+  // `acc` and `lse` are one warpgroup's (rows of the P.V tile, head dim) accumulator and its
+  // per-row logsumexp; `m_rows` is the warpgroup's first query row.
+  template <class TileShapePV, class Acc, class Lse, class TiledMma>
+  CUTLASS_DEVICE static void store(TileShapePV const& tile, Acc const& acc, Lse const& lse,
+                                   TiledMma const& mma, ProblemShape const& p,
+                                   Params const& params, int m_rows, int batch, int head) {
+    using namespace cute;
+    const int rows = seq_q(p), dim = get<4>(p);
+    auto thr = mma.get_thread_slice(threadIdx.x);
+    Tensor coord = thr.partition_C(make_identity_tensor(take<0, 2>(tile)));  // (row, col) per value
+    static_assert(decltype(size(coord))::value % 2 == 0, "accumulator values come in pairs");
+
+    Element* base = params.out + batch * params.o_batch + head * params.o_head;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      const int row = m_rows + get<0>(coord(i));
+      const int col = get<1>(coord(i));
+      if (row >= rows) {
+        continue;
+      }
+      Element* dst = base + row * params.o_seq + col;
+      const bool pair = get<0>(coord(i + 1)) == get<0>(coord(i)) && get<1>(coord(i + 1)) == col + 1;
+      if (pair && col + 1 < dim) {
+        cutlass::Array<Element, 2> two;
+        two[0] = Element(acc(i));
+        two[1] = Element(acc(i + 1));
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(dst) = two;  // 4-byte aligned: col even
+      } else {
+        if (col < dim) {
+          dst[0] = Element(acc(i));
+        }
+        const int row1 = m_rows + get<0>(coord(i + 1)), col1 = get<1>(coord(i + 1));
+        if (row1 < rows && col1 < dim) {
+          base[row1 * params.o_seq + col1] = Element(acc(i + 1));
+        }
+      }
+    }
+
+    if (params.lse != nullptr) {
+      // The lane holding column 0 of a row writes that row's logsumexp.
+      Tensor coord_mn = make_tensor(coord.data(),
+                                    cutlass::fmha::collective::layout_acc_mn(mma, coord.layout()));
+      float* lse_head = params.lse + (int64_t(batch) * size<1>(p) + head) * rows;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size<0>(coord_mn); ++i) {
+        const int row = m_rows + get<0>(coord_mn(i, 0));
+        if (get<1>(coord_mn(i, 0)) == 0 && row < rows) {
+          lse_head[row] = lse(i);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace flashcore::sm90

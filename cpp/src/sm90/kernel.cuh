@@ -1,0 +1,173 @@
+// flashcore's Hopper (sm_90a) attention kernel: CUTLASS example 88's warp-specialized mainloop
+// collective (TMA loads, wgmma, online softmax) under our own kernel layer: the problem shape
+// with nested GQA heads and a runtime causal offset (problem.cuh), the mask fusion (mask.cuh), the
+// tile scheduler (scheduler.cuh) and a register epilogue (epilogue.cuh).
+//
+// One producer warpgroup loads (warp 0: K and V, and Q unless a second warp does; warp 2: Q when
+// `kSeparateQ`) and gives up registers; `kMmaWarpGroups` consumer warpgroups take them, each
+// computing `block rows / kMmaWarpGroups` query rows. An ordered barrier takes the consumers in
+// turn through their first QK product and their epilogue, so one warpgroup's softmax overlaps the
+// other's matrix products.
+#pragma once
+
+#include "collective/fmha_collective_tma_warpspecialized.hpp"  // CUTLASS examples/88_hopper_fmha
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/cutlass.h"
+#include "cutlass/pipeline/pipeline.hpp"
+#include "kernel/fmha_options.hpp"
+#include "sm90/epilogue.cuh"
+#include "sm90/mask.cuh"
+#include "sm90/problem.cuh"
+#include "sm90/scheduler.cuh"
+
+namespace flashcore::sm90 {
+
+// kPersistent: one block per SM walking the work units, Q loaded by its own warp, Q buffers
+// released between units (example 88's "ping-pong" schedule); else one block per unit
+// ("cooperative").
+template <class Element, int kBlockQ, int kBlockK, int kHeadDim, bool kPersistent>
+struct Kernel {
+  static constexpr int kMmaWarpGroups = 2;
+  static constexpr bool kSeparateQ = kPersistent;
+  using TileShape = cute::Shape<cute::Int<kBlockQ>, cute::Int<kBlockK>, cute::Int<kHeadDim>>;
+  using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
+      Element, float, float, TileShape, StrideQO, StrideKV, StrideKV, CausalBandMask,
+      cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsPersistent,
+                                    cute::bool_constant<kPersistent>>,
+      cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kNumMmaWarpGroups,
+                                    cute::Int<kMmaWarpGroups>>>;
+  using Scheduler = TileScheduler<kPersistent>;
+  using Out = Epilogue<Element>;
+
+  using PipelineKV = typename Mainloop::MainloopPipeline;
+  using PipelineQ = typename Mainloop::MainloopPipelineQ;
+  using OrderBarrier = cutlass::OrderedSequenceBarrier<2, kMmaWarpGroups>;
+
+  struct SharedStorage {
+    typename Mainloop::SharedStorage mainloop;
+    alignas(16) typename PipelineKV::SharedStorage pipeline_kv;
+    alignas(16) typename PipelineQ::SharedStorage pipeline_q;
+    alignas(16) typename OrderBarrier::SharedStorage order;
+    alignas(16) cutlass::arch::ClusterBarrier q_started;  // kSeparateQ: both loaders start together
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static constexpr int kThreads = (kMmaWarpGroups + 1) * cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kQueryRowsPerWarpGroup = kBlockQ / kMmaWarpGroups;
+  // The producer keeps 24 registers a thread; the consumers share the rest of the 64K.
+  static constexpr uint32_t kLoadRegisters = 24;
+  static constexpr uint32_t kMmaRegisters =
+      ((65536 / kThreads / 8 * 8 * kThreads / cutlass::NumThreadsPerWarpGroup - kLoadRegisters) /
+       kMmaWarpGroups) / 8 * 8;
+
+  struct Params {
+    ProblemShape problem;
+    typename Mainloop::Params mainloop;
+    typename Out::Params out;
+    typename Scheduler::Params scheduler;
+  };
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem) const {
+#if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
+    using namespace cute;
+    auto& storage = *reinterpret_cast<SharedStorage*>(smem);
+    const int warp = cutlass::canonical_warp_idx_sync();
+    const int warp_in_group = warp % cutlass::NumWarpsPerWarpGroup;
+    const int group = cutlass::canonical_warp_group_idx();
+    const bool producer = group == 0;
+    const int consumer = group - 1;
+    const int elected = cute::elect_one_sync();
+    constexpr int kLoadKV = 0, kLoadQ = kSeparateQ ? 2 : 0;
+
+    if (warp == 0 && elected) {
+      Mainloop::prefetch_tma_descriptors(params.mainloop);
+    }
+
+    typename PipelineQ::Params q_params;
+    q_params.transaction_bytes = Mainloop::kOuterLoadBytes;
+    q_params.is_leader = elected && warp_in_group == kLoadQ;
+    q_params.num_consumers = cutlass::NumThreadsPerWarpGroup;
+    typename PipelineKV::Params kv_params;
+    kv_params.transaction_bytes = Mainloop::kInnerLoadBytes;
+    kv_params.is_leader = elected && warp_in_group == kLoadKV;
+    kv_params.num_consumers = kMmaWarpGroups * cutlass::NumThreadsPerWarpGroup;
+    if (producer) {
+      // Threads of producer warps that load nothing must not count as producers.
+      q_params.role = warp_in_group == kLoadQ ? PipelineQ::ThreadCategory::Producer
+                                              : PipelineQ::ThreadCategory::NonParticipant;
+      kv_params.role = warp_in_group == kLoadKV ? PipelineKV::ThreadCategory::Producer
+                                                : PipelineKV::ThreadCategory::NonParticipant;
+    } else {
+      q_params.role = PipelineQ::ThreadCategory::Consumer;
+      kv_params.role = PipelineKV::ThreadCategory::Consumer;
+    }
+    PipelineQ pipeline_q(storage.pipeline_q, q_params, Shape<_1, _1, _1>{});
+    PipelineKV pipeline_kv(storage.pipeline_kv, kv_params, typename Mainloop::ClusterShape{});
+
+    typename OrderBarrier::Params order_params;
+    order_params.group_id = consumer;
+    order_params.group_size = cutlass::NumThreadsPerWarpGroup;
+    OrderBarrier order(storage.order, order_params);
+
+    if constexpr (kSeparateQ) {
+      if (warp == 0 && elected) {
+        storage.q_started.init(2 * cutlass::NumThreadsPerWarp);
+      }
+      cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();  // barriers initialised before any thread uses them
+
+    Mainloop mainloop;
+    typename Mainloop::PipelineState kv_write = cutlass::make_producer_start_state<PipelineKV>();
+    typename Mainloop::PipelineStateQ q_write = cutlass::make_producer_start_state<PipelineQ>();
+    typename Mainloop::PipelineState kv_read;
+    typename Mainloop::PipelineStateQ q_read;
+    int unused_reducer = 0, unused_reducer_state = 0;  // example 88's reducer warp is a no-op
+
+    if (producer) {
+      cutlass::arch::warpgroup_reg_dealloc<kLoadRegisters>();
+      bool first = true;
+      if (warp_in_group == kLoadKV) {
+        for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
+          mainloop.template load_kv_maybe_q<!kSeparateQ>(
+              0, s.get_block_coord(), params.mainloop, params.problem, pipeline_kv, kv_write,
+              pipeline_q, q_write, storage.mainloop, storage.q_started, kSeparateQ && first);
+          first = false;
+        }
+      } else if (kSeparateQ && warp_in_group == kLoadQ) {
+        for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
+          mainloop.load_maybe_q(s.get_block_coord(), params.mainloop, params.problem, pipeline_q,
+                                q_write, storage.mainloop, storage.q_started, first);
+          first = false;
+        }
+      }
+      return;
+    }
+
+    cutlass::arch::warpgroup_reg_alloc<kMmaRegisters>();
+    for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
+      const auto blk = s.get_block_coord();
+      auto wg = blk;
+      get<0>(wg) = kMmaWarpGroups * get<0>(blk) + consumer;
+      q_read.advance(consumer * Mainloop::kOuterLoads);  // each consumer has its own Q buffer
+      auto result = mainloop.compute(blk, wg, params.mainloop, params.problem, pipeline_kv, kv_read,
+                                     pipeline_q, q_read, unused_reducer, unused_reducer_state,
+                                     storage.mainloop, order);
+      q_read.advance(Mainloop::kOuterLoads * (kMmaWarpGroups - consumer));
+      order.wait();
+      Out::store(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
+                 typename Mainloop::TiledMmaPV{}, params.problem, params.out,
+                 get<0>(wg) * kQueryRowsPerWarpGroup, get<2, 0>(blk), get<2, 1>(blk));
+      order.arrive();
+    }
+#endif
+  }
+};
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads, 1)
+    fmha_sm90_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
+  extern __shared__ char smem[];
+  K{}(params, smem);
+}
+
+}  // namespace flashcore::sm90

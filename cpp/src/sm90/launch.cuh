@@ -1,0 +1,105 @@
+// Launcher for flashcore's Hopper kernel (kernel.cuh): FmhaArgs -> problem shape, CuTe strides,
+// TMA descriptors (built on the host by CUTLASS through the driver entry point), grid, launch.
+//
+// Each file in instances/ (one per dtype x tile of instances.inc) instantiates
+// `launch_sm90<T, Q, K, D, PERSISTENT>` once: a Hopper kernel takes minutes to compile.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "../check.h"
+#include "../launcher.h"
+#include "../smem.h"
+#include "sm90/kernel.cuh"
+
+namespace flashcore::sm90 {
+
+// The multiprocessor count of the current device, read once per device (persistent grids).
+inline int sm_count() {
+  static std::atomic<int> cached[64] = {};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  std::atomic<int>& slot = cached[device & 63];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute(MultiProcessorCount)");
+    slot.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// A dimension of extent 1 is never stepped over, so validation leaves its stride free; a TMA
+// descriptor still needs every stride to be a multiple of 16 bytes. Give such dimensions one.
+inline int64_t tma_stride(int64_t stride, int64_t extent) { return extent == 1 ? 8 : stride; }
+
+template <typename T, int Q, int K, int D, bool kPersistent>
+void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
+  using Kern = Kernel<T, Q, K, D, kPersistent>;
+  if (a.head_dim > D || a.head_dim % 8 != 0) {
+    throw detail::Failure(Code::Launch, "",
+                          "sm90 kernel: head dim " + std::to_string(a.head_dim) +
+                              " is not a multiple of 8 up to " + std::to_string(D));
+  }
+  const int group = static_cast<int>(a.heads_q / a.heads_kv);
+  const int offset = a.causal == Causal::None          ? static_cast<int>(a.seq_k)
+                     : a.causal == Causal::BottomRight ? static_cast<int>(a.seq_k - a.seq_q)
+                                                       : 0;
+  const ProblemShape problem{static_cast<int>(a.batch),
+                             cute::make_tuple(group, static_cast<int>(a.heads_kv)),
+                             static_cast<int>(a.seq_q),
+                             static_cast<int>(a.seq_k),
+                             static_cast<int>(a.head_dim),
+                             offset};
+
+  // Q, K and V as CuTe strides over (seq, dim, (batch, (group, heads_kv))).
+  auto qo = [&](const int64_t s[3], int64_t seq) {
+    const int64_t head = tma_stride(s[2], a.heads_q);
+    return StrideQO{static_cast<int>(tma_stride(s[1], seq)), cute::_1{},
+                    cute::make_tuple(tma_stride(s[0], a.batch),
+                                     cute::make_tuple(head, tma_stride(head * group, a.heads_kv)))};
+  };
+  auto kv = [&](const int64_t s[3]) {
+    return StrideKV{static_cast<int>(tma_stride(s[1], a.seq_k)), cute::_1{},
+                    cute::make_tuple(tma_stride(s[0], a.batch),
+                                     cute::make_tuple(cute::_0{}, tma_stride(s[2], a.heads_kv)))};
+  };
+  typename Kern::Mainloop::Arguments mainloop_args{
+      static_cast<const T*>(a.q), qo(a.q_stride, a.seq_q), static_cast<const T*>(a.k),
+      kv(a.k_stride), static_cast<const T*>(a.v), kv(a.v_stride)};
+
+  typename Kern::Params params{
+      problem,
+      Kern::Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr),
+      typename Kern::Out::Params{static_cast<T*>(a.out), a.o_stride[1], a.o_stride[2],
+                                 a.o_stride[0], a.lse},
+      Kern::Scheduler::make(problem, Q, sm_count())};
+  // Example 88 derives the scale from the head dim; ours is the caller's.
+  params.mainloop.scale_softmax = a.scale;
+  params.mainloop.scale_softmax_log2 = static_cast<float>(a.scale * 1.4426950408889634);
+
+  constexpr auto kernel = fmha_sm90_kernel<Kern>;
+  ensure_smem_limit<kernel>(Kern::kSmemBytes);
+  kernel<<<Kern::Scheduler::grid_shape(params.scheduler), Kern::kThreads, Kern::kSmemBytes,
+           stream>>>(params);
+  check_cuda(cudaGetLastError(), "launch fmha_sm90_kernel");
+}
+
+}  // namespace flashcore::sm90
+
+// The explicit instantiation in each file of instances/: TAG is the DType, the symbol is
+// fmha_sm90_<TAG>_q<Q>_k<K>_d<D> (declared by dispatch.cpp from instances.inc).
+#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D, PERSISTENT)                               \
+  static_assert(flashcore::sm90::Kernel<T, Q, K, D, PERSISTENT>::kSmemBytes ==             \
+                    flashcore::sm90_smem_bytes(flashcore::Tile{Q, K, D}),                  \
+                "flashcore/plan.h sm90_smem_bytes disagrees with cpp/src/sm90/kernel.cuh"); \
+  namespace flashcore::sm90 {                                                              \
+  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D(const FmhaArgs& args, cudaStream_t stream) {   \
+    launch_sm90<T, Q, K, D, PERSISTENT>(args, stream);                                     \
+  }                                                                                        \
+  }

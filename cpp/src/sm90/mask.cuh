@@ -1,0 +1,63 @@
+// The score modifier of flashcore's Hopper kernel: the fusion point of CUTLASS example 88's
+// mainloop (`before_softmax` on each tile of scores, and the trip counts that decide which key
+// tiles a query block visits and which of them need masking).
+//
+// One mask serves no mask, top-left and bottom-right causal: key j is visible to query i when
+// j < seq_k and j - i <= causal_offset (problem.cuh). Key tiles wholly beyond the band are never
+// loaded; tiles wholly inside it run unmasked; only the tiles that cross the diagonal or hold the
+// last, partial key tile are masked. Every query row sees key 0 (validation refuses rows with no
+// visible key), so the first tile, always masked by the collective, gives every row a finite max.
+#pragma once
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "sm90/problem.cuh"
+
+namespace flashcore::sm90 {
+
+struct CausalBandMask {
+  // Key tiles the block at `blk` visits: up to the last key its last real row sees.
+  template <class BlkCoord, class TileShape, class P>
+  CUTLASS_DEVICE int get_trip_count(BlkCoord const& blk, TileShape const& tile, P const& p) {
+    const int64_t bq = cute::get<0>(tile), bk = cute::get<1>(tile);
+    const int64_t last_row = cute::min(int64_t(cute::get<0>(blk) + 1) * bq, int64_t(seq_q(p))) - 1;
+    const int64_t last_key =
+        cute::min(int64_t(seq_k(p)) - 1, last_row + int64_t(causal_offset(p)));
+    return int(last_key / bk + 1);
+  }
+
+  // The leading tiles in which every key is visible to every row of the block.
+  template <class BlkCoord, class TileShape, class P>
+  CUTLASS_DEVICE int get_unmasked_trip_count(BlkCoord const& blk, TileShape const& tile,
+                                             P const& p) {
+    const int64_t bq = cute::get<0>(tile), bk = cute::get<1>(tile);
+    const int64_t first_row = int64_t(cute::get<0>(blk)) * bq;
+    const int64_t first_hidden =
+        cute::min(int64_t(seq_k(p)), first_row + int64_t(causal_offset(p)) + 1);
+    return cute::min(get_trip_count(blk, tile, p), int(first_hidden / bk));
+  }
+
+  template <class BlkCoord, class TileShape, class P>
+  CUTLASS_DEVICE int get_masked_trip_count(BlkCoord const& blk, TileShape const& tile,
+                                           P const& p) {
+    return get_trip_count(blk, tile, p) - get_unmasked_trip_count(blk, tile, p);
+  }
+
+  // `index(i)` is the (query row, key) of accumulator element i.
+  template <class Acc, class Index, class P>
+  CUTLASS_DEVICE void before_softmax(Acc& acc, Index const& index, P const& p) {
+    const int keys = seq_k(p), offset = causal_offset(p);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < cute::size(acc); ++i) {
+      const auto pos = index(i);
+      const int row = cute::get<0>(pos), key = cute::get<1>(pos);
+      if (key >= keys || key - row > offset) {
+        acc(i) = -INFINITY;
+      }
+    }
+  }
+};
+
+}  // namespace flashcore::sm90
