@@ -25,7 +25,7 @@ void sweep_${name}(const flashcore::FmhaArgs& a, cudaStream_t s) {
 }
 CU
   units+=("$name")
-done < <(sed -n 's/^CANDIDATE(\([0-9]*\), *\([0-9]*\), *\([0-9]*\), *\([a-z]*\))$/\1 \2 \3 \4/p' \
+done < <(sed -n 's/^CANDIDATE(\([0-9]*\), *\([0-9]*\), *\([0-9]*\), *\([0-9]*\))$/\1 \2 \3 \4/p' \
   benches/sm90_sweep/candidates.inc)
 printf '%s\n' "${units[@]}" | xargs -P "${FLASHCORE_NVCC_JOBS:-2}" -I{} \
   "$nvcc" "${flags[@]}" -c "$out/{}.cu" -o "$out/{}.o"

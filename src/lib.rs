@@ -4,12 +4,12 @@
 //! reference backend that runs everywhere.
 //!
 //! * **GPU** (compute capability 8.0 to 9.x), three kernel families ([`plan::Kernel`]), each with
-//!   flashcore's own tile table ([`plan::tile_table`]): flashcore's FlashAttention-2 kernel on
-//!   `nvcuda::wmma` tensor cores, which [`Backend::Auto`] runs for every problem but decode;
-//!   CUTLASS's fused multi-head attention (example 41, the Ampere/Ada kernel), which it runs for
-//!   decode ([`plan::auto_kernel`]); and, on compute capability 9.0, CUTLASS example 88's Hopper
-//!   mainloop (`wgmma`, TMA) under flashcore's own kernel layer, forced with
-//!   `Backend::Kernel(Kernel::CutlassSm90)`.
+//!   flashcore's own tile table ([`plan::tile_table`]): on compute capability 9.0, CUTLASS
+//!   example 88's Hopper mainloop (`wgmma`, TMA) under flashcore's own kernel layer, which
+//!   [`Backend::Auto`] runs once a problem fills the GPU; flashcore's FlashAttention-2 kernel on
+//!   `nvcuda::wmma` tensor cores, which it runs for the other problems but decode; and CUTLASS's
+//!   fused multi-head attention (example 41, the Ampere/Ada kernel), which it runs for decode
+//!   ([`plan::auto_kernel`]).
 //! * **CPU**: an exact float64-accumulating reference, used on hosts without a GPU and by tests.
 //! * **C++**: the same kernels, validation and tile tables are a standalone C++17 library
 //!   (`cpp/include/flashcore/flashcore.h`), which this crate calls through its cxx bridge. Device

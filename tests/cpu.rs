@@ -515,14 +515,42 @@ fn decode_rows_serve_few_query_rows() {
 }
 
 #[test]
-fn auto_runs_wmma_except_on_decode_problems() {
+fn auto_picks_by_arch_rows_and_work() {
     let limit = flashcore::plan::decode_max_query_rows();
-    for rows in [1, 4, limit] {
-        assert_eq!(auto_kernel(rows), Kernel::CutlassSm80, "{rows} query rows");
+    for arch in ArchClass::ALL {
+        for rows in [1, 4, limit] {
+            // Decode: CUTLASS's decode row on every GPU.
+            assert_eq!(
+                auto_kernel(arch, rows, 4096, 132),
+                Kernel::CutlassSm80,
+                "{rows}"
+            );
+        }
+        for rows in [limit + 1, 64, 4096, usize::MAX] {
+            let want = if arch == ArchClass::Sm90 {
+                Kernel::CutlassSm90
+            } else {
+                Kernel::Wmma
+            };
+            assert_eq!(auto_kernel(arch, rows, 4096, 132), want, "{arch:?} {rows}");
+        }
     }
-    for rows in [limit + 1, 64, 4096, usize::MAX] {
-        assert_eq!(auto_kernel(rows), Kernel::Wmma, "{rows} query rows");
-    }
+    // On an H200, the Hopper kernel once its 128-row work units fill the 132 SMs.
+    assert_eq!(auto_kernel(ArchClass::Sm90, 512, 8, 132), Kernel::Wmma); // 32 units
+    assert_eq!(auto_kernel(ArchClass::Sm90, 1024, 8, 132), Kernel::Wmma); // 64 units
+    assert_eq!(auto_kernel(ArchClass::Sm90, 1024, 16, 132), Kernel::Wmma); // 128 units
+    assert_eq!(
+        auto_kernel(ArchClass::Sm90, 1024, 17, 132),
+        Kernel::CutlassSm90
+    ); // 136 units
+    assert_eq!(
+        auto_kernel(ArchClass::Sm90, 129, 66, 132),
+        Kernel::CutlassSm90
+    ); // 2 x 66 units
+    assert_eq!(
+        auto_kernel(ArchClass::Sm90, usize::MAX, usize::MAX, usize::MAX),
+        Kernel::CutlassSm90
+    );
 }
 
 #[test]

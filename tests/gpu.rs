@@ -410,14 +410,30 @@ fn auto_backend_and_results_on_other_streams() {
         k.to_device(&s2).unwrap(),
     );
     let res = attention(&dq, &dk, &dv, &AttentionOptions::default().with_lse()).unwrap();
-    assert_eq!(res.execution.backend, BackendKind::from(auto_kernel(64)));
+    let device = Device::open(0).unwrap();
+    let (major, minor) = device.compute_capability();
+    let class = ArchClass::from_compute_capability(major, minor).unwrap();
+    let auto = |rows, batch_heads| auto_kernel(class, rows, batch_heads, device.sm_count());
+    assert_eq!(res.execution.backend, BackendKind::from(auto(64, 8)));
     assert!(res.out.stream().unwrap().same_as(&s1));
     // One query per head: Auto takes the decode row's kernel.
     let one = randn::<f16>(&mut rng, &[2, 1, 4, 64], Layout::Bshd)
         .to_device(&s1)
         .unwrap();
     let dec = attention(&one, &dk, &dv, &AttentionOptions::default()).unwrap();
-    assert_eq!(dec.execution.backend, BackendKind::from(auto_kernel(1)));
+    assert_eq!(dec.execution.backend, BackendKind::from(auto(1, 8)));
+    // A problem that fills the GPU: on an H100 or H200, the Hopper kernel.
+    let big = randn::<f16>(&mut rng, &[4, 1024, 16, 64], Layout::Bshd)
+        .to_device(&s1)
+        .unwrap();
+    let filled = attention(&big, &big, &big, &AttentionOptions::default()).unwrap();
+    assert_eq!(filled.execution.backend, BackendKind::from(auto(1024, 64)));
+    if (major, minor) == (9, 0) {
+        assert_eq!(
+            filled.execution.backend,
+            BackendKind::from(Kernel::CutlassSm90)
+        );
+    }
     let (want, _) = naive(&q, &k, &k, 0.125, Causal::None);
     let err = rel_l2(&logical(&res.out.to_host().unwrap()), &want);
     assert!(err < 2e-3, "rel L2 {err}");
@@ -593,7 +609,11 @@ fn cpp_allocates_rust_computes() {
     }
     .unwrap();
     let exec = attention_into(&q, &k, &v, &mut out, Some(&mut lse), &interop_opts()).unwrap();
-    assert_eq!(exec.backend, BackendKind::from(auto_kernel(INTEROP.sq)));
+    let (major, minor) = device.compute_capability();
+    let class = ArchClass::from_compute_capability(major, minor).unwrap();
+    let batch_heads = INTEROP.b * INTEROP.hq;
+    let auto = auto_kernel(class, INTEROP.sq, batch_heads, device.sm_count());
+    assert_eq!(exec.backend, BackendKind::from(auto));
     let (err, lse_err) = interop_errors(inputs.each_ref(), &out, &lse);
     println!("C++ memory, Rust call: rel L2 {err:.2e}, lse {lse_err:.2e}");
     assert!(

@@ -28,10 +28,18 @@ using Launch = void (*)(const FmhaArgs&, cudaStream_t);
 namespace {
 
 struct Candidate {
-  int q, k, d;
-  bool persistent;
+  int q, k, d, flags;
   Launch run;
 };
+
+// kernel.cuh's ScheduleFlags in words.
+std::string schedule(int flags) {
+  std::string s = flags & 1 ? "persistent" : "one unit per block";
+  if (flags & 2) s += ", turns in softmax";
+  if (flags & 4) s += ", free epilogue";
+  if (flags & 8) s += ", overlapped loop";
+  return s;
+}
 
 const Candidate kCandidates[] = {
 #define CANDIDATE(Q, K, D, P) {Q, K, D, P, sweep_q##Q##_k##K##_d##D##_##P},
@@ -129,6 +137,7 @@ int main(int argc, char** argv) {
                   sh.hk == sh.h ? sh.h : sh.hk, sh.s, sh.d, sh.causal ? "-causal" : "");
     bool have_first = false;
     for (const Candidate& c : kCandidates) {
+      const std::string sched = schedule(c.flags);
       if (c.d != tier) {
         continue;
       }
@@ -166,7 +175,7 @@ int main(int argc, char** argv) {
         c.run(args_for(0), stream);
       } catch (const std::exception& e) {
         std::printf("| %s | %dx%dx%d %s | failed: %s | | |\n", name, c.q, c.k, c.d,
-                    c.persistent ? "persistent" : "one unit per block", e.what());
+                    sched.c_str(), e.what());
         continue;
       }
       check(cudaStreamSynchronize(stream), "run");
@@ -182,8 +191,7 @@ int main(int argc, char** argv) {
       std::sort(ms.begin(), ms.end());
       const double med = ms[ms.size() / 2] * 1e3;
       std::printf("| %s | %dx%dx%d %s | %.1f | %.1f | %.3g |\n", name, c.q, c.k, c.d,
-                  c.persistent ? "persistent" : "one unit per block", med, flops / med * 1e-6,
-                  double(d));
+                  sched.c_str(), med, flops / med * 1e-6, double(d));
       std::fflush(stdout);
     }
     for (auto* list : {&buf.q, &buf.k, &buf.v}) {

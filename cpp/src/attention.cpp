@@ -74,6 +74,8 @@ core::DeviceCaps device_caps(int device) {
              "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   caps.smem_per_block_optin = optin;
   caps.kernels = compiled_kernels();
+  check_cuda(cudaDeviceGetAttribute(&caps.multiprocessors, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute(MultiProcessorCount)");
   if (static_cast<size_t>(device) >= cache.size()) {
     cache.resize(device + 1);
   }

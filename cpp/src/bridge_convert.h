@@ -73,6 +73,7 @@ inline core::DeviceCaps from_ffi(const CapsFfi& c) {
   caps.major = c.major;
   caps.minor = c.minor;
   caps.smem_per_block_optin = c.smem_per_block_optin;
+  caps.multiprocessors = c.multiprocessors;
   return caps;
 }
 

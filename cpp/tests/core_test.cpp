@@ -150,13 +150,28 @@ void heads_and_head_dims() {
 
 void planning() {
   const int64_t limit = flashcore::kDecodeMaxQueryRows;
-  expect(flashcore::auto_kernel(1) == Kernel::CutlassSm80, "Auto: one query runs CUTLASS");
-  expect(flashcore::auto_kernel(limit) == Kernel::CutlassSm80, "Auto: the decode limit");
-  expect(flashcore::auto_kernel(limit + 1) == Kernel::Wmma, "Auto: above it, WMMA");
+  using flashcore::ArchClass;
+  using flashcore::auto_kernel;
+  expect(auto_kernel(ArchClass::Sm90, 1, 4096, 132) == Kernel::CutlassSm80,
+         "Auto: one query runs CUTLASS");
+  expect(auto_kernel(ArchClass::Sm86Sm89, limit, 4096, 58) == Kernel::CutlassSm80,
+         "Auto: the decode limit");
+  expect(auto_kernel(ArchClass::Sm86Sm89, limit + 1, 4096, 58) == Kernel::Wmma,
+         "Auto: above it, WMMA on an L4");
+  expect(auto_kernel(ArchClass::Sm90, 4096, 64, 132) == Kernel::CutlassSm90,
+         "Auto: the Hopper kernel on a filled H200");
+  expect(auto_kernel(ArchClass::Sm90, 512, 8, 132) == Kernel::Wmma,
+         "Auto: WMMA on a small problem on an H200");
+  const uint32_t no_sm90 = ~(1u << int(Kernel::CutlassSm90));
+  expect(auto_kernel(ArchClass::Sm90, 4096, 64, 132, no_sm90) == Kernel::Wmma,
+         "Auto: WMMA on an H200 when the Hopper kernel was not built");
+  expect(auto_kernel(ArchClass::Sm90, std::numeric_limits<int64_t>::max(),
+                     std::numeric_limits<int64_t>::max(), 132) == Kernel::CutlassSm90,
+         "Auto: no overflow at the limits");
   Request r = valid();
   Problem p{};
   expect(flashcore::core::validate(r, &p).ok(), "valid for planning");
-  flashcore::core::DeviceCaps l4{8, 9, 99 * 1024};
+  flashcore::core::DeviceCaps l4{8, 9, 99 * 1024, ~0u, 58};
   flashcore::core::Plan plan{};
   const Status s = flashcore::core::plan(r, p, l4, &plan);
   expect(s.ok() && plan.kernel == Kernel::Wmma && plan.row->arch == flashcore::ArchClass::Sm86Sm89,
@@ -182,6 +197,18 @@ void planning_sm90() {
   Status s = flashcore::core::plan(r, p, h200, &plan);
   expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.row->tile.queries_per_block == 128,
          "an H200 runs the sm90 row: " + s.message);
+  // Auto on an H200 (132 SMs): WMMA for 16 work units, the Hopper kernel for 512.
+  Request autos = r;
+  autos.options.backend = Backend::Auto;
+  const DeviceCaps h200_sms{9, 0, 227 * 1024, ~0u, 132};
+  expect(flashcore::core::plan(autos, p, h200_sms, &plan).ok() && plan.kernel == Kernel::Wmma,
+         "Auto on a small problem on an H200 runs WMMA");
+  autos.q = autos.out = autos.k = autos.v = bshd(4, 1024, 16, 64);
+  Problem big_p{};
+  expect(flashcore::core::validate(autos, &big_p).ok(), "a 4x16x1024 problem validates");
+  expect(flashcore::core::plan(autos, big_p, h200_sms, &plan).ok() &&
+             plan.kernel == Kernel::CutlassSm90,
+         "Auto on a filled H200 runs the Hopper kernel");
   const DeviceCaps l4{8, 9, 99 * 1024};
   s = flashcore::core::plan(r, p, l4, &plan);
   expect(s.code == Code::BackendUnavailable && s.values[0] == int64_t(Kernel::CutlassSm90),

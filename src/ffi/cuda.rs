@@ -278,6 +278,7 @@ fn caps(device: &Device) -> CapsFfi {
         minor,
         smem_per_block_optin: i64::try_from(device.shared_memory_per_block_optin())
             .unwrap_or(i64::MAX),
+        multiprocessors: i32::try_from(device.sm_count()).unwrap_or(i32::MAX),
     }
 }
 

@@ -91,11 +91,12 @@ pub(crate) mod sys {
         index: i32,
     }
 
-    /// `core::DeviceCaps`.
+    /// `core::DeviceCaps` (the compiled kernel families are filled in on the C++ side).
     struct CapsFfi {
         major: i32,
         minor: i32,
         smem_per_block_optin: i64,
+        multiprocessors: i32,
     }
 
     /// The C++ constants that Rust re-exports.
@@ -143,7 +144,7 @@ pub(crate) mod sys {
         fn arch_class(major: i32, minor: i32) -> i32;
         fn arch_smem(arch: i32, per_sm: bool) -> i64;
         fn wmma_smem_bytes(queries: i32, keys: i32, head_dim: i32) -> i64;
-        fn auto_kernel(query_rows: i64) -> i32;
+        fn auto_kernel(arch: i32, query_rows: i64, batch_heads: i64, multiprocessors: i32) -> i32;
         fn limits() -> LimitsFfi;
 
         #[cfg(feature = "cuda")]

@@ -171,6 +171,7 @@ pub fn choose_row(
         major: cc.0,
         minor: cc.1,
         smem_per_block_optin: i64::try_from(smem_optin).unwrap_or(i64::MAX),
+        multiprocessors: 0, // Auto is not planned here
     };
     let mut chosen = RowRef::default();
     let status = sys::choose_row(
@@ -195,13 +196,33 @@ pub fn wmma_smem_bytes(tile: Tile) -> usize {
     ))
 }
 
-/// The kernel [`crate::Backend::Auto`] runs on a GPU for a problem of `query_rows` query rows
-/// per head (a one-query GQA problem counts its packed heads: see [`decode_max_query_rows`]).
-/// Measured, the reason is beside `flashcore::auto_kernel` in `cpp/src/core/plan.cpp`: WMMA,
-/// faster than CUTLASS on the H200 on every throughput and seed shape, except up to
-/// [`decode_max_query_rows`] query rows, where CUTLASS's decode row wins.
-pub fn auto_kernel(query_rows: usize) -> Kernel {
-    let id = sys::auto_kernel(i64::try_from(query_rows).unwrap_or(i64::MAX));
+/// The kernel [`crate::Backend::Auto`] runs on a GPU of class `arch` with `multiprocessors` SMs,
+/// for a problem of `query_rows` query rows per head on `batch_heads` (batch x heads) heads (a
+/// one-query GQA problem counts its packed heads as rows and its kv heads as heads: see
+/// [`decode_max_query_rows`]), in a build with every kernel family. Measured, the reasons are
+/// beside `flashcore::auto_kernel` in `cpp/src/core/plan.cpp`: CUTLASS's decode row up to
+/// [`decode_max_query_rows`] query rows; on compute capability 9.0 the Hopper kernel once its
+/// 128-row work units fill the SMs; WMMA otherwise.
+///
+/// ```
+/// use flashcore::plan::{auto_kernel, ArchClass, Kernel};
+/// assert_eq!(auto_kernel(ArchClass::Sm90, 1, 256, 132), Kernel::CutlassSm80); // decode
+/// assert_eq!(auto_kernel(ArchClass::Sm90, 4096, 64, 132), Kernel::CutlassSm90); // 2048 units
+/// assert_eq!(auto_kernel(ArchClass::Sm90, 512, 8, 132), Kernel::Wmma); // 32 units
+/// assert_eq!(auto_kernel(ArchClass::Sm86Sm89, 4096, 64, 58), Kernel::Wmma); // an L4
+/// ```
+pub fn auto_kernel(
+    arch: ArchClass,
+    query_rows: usize,
+    batch_heads: usize,
+    multiprocessors: usize,
+) -> Kernel {
+    let id = sys::auto_kernel(
+        ffi::arch_id(arch),
+        i64::try_from(query_rows).unwrap_or(i64::MAX),
+        i64::try_from(batch_heads).unwrap_or(i64::MAX),
+        i32::try_from(multiprocessors).unwrap_or(i32::MAX),
+    );
     ffi::kernel_of(i64::from(id)).unwrap_or(Kernel::Wmma)
 }
 

@@ -81,8 +81,14 @@ int64_t smem_per_sm(ArchClass arch) noexcept;
 const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
                           int64_t query_rows) noexcept;
 
+// Query rows per block of the Hopper kernel's tiles (every sm90 row): Auto counts its work units.
+constexpr int64_t kSm90QueriesPerBlock = 128;
+
 // The kernel Backend::Auto runs for a problem of `query_rows` query rows per head (after the
-// packing of one-query GQA problems); measured, see its definition in cpp/src/core/plan.cpp.
-Kernel auto_kernel(int64_t query_rows) noexcept;
+// packing of one-query GQA problems) on `batch_heads` (batch x heads, as packed) heads, on a
+// device of class `arch` with `multiprocessors` SMs, where this build compiled `kernels` (one bit
+// per Kernel value); measured, see its definition in cpp/src/core/plan.cpp.
+Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int32_t multiprocessors,
+                   uint32_t kernels = ~0u) noexcept;
 
 }  // namespace flashcore

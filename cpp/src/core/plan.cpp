@@ -37,11 +37,23 @@ const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
   return find(tile_table(kernel));
 }
 
-// WMMA, except for few-query (decode) problems: on the H200 (2026-11-21, docs/PERFORMANCE.md) the
-// WMMA kernel ran every throughput and seed shape faster than CUTLASS, in f16 and bf16, while
-// CUTLASS's 32-query decode row stayed ahead on decode (one query, 4096 keys).
-Kernel auto_kernel(int64_t query_rows) noexcept {
-  return query_rows <= kDecodeMaxQueryRows ? Kernel::CutlassSm80 : Kernel::Wmma;
+// Measured on the H200 (2026-11-23, docs/PERFORMANCE.md, f16 and bf16):
+// - decode (at most kDecodeMaxQueryRows query rows per head): CUTLASS's 32-query decode row, at
+//   the memory roofline (135-137 us at 32x32(kv 8)x1x4096 d=128; the Hopper kernel is within 2%);
+// - on compute capability 9.0, the Hopper kernel once its 128-row work units fill the SMs: it ran
+//   every throughput shape of the bench list 1.3-2.7x faster than WMMA;
+// - elsewhere WMMA, faster than CUTLASS everywhere but decode (2026-11-21), and than the Hopper
+//   kernel on the seeds' small problems (32-64 work units: 12.7 vs 13.4 us at 1x8x512x64).
+Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int32_t multiprocessors,
+                   uint32_t kernels) noexcept {
+  if (query_rows <= kDecodeMaxQueryRows) {
+    return Kernel::CutlassSm80;
+  }
+  const bool hopper = arch == ArchClass::Sm90 && (kernels >> int32_t(Kernel::CutlassSm90) & 1u);
+  const int64_t blocks =
+      query_rows / kSm90QueriesPerBlock + (query_rows % kSm90QueriesPerBlock != 0 ? 1 : 0);
+  const bool fills = batch_heads >= (multiprocessors + blocks - 1) / blocks;  // no overflow
+  return hopper && fills ? Kernel::CutlassSm90 : Kernel::Wmma;
 }
 
 namespace core {
@@ -165,7 +177,12 @@ Status choose_row(Kernel kernel, int64_t head_dim, int64_t query_rows, const Dev
 
 Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* out) noexcept {
   try {
-    const Kernel kernel = kernel_of(r.options.backend).value_or(auto_kernel(p.query_rows()));
+    const std::optional<ArchClass> arch =
+        r.options.force_arch_class ? r.options.force_arch_class : arch_class(caps.major, caps.minor);
+    const Kernel kernel = kernel_of(r.options.backend)
+                              .value_or(auto_kernel(arch.value_or(ArchClass::Sm80), p.query_rows(),
+                                                    p.batch_heads(), caps.multiprocessors,
+                                                    caps.kernels));
     if (p.location == kHost) {
       return fail(Code::BackendUnavailable, Operand::None, Field::None,
                   static_cast<int64_t>(kernel), 0, 0,

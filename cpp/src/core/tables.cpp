@@ -100,16 +100,20 @@ constexpr TileRow kWmmaRows[] = {
 // 128 query rows per block in two consumer warpgroups of 64, one producer warpgroup, TMA loads
 // of K and V through a 5-stage shared-memory pipeline. Shared memory is sm90_smem_bytes(), which
 // each instantiation checks against its SharedStorage. Rows for compute capability 9.0 only: the
-// SASS is sm_90a.
+// SASS is sm_90a. Chosen by scripts/sweep_sm90.sh (benches/sm90_sweep/, bf16, median of 30) on the
+// H200, 2026-11-23; docs/HOPPER.md has the rounds. The schedule of each tile is in
+// sm90/instances.inc.
 constexpr TileRow kSm90Rows[] = {
-    {ArchClass::Sm90, 64, tile(128, 64, 64), sm90_smem_bytes(tile(128, 64, 64)),
-     "56 KB, persistent: example 88's d=64 schedule (ping-pong, 128x64); not yet swept"},
+    {ArchClass::Sm90, 64, tile(128, 128, 64), sm90_smem_bytes(tile(128, 128, 64)),
+     "96 KB, persistent: 128 keys per tile halve the softmax rounds of 64; 406 vs 338 TFLOP/s at "
+     "8x32x2048x64 and 452 vs 327 at 2x32x8192x64 (causal 288-405, within 2% of one unit per "
+     "block)"},
     {ArchClass::Sm90, 128, tile(128, 128, 128), sm90_smem_bytes(tile(128, 128, 128)),
-     "192 KB, one block per SM: example 88's d=128 schedule (cooperative, 128x128); not yet "
-     "swept"},
+     "192 KB, one block per unit: 569-660 TFLOP/s against 485-537 for 128x64; persistent wins "
+     "only 8x16x2048 non-causal (603) and loses 4-8% elsewhere"},
     {ArchClass::Sm90, 256, tile(128, 64, 256), sm90_smem_bytes(tile(128, 64, 256)),
-     "224 KB, one block per SM: example 88's d=256 schedule (cooperative, 128x64), the only "
-     "one of its tiles that fits 227 KB"},
+     "224 KB, one block per unit: the widest key tile that fits 227 KB; 664 TFLOP/s at 4x8x4096x256 "
+     "against 624 persistent and 411 for 128x32"},
 };
 
 // ---- compile-time checks: every row is instantiated, fits its class, and classes ascend ----
@@ -124,7 +128,7 @@ constexpr Tile kWmmaInstances[] = {
 #undef FLASHCORE_TILE
 };
 constexpr Tile kSm90Instances[] = {
-#define FLASHCORE_TILE(Q, K, D, PERSISTENT) tile(Q, K, D),
+#define FLASHCORE_TILE(Q, K, D, FLAGS) tile(Q, K, D),
 #include "sm90/instances.inc"
 #undef FLASHCORE_TILE
 };

@@ -55,6 +55,8 @@ struct Problem {
   }
   // Query rows per (batch, head) the kernel sees, after packing.
   int64_t query_rows() const { return packs_heads() ? heads_q / heads_kv : seq_q; }
+  // The (batch, head) pairs the kernel sees, after packing.
+  int64_t batch_heads() const { return batch * (packs_heads() ? heads_kv : heads_q); }
 };
 
 // Checks `r` and describes the problem in `*problem`.
@@ -66,6 +68,7 @@ struct DeviceCaps {
   int32_t major = 0, minor = 0;
   int64_t smem_per_block_optin = 0;
   uint32_t kernels = ~0u;
+  int32_t multiprocessors = 0;  // 0: unknown (Auto then takes the Hopper kernel where it may)
 };
 
 // The kernel and tile that will run a validated problem.

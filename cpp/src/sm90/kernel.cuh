@@ -6,8 +6,8 @@
 // One producer warpgroup loads (warp 0: K and V, and Q unless a second warp does; warp 2: Q when
 // `kSeparateQ`) and gives up registers; `kMmaWarpGroups` consumer warpgroups take them, each
 // computing `block rows / kMmaWarpGroups` query rows. An ordered barrier takes the consumers in
-// turn through their first QK product and their epilogue, so one warpgroup's softmax overlaps the
-// other's matrix products.
+// turn through their first QK product (and, by ScheduleFlags, every softmax and the epilogue), so
+// one warpgroup's softmax overlaps the other's matrix products.
 #pragma once
 
 #include "collective/fmha_collective_tma_warpspecialized.hpp"  // CUTLASS examples/88_hopper_fmha
@@ -16,26 +16,44 @@
 #include "cutlass/pipeline/pipeline.hpp"
 #include "kernel/fmha_options.hpp"
 #include "sm90/epilogue.cuh"
+#include "sm90/mainloop.cuh"
 #include "sm90/mask.cuh"
 #include "sm90/problem.cuh"
 #include "sm90/scheduler.cuh"
 
 namespace flashcore::sm90 {
 
-// kPersistent: one block per SM walking the work units, Q loaded by its own warp, Q buffers
-// released between units (example 88's "ping-pong" schedule); else one block per unit
-// ("cooperative").
-template <class Element, int kBlockQ, int kBlockK, int kHeadDim, bool kPersistent>
+// How a kernel schedules its work: a sum of these flags (instances.inc names one per tile).
+enum ScheduleFlags : int {
+  // One block per SM walking the work units, Q loaded by its own warp, Q buffers released between
+  // units (example 88's "ping-pong" schedule); without it, one block per unit ("cooperative").
+  kFlagPersistent = 1,
+  // The consumers also take turns through every softmax, not only the first tile's QK product,
+  // so one warpgroup's softmax runs while the other's matrix products do.
+  kFlagTurnsInSoftmax = 2,
+  // The consumers store their output without taking turns.
+  kFlagFreeEpilogue = 4,
+  // Our own consumer loop (mainloop.cuh): each warpgroup's softmax overlaps its own P.V product.
+  kFlagOverlap = 8,
+};
+
+template <class Element, int kBlockQ, int kBlockK, int kHeadDim, int kFlags>
 struct Kernel {
+  static constexpr bool kPersistent = (kFlags & kFlagPersistent) != 0;
+  static constexpr bool kOrderedEpilogue = (kFlags & kFlagFreeEpilogue) == 0;
   static constexpr int kMmaWarpGroups = 2;
   static constexpr bool kSeparateQ = kPersistent;
   using TileShape = cute::Shape<cute::Int<kBlockQ>, cute::Int<kBlockK>, cute::Int<kHeadDim>>;
-  using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
+  using Example88Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
       Element, float, float, TileShape, StrideQO, StrideKV, StrideKV, CausalBandMask,
       cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsPersistent,
                                     cute::bool_constant<kPersistent>>,
       cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kNumMmaWarpGroups,
-                                    cute::Int<kMmaWarpGroups>>>;
+                                    cute::Int<kMmaWarpGroups>>,
+      cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsMainloopLocked,
+                                    cute::bool_constant<(kFlags & kFlagTurnsInSoftmax) != 0>>>;
+  using Mainloop = std::conditional_t<(kFlags & kFlagOverlap) != 0,
+                                      OverlappedMainloop<Example88Mainloop>, Example88Mainloop>;
   using Scheduler = TileScheduler<kPersistent>;
   using Out = Epilogue<Element>;
 
@@ -153,11 +171,15 @@ struct Kernel {
                                      pipeline_q, q_read, unused_reducer, unused_reducer_state,
                                      storage.mainloop, order);
       q_read.advance(Mainloop::kOuterLoads * (kMmaWarpGroups - consumer));
-      order.wait();
+      if constexpr (kOrderedEpilogue) {
+        order.wait();
+      }
       Out::store(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
                  typename Mainloop::TiledMmaPV{}, params.problem, params.out,
                  get<0>(wg) * kQueryRowsPerWarpGroup, get<2, 0>(blk), get<2, 1>(blk));
-      order.arrive();
+      if constexpr (kOrderedEpilogue) {
+        order.arrive();
+      }
     }
 #endif
   }

@@ -2,7 +2,8 @@
 // TMA descriptors (built on the host by CUTLASS through the driver entry point), grid, launch.
 //
 // Each file in instances/ (one per dtype x tile of instances.inc) instantiates
-// `launch_sm90<T, Q, K, D, PERSISTENT>` once: a Hopper kernel takes minutes to compile.
+// `launch_sm90<T, Q, K, D, FLAGS>` once (FLAGS: kernel.cuh's ScheduleFlags); a Hopper kernel
+// takes about a minute and 2.5 GB to compile.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,9 +39,9 @@ inline int sm_count() {
 // descriptor still needs every stride to be a multiple of 16 bytes. Give such dimensions one.
 inline int64_t tma_stride(int64_t stride, int64_t extent) { return extent == 1 ? 8 : stride; }
 
-template <typename T, int Q, int K, int D, bool kPersistent>
+template <typename T, int Q, int K, int D, int kFlags>
 void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
-  using Kern = Kernel<T, Q, K, D, kPersistent>;
+  using Kern = Kernel<T, Q, K, D, kFlags>;
   if (a.head_dim > D || a.head_dim % 8 != 0) {
     throw detail::Failure(Code::Launch, "",
                           "sm90 kernel: head dim " + std::to_string(a.head_dim) +
@@ -94,12 +95,12 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
 
 // The explicit instantiation in each file of instances/: TAG is the DType, the symbol is
 // fmha_sm90_<TAG>_q<Q>_k<K>_d<D> (declared by dispatch.cpp from instances.inc).
-#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D, PERSISTENT)                               \
-  static_assert(flashcore::sm90::Kernel<T, Q, K, D, PERSISTENT>::kSmemBytes ==             \
+#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D, FLAGS)                                    \
+  static_assert(flashcore::sm90::Kernel<T, Q, K, D, FLAGS>::kSmemBytes ==                  \
                     flashcore::sm90_smem_bytes(flashcore::Tile{Q, K, D}),                  \
                 "flashcore/plan.h sm90_smem_bytes disagrees with cpp/src/sm90/kernel.cuh"); \
   namespace flashcore::sm90 {                                                              \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D(const FmhaArgs& args, cudaStream_t stream) {   \
-    launch_sm90<T, Q, K, D, PERSISTENT>(args, stream);                                     \
+    launch_sm90<T, Q, K, D, FLAGS>(args, stream);                                          \
   }                                                                                        \
   }

@@ -1,0 +1,227 @@
+// flashcore's consumer mainloop for the Hopper kernel: example 88's collective (its types, TMA
+// loads and shared-memory layouts) with our own `compute`, which overlaps each warpgroup's softmax
+// with its own matrix products (FlashAttention-3's intra-warpgroup pipelining).
+//
+// Example 88's consumer issues QK(j), waits for it, runs the softmax of tile j, then issues P.V(j):
+// its tensor cores idle through every softmax unless the other warpgroup fills them. Ours issues
+// QK(j) and P.V(j-1) together, waits for QK(j) only, and runs the softmax of tile j while P.V(j-1)
+// is still in flight; the output is rescaled once P.V(j-1) has landed. Two score tiles live in
+// registers at once (S of tile j in f32, P of tile j-1 in 16 bits).
+//
+// Pipeline order is the producer's: K0 V0 K1 V1 ... (one stage each). Each consumer thread
+// releases every stage once, after the product that read it has completed.
+#pragma once
+
+#include "collective/fmha_collective_tma_warpspecialized.hpp"  // CUTLASS examples/88_hopper_fmha
+#include "collective/fmha_common.hpp"
+#include "cute/tensor.hpp"
+#include "sm90/mask.cuh"
+
+namespace flashcore::sm90 {
+
+template <class Base>
+struct OverlappedMainloop : Base {
+  using typename Base::Element;
+  using typename Base::MainloopPipeline;
+  using typename Base::MainloopPipelineQ;
+  using typename Base::PipelineState;
+  using typename Base::PipelineStateQ;
+  using typename Base::SharedStorage;
+  using typename Base::SmemLayoutK;
+  using typename Base::SmemLayoutQ;
+  using typename Base::SmemLayoutV;
+  using typename Base::TiledMmaPV;
+  using typename Base::TiledMmaQK;
+  using typename Base::TileShape;
+  using typename Base::TileShapePV;
+  using typename Base::TileShapeQK;
+  using typename Base::Params;
+
+  // The max over the 4 lanes of a quad, which hold one accumulator row between them (the wgmma
+  // accumulator layout, as mma.sync's: lane 4g + t holds rows g and g + 8 of its warp's 16, at
+  // columns 2t, 2t + 1 of every 8).
+  CUTLASS_DEVICE static float quad_max(float m) {
+    m = ::fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    return ::fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+  }
+
+  // Scores of tile `j` -> probabilities in place (masked first where the tile needs it); updates
+  // each row's max and sum, and writes the factor that rescales its output into `rescale`.
+  template <class Fusion, int kRows, class AccS, class Index, class ProblemShape>
+  CUTLASS_DEVICE static void softmax(AccS& acc_s, Index& index, int j, int unmasked, float scale,
+                                     ProblemShape const& problem, float (&row_max)[kRows],
+                                     float (&row_sum)[kRows], float (&rescale)[kRows]) {
+    using namespace cute;
+    if (j == 0 || j >= unmasked) {
+      Fusion{}.before_softmax(acc_s, index, problem);
+    }
+    Tensor s = make_tensor(acc_s.data(),
+                           cutlass::fmha::collective::layout_acc_mn(TiledMmaQK{}, acc_s.layout()));
+    static_assert(decltype(size<0>(s))::value == kRows, "one max and sum per accumulator row");
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      float m = j == 0 ? -INFINITY : row_max[i];
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < size<1>(s); ++k) {
+        m = ::fmaxf(m, s(i, k));
+      }
+      m = quad_max(m);
+      // A row with no visible key so far keeps an offset of 0 so that exp2 stays finite (its
+      // probabilities are exp2(-inf) = 0); every row sees key 0, so this is only past seq_q.
+      const float safe = m == -INFINITY ? 0.f : m;
+      const float old = row_max[i] == -INFINITY ? 0.f : row_max[i];
+      rescale[i] = j == 0 ? 1.f : ::exp2f((old - safe) * scale);
+      row_max[i] = m;
+      const float offset = safe * scale;
+      float sum = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < size<1>(s); ++k) {
+        s(i, k) = ::exp2f(::fmaf(s(i, k), scale, -offset));
+        sum += s(i, k);
+      }
+      row_sum[i] = j == 0 ? sum : row_sum[i] * rescale[i] + sum;
+    }
+    index.data() = index.data() + E<1>{} * get<1>(TileShapeQK{});
+  }
+
+  // Row max and row sum of one thread's rows, and the P.V accumulator, for the epilogue.
+  template <class BlkCoord, class ProblemShape, class Unused1, class Unused2, class OrderBarrier,
+            class Fusion = CausalBandMask>
+  CUTLASS_DEVICE auto compute(BlkCoord const& blk, BlkCoord const& wg, Params const& params,
+                              ProblemShape const& problem, MainloopPipeline& pipeline,
+                              PipelineState& read, MainloopPipelineQ& pipeline_q,
+                              PipelineStateQ& read_q, Unused1&, Unused2&, SharedStorage& storage,
+                              OrderBarrier& order) {
+    using namespace cute;
+    using cutlass::fmha::collective::gemm_zero_acc;
+    using cutlass::fmha::collective::layout_acc_mn;
+    using cutlass::fmha::collective::make_acc_into_op;
+    const int thread = int(threadIdx.x);
+
+    TiledMmaQK mma_qk;
+    auto thr_qk = mma_qk.get_thread_slice(thread);
+    Tensor sQ = make_tensor(make_smem_ptr(storage.smem_q.data()), SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(storage.smem_k.data()), SmemLayoutK{});
+    Tensor tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ));
+    Tensor tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK));
+    TiledMmaPV mma_pv;
+    auto thr_pv = mma_pv.get_thread_slice(thread);
+    Tensor sV = make_tensor(make_smem_ptr(storage.smem_v.data()), SmemLayoutV{});
+    Tensor tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV));
+
+    // (row, key) of each score this thread holds, advanced one key tile per step.
+    Tensor tPcP = thr_qk.partition_C(make_identity_tensor(take<0, 2>(TileShapeQK{})));
+    tPcP.data() = tPcP.data() + E<0>{} * get<0>(wg) * get<0>(TileShapeQK{});
+
+    // The output accumulates from zero without a data-dependent "first product" branch: a
+    // branch between products whose registers are in flight makes ptxas fence (warning C7519).
+    Tensor acc_o = partition_fragment_C(mma_pv, take<0, 2>(TileShapePV{}));
+    clear(acc_o);
+    mma_pv.accumulate_ = GMMA::ScaleOut::One;
+    Tensor acc_o_mn = make_tensor(acc_o.data(), layout_acc_mn(mma_pv, acc_o.layout()));
+    constexpr int kRows = decltype(size<0>(acc_o_mn))::value;
+    float row_max[kRows], row_sum[kRows];
+    const float scale = params.scale_softmax_log2;
+
+    const int tiles = Fusion{}.get_trip_count(blk, TileShape{}, problem);
+    const int unmasked = Fusion{}.get_unmasked_trip_count(blk, TileShape{}, problem);
+
+    pipeline_q.consumer_wait(read_q);
+
+    // Tile 0: S = Q K0^T, taking turns with the other warpgroup for the first product.
+    Tensor acc_s = partition_fragment_C(mma_qk, take<0, 2>(TileShapeQK{}));
+    pipeline.consumer_wait(read);
+    order.wait();
+    warpgroup_fence_operand(acc_s);
+    warpgroup_arrive();
+    gemm_zero_acc(mma_qk, tSrQ(_, _, _, read_q.index()), tSrK(_, _, _, read.index()), acc_s);
+    warpgroup_commit_batch();
+    order.arrive();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_s);
+    pipeline.consumer_release(read);  // K0
+    ++read;  // now at V0
+    float rescale[kRows];
+    softmax<Fusion>(acc_s, tPcP, 0, unmasked, scale, problem, row_max, row_sum, rescale);
+    Tensor p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
+
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int j = 1; j < tiles; ++j) {
+      PipelineState read_k = read;
+      ++read_k;  // K(j) follows V(j-1)
+      // Issue S = Q K(j)^T; while it runs, rescale O for tile j-1's max (no product holds O now:
+      // P(j-2) V(j-2) completed last iteration); then issue O += P(j-1) V(j-1).
+      pipeline.consumer_wait(read_k);
+      warpgroup_fence_operand(acc_s);
+      warpgroup_arrive();
+      gemm_zero_acc(mma_qk, tSrQ(_, _, _, read_q.index()), tSrK(_, _, _, read_k.index()), acc_s);
+      warpgroup_commit_batch();
+      warpgroup_fence_operand(acc_o);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < size<1>(acc_o_mn); ++k) {
+          acc_o_mn(i, k) *= rescale[i];
+        }
+      }
+      pipeline.consumer_wait(read);
+      warpgroup_fence_operand(acc_o);
+      warpgroup_fence_operand(p);
+      warpgroup_arrive();
+      cute::gemm(mma_pv, p, tOrV(_, _, _, read.index()), acc_o);
+      warpgroup_commit_batch();
+      warpgroup_wait<1>();  // S(j) landed; P(j-1) V(j-1) may still run
+      warpgroup_fence_operand(acc_s);
+      pipeline.consumer_release(read_k);  // K(j)
+      softmax<Fusion>(acc_s, tPcP, j, unmasked, scale, problem, row_max, row_sum, rescale);
+      warpgroup_wait<0>();  // P(j-1) V(j-1) landed: V(j-1) is free, P may be overwritten
+      warpgroup_fence_operand(acc_o);
+      pipeline.consumer_release(read);  // V(j-1)
+      p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
+      read = read_k;
+      ++read;  // now at V(j)
+    }
+
+    // The last tile's P V, after the last rescale.
+    warpgroup_fence_operand(acc_o);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < size<1>(acc_o_mn); ++k) {
+        acc_o_mn(i, k) *= rescale[i];
+      }
+    }
+    pipeline.consumer_wait(read);
+    warpgroup_fence_operand(acc_o);
+    warpgroup_fence_operand(p);
+    warpgroup_arrive();
+    cute::gemm(mma_pv, p, tOrV(_, _, _, read.index()), acc_o);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o);
+    pipeline.consumer_release(read);  // V(last)
+    ++read;
+    if constexpr (Base::kIsPersistent) {
+      pipeline_q.consumer_release(read_q);
+    }
+
+    // Normalise: the row sum over the quad, then O / sum and lse = max * scale + log(sum).
+    Tensor lse = make_tensor<float>(Int<kRows>{});
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      float sum = row_sum[i];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // a row's 4 lanes: see quad_max
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum == 0.f || sum != sum ? 1.f : __frcp_rn(sum);
+      lse(i) = sum == 0.f || sum != sum ? INFINITY
+                                        : row_max[i] * params.scale_softmax + ::logf(sum);
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < size<1>(acc_o_mn); ++k) {
+        acc_o_mn(i, k) *= inv;
+      }
+    }
+    return make_tuple(acc_o, lse);
+  }
+};
+
+}  // namespace flashcore::sm90
