@@ -24,18 +24,19 @@ fn on_gpu(requested: Backend, location: Location) -> bool {
 
 /// The error for a backend that cannot run where the (validated) operands are.
 fn misplaced(requested: Backend) -> Error {
-    match requested {
-        Backend::Cpu => Error::BackendUnavailable {
-            backend: "cpu",
-            reason: "operands are on a GPU; copy them with Tensor::to_host first".into(),
-        },
-        Backend::Kernel(_) | Backend::Auto => Error::BackendUnavailable {
-            backend: match requested {
-                Backend::Kernel(kernel) => kernel.name(),
-                _ => "auto",
-            },
-            reason: "operands are on the host; copy them with Tensor::to_device first".into(),
-        },
+    let backend = match requested {
+        Backend::Cpu => {
+            return Error::BackendUnavailable {
+                backend: "cpu",
+                reason: "operands are on a GPU; copy them with Tensor::to_host first".into(),
+            }
+        }
+        Backend::Kernel(kernel) => kernel.name(),
+        Backend::Auto => "auto",
+    };
+    Error::BackendUnavailable {
+        backend,
+        reason: "operands are on the host; copy them with Tensor::to_device first".into(),
     }
 }
 

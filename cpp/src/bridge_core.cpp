@@ -10,6 +10,8 @@ static_assert(static_cast<int>(Code::ShapeMismatch) == 1 && static_cast<int>(Cod
                   static_cast<int>(Code::SizeOverflow) == 11 && static_cast<int>(Code::NoDevice) == 16 &&
                   static_cast<int>(Code::Cuda) == 17 && static_cast<int>(Code::Launch) == 18,
               "flashcore::Code values are part of the bridge: update src/ffi/mod.rs too");
+static_assert(kKernelCount == 3 && static_cast<int>(Kernel::CutlassSm90) == 2,
+              "flashcore::Kernel values are part of the bridge: update plan::Kernel in src/plan/mod.rs");
 static_assert(static_cast<int>(Field::WorkUnits) == 11 && static_cast<int>(Operand::Lse) == 5,
               "flashcore::Field / Operand values are part of the bridge: update src/ffi/mod.rs");
 

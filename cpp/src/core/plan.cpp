@@ -41,7 +41,7 @@ const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
 // - decode (at most kDecodeMaxQueryRows query rows per head): CUTLASS's 32-query decode row, at
 //   the memory roofline (135-137 us at 32x32(kv 8)x1x4096 d=128; the Hopper kernel is within 2%);
 // - on compute capability 9.0, the Hopper kernel once its 128-row work units fill the SMs: it ran
-//   every throughput shape of the bench list 1.3-2.7x faster than WMMA;
+//   every throughput shape of the bench list 1.2-2.6x faster than WMMA;
 // - elsewhere WMMA, faster than CUTLASS everywhere but decode (2026-11-21), and than the Hopper
 //   kernel on the seeds' small problems (32-64 work units: 12.7 vs 13.4 us at 1x8x512x64).
 Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int32_t multiprocessors,

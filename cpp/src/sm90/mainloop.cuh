@@ -4,9 +4,11 @@
 //
 // Example 88's consumer issues QK(j), waits for it, runs the softmax of tile j, then issues P.V(j):
 // its tensor cores idle through every softmax unless the other warpgroup fills them. Ours issues
-// QK(j) and P.V(j-1) together, waits for QK(j) only, and runs the softmax of tile j while P.V(j-1)
-// is still in flight; the output is rescaled once P.V(j-1) has landed. Two score tiles live in
-// registers at once (S of tile j in f32, P of tile j-1 in 16 bits).
+// QK(j), rescales O for tile j-1 while it runs, issues P.V(j-1), waits for QK(j) only, and runs
+// the softmax of tile j while P.V(j-1) is still in flight. Two score tiles live in registers at
+// once (S of tile j in f32, P of tile j-1 in 16 bits). Measured (docs/HOPPER.md, round 3): a tie
+// at d = 64 and 3-8% slower at d = 128 and 256 than example 88's loop, so no table row uses it;
+// the sweep keeps it as schedule flag kFlagOverlap.
 //
 // Pipeline order is the producer's: K0 V0 K1 V1 ... (one stage each). Each consumer thread
 // releases every stage once, after the product that read it has completed.
@@ -84,6 +86,31 @@ struct OverlappedMainloop : Base {
     index.data() = index.data() + E<1>{} * get<1>(TileShapeQK{});
   }
 
+  // Multiplies each accumulator row i by factor[i].
+  template <class AccMN, int kRows>
+  CUTLASS_DEVICE static void scale_rows(AccMN& acc_mn, float const (&factor)[kRows]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < cute::size<1>(acc_mn); ++k) {
+        acc_mn(i, k) *= factor[i];
+      }
+    }
+  }
+
+  // Waits for the V stage at `read` and issues O += P V on it (asynchronously).
+  template <class P, class V, class AccO>
+  CUTLASS_DEVICE static void issue_pv(MainloopPipeline& pipeline, PipelineState const& read,
+                                      TiledMmaPV& mma, P& p, V const& v, AccO& acc_o) {
+    using namespace cute;
+    pipeline.consumer_wait(read);
+    warpgroup_fence_operand(acc_o);
+    warpgroup_fence_operand(p);
+    warpgroup_arrive();
+    cute::gemm(mma, p, v(_, _, _, read.index()), acc_o);
+    warpgroup_commit_batch();
+  }
+
   // Row max and row sum of one thread's rows, and the P.V accumulator, for the epilogue.
   template <class BlkCoord, class ProblemShape, class Unused1, class Unused2, class OrderBarrier,
             class Fusion = CausalBandMask>
@@ -157,19 +184,8 @@ struct OverlappedMainloop : Base {
       gemm_zero_acc(mma_qk, tSrQ(_, _, _, read_q.index()), tSrK(_, _, _, read_k.index()), acc_s);
       warpgroup_commit_batch();
       warpgroup_fence_operand(acc_o);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < kRows; ++i) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < size<1>(acc_o_mn); ++k) {
-          acc_o_mn(i, k) *= rescale[i];
-        }
-      }
-      pipeline.consumer_wait(read);
-      warpgroup_fence_operand(acc_o);
-      warpgroup_fence_operand(p);
-      warpgroup_arrive();
-      cute::gemm(mma_pv, p, tOrV(_, _, _, read.index()), acc_o);
-      warpgroup_commit_batch();
+      scale_rows(acc_o_mn, rescale);
+      issue_pv(pipeline, read, mma_pv, p, tOrV, acc_o);
       warpgroup_wait<1>();  // S(j) landed; P(j-1) V(j-1) may still run
       warpgroup_fence_operand(acc_s);
       pipeline.consumer_release(read_k);  // K(j)
@@ -184,19 +200,8 @@ struct OverlappedMainloop : Base {
 
     // The last tile's P V, after the last rescale.
     warpgroup_fence_operand(acc_o);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kRows; ++i) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < size<1>(acc_o_mn); ++k) {
-        acc_o_mn(i, k) *= rescale[i];
-      }
-    }
-    pipeline.consumer_wait(read);
-    warpgroup_fence_operand(acc_o);
-    warpgroup_fence_operand(p);
-    warpgroup_arrive();
-    cute::gemm(mma_pv, p, tOrV(_, _, _, read.index()), acc_o);
-    warpgroup_commit_batch();
+    scale_rows(acc_o_mn, rescale);
+    issue_pv(pipeline, read, mma_pv, p, tOrV, acc_o);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o);
     pipeline.consumer_release(read);  // V(last)
