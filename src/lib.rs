@@ -13,8 +13,8 @@
 //! * **CPU**: an exact float64-accumulating reference, used on hosts without a GPU and by tests.
 //! * **C++**: the same kernels, validation and tile tables are a standalone C++17 library
 //!   (`cpp/include/flashcore/flashcore.h`), which this crate calls through its cxx bridge. Device
-//!   memory and streams cross in both directions without copies: [`Stream::from_raw`],
-//!   [`Tensor::from_raw_device`], and with feature `cudarc` `Stream::from_cudarc` and
+//!   memory and streams cross in both directions without copies: `Stream::from_raw`,
+//!   `Tensor::from_raw_device`, and with feature `cudarc` `Stream::from_cudarc` and
 //!   `Tensor::from_cudarc`.
 //!
 //! The same call runs on either: put the tensors where you want the work done.
