@@ -452,6 +452,7 @@ fn sm90_serves_compute_capability_9_only() {
         ((8, 9), 99 * 1024, None),
         ((8, 0), 163 * 1024, None),
         ((9, 0), 227 * 1024, Some(ArchClass::Sm86Sm89)),
+        ((8, 0), 227 * 1024, Some(ArchClass::Sm90)),
     ] {
         let e = choose_row(Kernel::CutlassSm90, 128, 4096, cc, smem, forced).unwrap_err();
         assert!(

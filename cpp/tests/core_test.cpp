@@ -209,6 +209,22 @@ void planning_sm90() {
   expect(flashcore::core::plan(autos, big_p, h200_sms, &plan).ok() &&
              plan.kernel == Kernel::CutlassSm90,
          "Auto on a filled H200 runs the Hopper kernel");
+  // Under Auto, what only the Hopper kernel cannot run falls back to WMMA: a broadcast K, or the
+  // sm_90 rows forced on another GPU.
+  Request broadcast_auto = autos;
+  broadcast_auto.k.stride[0] = 0;
+  expect(flashcore::core::plan(broadcast_auto, big_p, h200_sms, &plan).ok() &&
+             plan.kernel == Kernel::Wmma,
+         "Auto with a stride-0 K on a filled H200 runs WMMA");
+  Request forced_class = autos;
+  forced_class.options.force_arch_class = flashcore::ArchClass::Sm90;
+  const DeviceCaps a100{8, 0, 163 * 1024, ~0u, 108};
+  expect(flashcore::core::plan(forced_class, big_p, a100, &plan).ok() && plan.kernel == Kernel::Wmma,
+         "Auto with the sm_90 rows forced on an A100 runs WMMA");
+  forced_class.options.backend = Backend::CutlassSm90;
+  s = flashcore::core::plan(forced_class, big_p, a100, &plan);
+  expect(s.code == Code::BackendUnavailable && s.message.find("sm_90a") != std::string::npos,
+         "the Hopper kernel forced on an A100, even with its class forced: " + s.message);
   const DeviceCaps l4{8, 9, 99 * 1024};
   s = flashcore::core::plan(r, p, l4, &plan);
   expect(s.code == Code::BackendUnavailable && s.values[0] == int64_t(Kernel::CutlassSm90),

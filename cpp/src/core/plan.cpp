@@ -89,20 +89,6 @@ Status check_index_limits(Kernel kernel, const Request& r, const Problem& p) {
       return s;
     }
   }
-  if (kernel == Kernel::CutlassSm90) {
-    // The scheduler numbers (query block, batch, head) units in an int. Each factor is at most
-    // 2^32 here (checked above), so the product of the first two cannot overflow 64 bits.
-    const TileRow* row = select_row(kernel, ArchClass::Sm90, p.head_dim, p.query_rows());
-    const int64_t block = row != nullptr ? row->tile.queries_per_block : 1;
-    const int64_t units = (p.seq_q + block - 1) / block * p.batch;
-    Status s = limit(kernel, Field::WorkUnits,
-                     units > kI32Max / std::max<int64_t>(p.heads_q, 1) ? kI32Max + 1
-                                                                       : units * p.heads_q,
-                     kI32Max);
-    if (!s.ok()) {
-      return s;
-    }
-  }
   for (const TensorDesc* t : {&r.q, &r.k, &r.v, &r.out}) {
     for (const auto& [what, value] :
          {std::pair{Field::SeqStride, t->stride[1]}, std::pair{Field::HeadStride, t->stride[2]}}) {
@@ -136,6 +122,32 @@ Status check_tma_strides(Kernel kernel, const Request& r) {
   return {};
 }
 
+// What the Hopper kernel needs beyond the shared limits: a compute capability 9.0 device (its SASS
+// is sm_90a, whatever class is forced), Q, K and V that TMA can describe, and a work-unit count
+// that fits its scheduler's int. Forced, a failure is the caller's error; under Auto, the planner
+// takes WMMA instead.
+Status check_sm90_device(const DeviceCaps& caps) {
+  if (caps.major == 9 && caps.minor == 0) {
+    return {};
+  }
+  return fail(Code::BackendUnavailable, Operand::None, Field::None,
+              static_cast<int64_t>(Kernel::CutlassSm90), 0, 0,
+              "its SASS is sm_90a, for compute capability 9.0 only (this device is " +
+                  std::to_string(caps.major) + "." + std::to_string(caps.minor) + ")");
+}
+
+Status check_sm90(const Request& r, const Problem& p, const DeviceCaps& caps) {
+  constexpr Kernel kernel = Kernel::CutlassSm90;
+  if (Status s = check_sm90_device(caps); !s.ok()) {
+    return s;
+  }
+  // The scheduler numbers (query block, batch, head) units in an int. check_index_limits bounds
+  // the query rows by 2^31 and batch and heads by 2^16 each, so the product fits 64 bits.
+  const int64_t blocks = (p.query_rows() + kSm90QueriesPerBlock - 1) / kSm90QueriesPerBlock;
+  Status s = limit(kernel, Field::WorkUnits, blocks * p.batch_heads(), kI32Max);
+  return s.ok() ? check_tma_strides(kernel, r) : s;
+}
+
 }  // namespace
 
 Status choose_row(Kernel kernel, int64_t head_dim, int64_t query_rows, const DeviceCaps& caps,
@@ -149,6 +161,12 @@ Status choose_row(Kernel kernel, int64_t head_dim, int64_t query_rows, const Dev
       return fail(Code::BackendUnavailable, Operand::None, Field::None,
                   static_cast<int64_t>(kernel), 0, 0,
                   "this build did not compile it (FLASHCORE_CUDA_ARCHS lacks its arch)");
+    }
+    if (kernel == Kernel::CutlassSm90) {
+      // Whatever class is forced, the device must run sm_90a SASS.
+      if (Status s = check_sm90_device(caps); !s.ok()) {
+        return s;
+      }
     }
     const TileRow* row = select_row(kernel, *arch, head_dim, query_rows);
     if (row == nullptr) {
@@ -179,10 +197,10 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
   try {
     const std::optional<ArchClass> arch =
         r.options.force_arch_class ? r.options.force_arch_class : arch_class(caps.major, caps.minor);
-    const Kernel kernel = kernel_of(r.options.backend)
-                              .value_or(auto_kernel(arch.value_or(ArchClass::Sm80), p.query_rows(),
-                                                    p.batch_heads(), caps.multiprocessors,
-                                                    caps.kernels));
+    const std::optional<Kernel> forced = kernel_of(r.options.backend);
+    Kernel kernel = forced.value_or(auto_kernel(arch.value_or(ArchClass::Sm80), p.query_rows(),
+                                                p.batch_heads(), caps.multiprocessors,
+                                                caps.kernels));
     if (p.location == kHost) {
       return fail(Code::BackendUnavailable, Operand::None, Field::None,
                   static_cast<int64_t>(kernel), 0, 0,
@@ -190,7 +208,11 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     }
     Status s = check_index_limits(kernel, r, p);
     if (s.ok() && kernel == Kernel::CutlassSm90) {
-      s = check_tma_strides(kernel, r);
+      s = check_sm90(r, p, caps);
+      if (!s.ok() && !forced) {
+        kernel = Kernel::Wmma;
+        s = check_index_limits(kernel, r, p);
+      }
     }
     if (!s.ok()) {
       return s;
