@@ -78,20 +78,24 @@ constexpr Span kFamilies[kKernelCount] = {
 #endif
 };
 
-Span family(Kernel kernel) {
+constexpr Span family(Kernel kernel) {
   const auto k = static_cast<size_t>(kernel);
   return k < kKernelCount ? kFamilies[k] : Span{};
 }
 
-}  // namespace
-
-uint32_t compiled_kernels() noexcept {
+// One bit per compiled family, fixed at build time.
+constexpr uint32_t compiled_mask() {
   uint32_t mask = 0;
   for (int32_t k = 0; k < kKernelCount; ++k) {
     mask |= family(static_cast<Kernel>(k)).first != nullptr ? 1u << k : 0u;
   }
   return mask;
 }
+constexpr uint32_t kCompiled = compiled_mask();
+
+}  // namespace
+
+uint32_t compiled_kernels() noexcept { return kCompiled; }
 
 void launch(Kernel kernel, const FmhaArgs& args, cudaStream_t stream) {
   const Span s = family(kernel);

@@ -37,6 +37,20 @@ const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
   return find(tile_table(kernel));
 }
 
+namespace {
+
+// ceil(a / b) for a >= 0, b > 0, without overflow.
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
+// The Hopper kernel's work units, (query block, batch x head) pairs, saturating at INT64_MAX.
+int64_t sm90_work_units(int64_t query_rows, int64_t batch_heads) {
+  const int64_t blocks = ceil_div(query_rows, kSm90QueriesPerBlock);
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  return blocks != 0 && batch_heads > max / blocks ? max : blocks * batch_heads;
+}
+
+}  // namespace
+
 // Measured on the H200 (2026-11-23, docs/PERFORMANCE.md, f16 and bf16):
 // - decode (at most kDecodeMaxQueryRows query rows per head): CUTLASS's 32-query decode row, at
 //   the memory roofline (135-137 us at 32x32(kv 8)x1x4096 d=128; the Hopper kernel is within 2%);
@@ -50,9 +64,7 @@ Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int3
     return Kernel::CutlassSm80;
   }
   const bool hopper = arch == ArchClass::Sm90 && (kernels >> int32_t(Kernel::CutlassSm90) & 1u);
-  const int64_t blocks =
-      query_rows / kSm90QueriesPerBlock + (query_rows % kSm90QueriesPerBlock != 0 ? 1 : 0);
-  const bool fills = batch_heads >= (multiprocessors + blocks - 1) / blocks;  // no overflow
+  const bool fills = sm90_work_units(query_rows, batch_heads) >= multiprocessors;
   return hopper && fills ? Kernel::CutlassSm90 : Kernel::Wmma;
 }
 
@@ -122,10 +134,8 @@ Status check_tma_strides(Kernel kernel, const Request& r) {
   return {};
 }
 
-// What the Hopper kernel needs beyond the shared limits: a compute capability 9.0 device (its SASS
-// is sm_90a, whatever class is forced), Q, K and V that TMA can describe, and a work-unit count
-// that fits its scheduler's int. Forced, a failure is the caller's error; under Auto, the planner
-// takes WMMA instead.
+// The Hopper kernel's SASS is sm_90a: it runs on compute capability 9.0 only, whatever class is
+// forced.
 Status check_sm90_device(const DeviceCaps& caps) {
   if (caps.major == 9 && caps.minor == 0) {
     return {};
@@ -136,16 +146,22 @@ Status check_sm90_device(const DeviceCaps& caps) {
                   std::to_string(caps.major) + "." + std::to_string(caps.minor) + ")");
 }
 
+// What the Hopper kernel needs beyond the shared limits: its device, a work-unit count that fits
+// its scheduler's int, and Q, K and V that TMA can describe. Forced, a failure is the caller's
+// error; under Auto, the planner takes WMMA instead.
 Status check_sm90(const Request& r, const Problem& p, const DeviceCaps& caps) {
   constexpr Kernel kernel = Kernel::CutlassSm90;
   if (Status s = check_sm90_device(caps); !s.ok()) {
     return s;
   }
-  // The scheduler numbers (query block, batch, head) units in an int. check_index_limits bounds
-  // the query rows by 2^31 and batch and heads by 2^16 each, so the product fits 64 bits.
-  const int64_t blocks = (p.query_rows() + kSm90QueriesPerBlock - 1) / kSm90QueriesPerBlock;
-  Status s = limit(kernel, Field::WorkUnits, blocks * p.batch_heads(), kI32Max);
+  Status s = limit(kernel, Field::WorkUnits, sm90_work_units(p.query_rows(), p.batch_heads()),
+                   kI32Max);
   return s.ok() ? check_tma_strides(kernel, r) : s;
+}
+
+// The tile-table class a plan uses: the forced one, else the device's.
+std::optional<ArchClass> class_for(const DeviceCaps& caps, std::optional<ArchClass> forced) {
+  return forced ? forced : arch_class(caps.major, caps.minor);
 }
 
 }  // namespace
@@ -153,7 +169,7 @@ Status check_sm90(const Request& r, const Problem& p, const DeviceCaps& caps) {
 Status choose_row(Kernel kernel, int64_t head_dim, int64_t query_rows, const DeviceCaps& caps,
                   std::optional<ArchClass> forced, const TileRow** out) noexcept {
   try {
-    const std::optional<ArchClass> arch = forced ? forced : arch_class(caps.major, caps.minor);
+    const std::optional<ArchClass> arch = class_for(caps, forced);
     if (!arch) {
       return fail(Code::UnsupportedDevice, Operand::None, Field::None, caps.major, caps.minor);
     }
@@ -195,8 +211,7 @@ Status choose_row(Kernel kernel, int64_t head_dim, int64_t query_rows, const Dev
 
 Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* out) noexcept {
   try {
-    const std::optional<ArchClass> arch =
-        r.options.force_arch_class ? r.options.force_arch_class : arch_class(caps.major, caps.minor);
+    const std::optional<ArchClass> arch = class_for(caps, r.options.force_arch_class);
     const std::optional<Kernel> forced = kernel_of(r.options.backend);
     Kernel kernel = forced.value_or(auto_kernel(arch.value_or(ArchClass::Sm80), p.query_rows(),
                                                 p.batch_heads(), caps.multiprocessors,
