@@ -444,8 +444,9 @@ fn sm90_serves_compute_capability_9_only() {
         let row = choose_row(Kernel::CutlassSm90, d, 4096, (9, 0), 227 * 1024, None).unwrap();
         assert_eq!(row.arch, ArchClass::Sm90);
         assert!(d <= row.max_head_dim as usize);
-        // Two consumer warpgroups of 64 query rows.
-        assert_eq!(row.tile.queries_per_block, 128, "{row:?}");
+        // Consumer warpgroups of 64 query rows: three at d <= 64, two above.
+        let warpgroups = if d <= 64 { 3 } else { 2 };
+        assert_eq!(row.tile.queries_per_block, 64 * warpgroups, "{row:?}");
     }
     // Another GPU, or another class forced on an H200: a typed error naming the backend.
     for (cc, smem, forced) in [

@@ -195,8 +195,8 @@ void planning_sm90() {
   flashcore::core::Plan plan{};
   const DeviceCaps h200{9, 0, 227 * 1024};
   Status s = flashcore::core::plan(r, p, h200, &plan);
-  expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.row->tile.queries_per_block == 128,
-         "an H200 runs the sm90 row: " + s.message);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.row->tile.queries_per_block == 192,
+         "an H200 runs the sm90 d=64 row (three warpgroups): " + s.message);
   // Auto on an H200 (132 SMs): WMMA for 16 work units, the Hopper kernel for 512.
   Request autos = r;
   autos.options.backend = Backend::Auto;

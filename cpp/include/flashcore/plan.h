@@ -62,12 +62,14 @@ constexpr int64_t wmma_smem_bytes(Tile t) {
 }
 
 // Shared memory of the Hopper kernel (cpp/src/sm90/) at `t` for 2-byte elements: one Q buffer per
-// consumer warpgroup (the block's rows), five pipeline stages each holding a K or a V tile, and
-// 160 bytes of pipeline barriers. Each sm90 instantiation static_asserts that its SharedStorage
-// takes exactly this much.
+// consumer warpgroup of 64 rows (the block's rows), five pipeline stages each holding a K or a V
+// tile, and the barriers (16 bytes per K/V stage, 32 per consumer warpgroup for its Q stage and
+// its turn, 8 to start the loaders), rounded up to 16 bytes. Each sm90 instantiation
+// static_asserts that its SharedStorage takes exactly this much.
 constexpr int64_t sm90_smem_bytes(Tile t) {
   const int64_t bq = t.queries_per_block, bk = t.keys_per_block, d = t.max_head_dim;
-  return (bq * d + 5 * bk * d) * 2 + 160;
+  const int64_t barriers = 5 * 16 + bq / 64 * 32 + 8;
+  return (bq * d + 5 * bk * d) * 2 + (barriers + 15) / 16 * 16;
 }
 
 // The class of a compute capability; empty below 8.0 and from 10.0 (no kernels built there).
@@ -81,7 +83,9 @@ int64_t smem_per_sm(ArchClass arch) noexcept;
 const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
                           int64_t query_rows) noexcept;
 
-// Query rows per block of the Hopper kernel's tiles (every sm90 row): Auto counts its work units.
+// Query rows per block of the Hopper kernel's smallest tile (every sm90 row has at least this
+// many, tables.cpp checks): Auto's test that the work units fill the SMs and the bound on the
+// units an `int` counts both count in blocks of this size.
 constexpr int64_t kSm90QueriesPerBlock = 128;
 
 // The kernel Backend::Auto runs for a problem of `query_rows` query rows per head (after the

@@ -33,15 +33,21 @@ enum ScheduleFlags : int {
   kFlagTurnsInSoftmax = 2,
   // The consumers store their output without taking turns.
   kFlagFreeEpilogue = 4,
-  // Our own consumer loop (mainloop.cuh): each warpgroup's softmax overlaps its own P.V product.
+  // The next two select our own consumer loop (mainloop.cuh) instead of example 88's.
+  // Each warpgroup's softmax overlaps its own P.V product.
   kFlagOverlap = 8,
+  // O rescaled only when a row's max grows by more than 2^8 (16 is retired: see docs/HOPPER.md).
+  kFlagLazyRescale = 32,
 };
 
 template <class Element, int kBlockQ, int kBlockK, int kHeadDim, int kFlags>
 struct Kernel {
   static constexpr bool kPersistent = (kFlags & kFlagPersistent) != 0;
   static constexpr bool kOrderedEpilogue = (kFlags & kFlagFreeEpilogue) == 0;
-  static constexpr int kMmaWarpGroups = 2;
+  // Each consumer warpgroup computes 64 query rows (one wgmma row block): 128 rows take two,
+  // 192 rows three.
+  static_assert(kBlockQ % 64 == 0 && kBlockQ >= 128 && kBlockQ <= 192, "64 rows per warpgroup");
+  static constexpr int kMmaWarpGroups = kBlockQ / 64;
   static constexpr bool kSeparateQ = kPersistent;
   using TileShape = cute::Shape<cute::Int<kBlockQ>, cute::Int<kBlockK>, cute::Int<kHeadDim>>;
   using Example88Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
@@ -52,8 +58,11 @@ struct Kernel {
                                     cute::Int<kMmaWarpGroups>>,
       cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsMainloopLocked,
                                     cute::bool_constant<(kFlags & kFlagTurnsInSoftmax) != 0>>>;
-  using Mainloop = std::conditional_t<(kFlags & kFlagOverlap) != 0,
-                                      OverlappedMainloop<Example88Mainloop>, Example88Mainloop>;
+  using Mainloop = std::conditional_t<
+      (kFlags & (kFlagOverlap | kFlagLazyRescale)) != 0,
+      ConsumerLoop<Example88Mainloop, (kFlags & kFlagOverlap) != 0,
+                   (kFlags & kFlagLazyRescale) != 0>,
+      Example88Mainloop>;
   using Scheduler = TileScheduler<kPersistent>;
   using Out = Epilogue<Element>;
 

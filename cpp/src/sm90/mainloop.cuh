@@ -1,14 +1,16 @@
-// flashcore's consumer mainloop for the Hopper kernel: example 88's collective (its types, TMA
-// loads and shared-memory layouts) with our own `compute`, which overlaps each warpgroup's softmax
-// with its own matrix products (FlashAttention-3's intra-warpgroup pipelining).
+// flashcore's consumer loop for the Hopper kernel: example 88's collective (its types, TMA loads
+// and shared-memory layouts) with our own `compute`, in one of two orders, with or without lazy
+// rescaling (template flags, chosen per tile by kernel.cuh's ScheduleFlags).
 //
-// Example 88's consumer issues QK(j), waits for it, runs the softmax of tile j, then issues P.V(j):
-// its tensor cores idle through every softmax unless the other warpgroup fills them. Ours issues
-// QK(j), rescales O for tile j-1 while it runs, issues P.V(j-1), waits for QK(j) only, and runs
-// the softmax of tile j while P.V(j-1) is still in flight. Two score tiles live in registers at
-// once (S of tile j in f32, P of tile j-1 in 16 bits). Measured (docs/HOPPER.md, round 3): a tie
-// at d = 64 and 3-8% slower at d = 128 and 256 than example 88's loop, so no table row uses it;
-// the sweep keeps it as schedule flag kFlagOverlap.
+// Serial order (example 88's): issue QK(j), wait for it and for P.V(j-1), run the softmax of tile
+// j, rescale O, issue P.V(j). Each warpgroup's tensor-core work waits through its own softmax
+// unless the other warpgroups fill it.
+//
+// Overlapped order (kOverlap, FlashAttention-3's intra-warpgroup pipelining): issue QK(j), rescale
+// O for tile j-1 while it runs, issue P.V(j-1), wait for QK(j) only, and run the softmax of tile j
+// while P.V(j-1) is still in flight. Two score tiles live in registers at once (S of tile j in
+// f32, P of tile j-1 in 16 bits). Measured (docs/HOPPER.md, round 3): a tie at d = 64 and 3-8%
+// slower at d = 128 and 256 than example 88's loop; with lazy rescaling, the d = 256 row (round 4).
 //
 // Pipeline order is the producer's: K0 V0 K1 V1 ... (one stage each). Each consumer thread
 // releases every stage once, after the product that read it has completed.
@@ -21,8 +23,12 @@
 
 namespace flashcore::sm90 {
 
-template <class Base>
-struct OverlappedMainloop : Base {
+// kLazyRescale: a row keeps its running max until a tile raises it by more than 2^8 (in exp2
+// units), so O and the row sum are rescaled only then, once per warp for all its rows; the
+// probabilities of a tile stay below 2^8, well inside f16, bf16 and f32 (FlashAttention-4's
+// conditional rescaling).
+template <class Base, bool kOverlap, bool kLazyRescale>
+struct ConsumerLoop : Base {
   using typename Base::Element;
   using typename Base::MainloopPipeline;
   using typename Base::MainloopPipelineQ;
@@ -49,8 +55,9 @@ struct OverlappedMainloop : Base {
 
   // Scores of tile `j` -> probabilities in place (masked first where the tile needs it); updates
   // each row's max and sum, and writes the factor that rescales its output into `rescale`.
+  // Returns whether any factor differs from 1 (the same in every lane of a warp).
   template <class Fusion, int kRows, class AccS, class Index, class ProblemShape>
-  CUTLASS_DEVICE static void softmax(AccS& acc_s, Index& index, int j, int unmasked, float scale,
+  CUTLASS_DEVICE static bool softmax(AccS& acc_s, Index& index, int j, int unmasked, float scale,
                                      ProblemShape const& problem, float (&row_max)[kRows],
                                      float (&row_sum)[kRows], float (&rescale)[kRows]) {
     using namespace cute;
@@ -60,6 +67,8 @@ struct OverlappedMainloop : Base {
     Tensor s = make_tensor(acc_s.data(),
                            cutlass::fmha::collective::layout_acc_mn(TiledMmaQK{}, acc_s.layout()));
     static_assert(decltype(size<0>(s))::value == kRows, "one max and sum per accumulator row");
+    float tile_max[kRows];
+    bool raise = j == 0;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kRows; ++i) {
       float m = j == 0 ? -INFINITY : row_max[i];
@@ -67,14 +76,28 @@ struct OverlappedMainloop : Base {
       for (int k = 0; k < size<1>(s); ++k) {
         m = ::fmaxf(m, s(i, k));
       }
-      m = quad_max(m);
-      // A row with no visible key so far keeps an offset of 0 so that exp2 stays finite (its
-      // probabilities are exp2(-inf) = 0); every row sees key 0, so this is only past seq_q.
-      const float safe = m == -INFINITY ? 0.f : m;
-      const float old = row_max[i] == -INFINITY ? 0.f : row_max[i];
-      rescale[i] = j == 0 ? 1.f : ::exp2f((old - safe) * scale);
-      row_max[i] = m;
-      const float offset = safe * scale;
+      tile_max[i] = quad_max(m);
+      // A finite max that grows by more than 2^8 after scaling, or a row that had no max yet.
+      raise = raise || (tile_max[i] - row_max[i]) * scale > 8.f || row_max[i] == -INFINITY;
+    }
+    if constexpr (kLazyRescale) {
+      raise = __any_sync(0xffffffffu, raise);
+    } else {
+      raise = true;
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      if (raise) {
+        // A row with no visible key so far keeps an offset of 0 so that exp2 stays finite (its
+        // probabilities are exp2(-inf) = 0); every row sees key 0, so this is only past seq_q.
+        const float safe = tile_max[i] == -INFINITY ? 0.f : tile_max[i];
+        const float old = row_max[i] == -INFINITY ? 0.f : row_max[i];
+        rescale[i] = j == 0 ? 1.f : ::exp2f((old - safe) * scale);
+        row_max[i] = tile_max[i];
+      } else {
+        rescale[i] = 1.f;
+      }
+      const float offset = (row_max[i] == -INFINITY ? 0.f : row_max[i]) * scale;
       float sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < size<1>(s); ++k) {
@@ -84,6 +107,7 @@ struct OverlappedMainloop : Base {
       row_sum[i] = j == 0 ? sum : row_sum[i] * rescale[i] + sum;
     }
     index.data() = index.data() + E<1>{} * get<1>(TileShapeQK{});
+    return raise;
   }
 
   // Multiplies each accumulator row i by factor[i].
@@ -169,39 +193,67 @@ struct OverlappedMainloop : Base {
     pipeline.consumer_release(read);  // K0
     ++read;  // now at V0
     float rescale[kRows];
-    softmax<Fusion>(acc_s, tPcP, 0, unmasked, scale, problem, row_max, row_sum, rescale);
+    bool rescale_o =
+        softmax<Fusion>(acc_s, tPcP, 0, unmasked, scale, problem, row_max, row_sum, rescale);
     Tensor p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
+    if constexpr (!kOverlap) {
+      issue_pv(pipeline, read, mma_pv, p, tOrV, acc_o);  // O = P(0) V(0): nothing to rescale
+    }
 
     CUTLASS_PRAGMA_NO_UNROLL
     for (int j = 1; j < tiles; ++j) {
       PipelineState read_k = read;
       ++read_k;  // K(j) follows V(j-1)
-      // Issue S = Q K(j)^T; while it runs, rescale O for tile j-1's max (no product holds O now:
-      // P(j-2) V(j-2) completed last iteration); then issue O += P(j-1) V(j-1).
       pipeline.consumer_wait(read_k);
       warpgroup_fence_operand(acc_s);
       warpgroup_arrive();
       gemm_zero_acc(mma_qk, tSrQ(_, _, _, read_q.index()), tSrK(_, _, _, read_k.index()), acc_s);
       warpgroup_commit_batch();
-      warpgroup_fence_operand(acc_o);
-      scale_rows(acc_o_mn, rescale);
-      issue_pv(pipeline, read, mma_pv, p, tOrV, acc_o);
-      warpgroup_wait<1>();  // S(j) landed; P(j-1) V(j-1) may still run
-      warpgroup_fence_operand(acc_s);
-      pipeline.consumer_release(read_k);  // K(j)
-      softmax<Fusion>(acc_s, tPcP, j, unmasked, scale, problem, row_max, row_sum, rescale);
-      warpgroup_wait<0>();  // P(j-1) V(j-1) landed: V(j-1) is free, P may be overwritten
-      warpgroup_fence_operand(acc_o);
-      pipeline.consumer_release(read);  // V(j-1)
-      p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
-      read = read_k;
-      ++read;  // now at V(j)
+      if constexpr (kOverlap) {
+        // While S = Q K(j)^T runs, rescale O for tile j-1's max (no product holds O now:
+        // P(j-2) V(j-2) completed last iteration); then issue O += P(j-1) V(j-1).
+        warpgroup_fence_operand(acc_o);
+        if (rescale_o) {
+          scale_rows(acc_o_mn, rescale);
+        }
+        issue_pv(pipeline, read, mma_pv, p, tOrV, acc_o);
+        warpgroup_wait<1>();  // S(j) landed; P(j-1) V(j-1) may still run
+        warpgroup_fence_operand(acc_s);
+        pipeline.consumer_release(read_k);  // K(j)
+        rescale_o =
+            softmax<Fusion>(acc_s, tPcP, j, unmasked, scale, problem, row_max, row_sum, rescale);
+        warpgroup_wait<0>();  // P(j-1) V(j-1) landed: V(j-1) is free, P may be overwritten
+        warpgroup_fence_operand(acc_o);
+        pipeline.consumer_release(read);  // V(j-1)
+        p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
+        read = read_k;
+        ++read;  // now at V(j)
+      } else {
+        warpgroup_wait<0>();  // S(j) and P(j-1) V(j-1) landed
+        warpgroup_fence_operand(acc_s);
+        warpgroup_fence_operand(acc_o);
+        pipeline.consumer_release(read_k);  // K(j)
+        pipeline.consumer_release(read);    // V(j-1)
+        rescale_o =
+            softmax<Fusion>(acc_s, tPcP, j, unmasked, scale, problem, row_max, row_sum, rescale);
+        if (rescale_o) {
+          scale_rows(acc_o_mn, rescale);
+        }
+        p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
+        read = read_k;
+        ++read;  // now at V(j)
+        issue_pv(pipeline, read, mma_pv, p, tOrV, acc_o);
+      }
     }
 
-    // The last tile's P V, after the last rescale.
-    warpgroup_fence_operand(acc_o);
-    scale_rows(acc_o_mn, rescale);
-    issue_pv(pipeline, read, mma_pv, p, tOrV, acc_o);
+    if constexpr (kOverlap) {
+      // The last tile's P V, after the last rescale.
+      warpgroup_fence_operand(acc_o);
+      if (rescale_o) {
+        scale_rows(acc_o_mn, rescale);
+      }
+      issue_pv(pipeline, read, mma_pv, p, tOrV, acc_o);
+    }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o);
     pipeline.consumer_release(read);  // V(last)

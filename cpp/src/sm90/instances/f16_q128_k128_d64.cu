@@ -1,3 +1,0 @@
-// One kernel per translation unit: see ../instances.inc.
-#include "sm90/launch.cuh"
-FLASHCORE_SM90_INSTANCE(cutlass::half_t, F16, 128, 128, 64, flashcore::sm90::kFlagPersistent)
