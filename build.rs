@@ -45,7 +45,9 @@ fn main() {
     let cpp = manifest.join("cpp");
     let core_sources = [
         "src/bridge_core.cpp",
+        "src/core/checks.cpp",
         "src/core/validate.cpp",
+        "src/core/merge.cpp",
         "src/core/plan.cpp",
         "src/core/tables.cpp",
         "src/core/status.cpp",
@@ -97,6 +99,7 @@ fn main() {
     bridge
         .file(cpp.join("src/bridge.cpp"))
         .file(cpp.join("src/attention.cpp"))
+        .file(cpp.join("src/merge.cpp"))
         .file(cpp.join("src/dispatch.cpp"))
         .include(&cuda.include)
         .compile("flashcore_bridge");

@@ -10,8 +10,8 @@ use sha2::{Digest, Sha256};
 
 use crate::toolchain::Cuda;
 
-/// A kernel family: the folder under `cpp/src/` whose `instances/` holds its translation units,
-/// and how nvcc builds them. One row per family: adding a family is adding a row.
+/// A kernel family (or the merge kernel): the folder under `cpp/src/` whose `instances/` holds
+/// its translation units, and how nvcc builds them. One row per family: adding a family is adding a row.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Family {
     dir: &'static str,
@@ -23,7 +23,7 @@ pub struct Family {
     no_spills: bool,
 }
 
-pub const FAMILIES: [Family; 3] = [
+pub const FAMILIES: [Family; 4] = [
     // CUTLASS example 41.
     Family {
         dir: "sm80",
@@ -44,6 +44,13 @@ pub const FAMILIES: [Family; 3] = [
         cutlass_example: Some("examples/88_hopper_fmha"),
         hopper: true,
         no_spills: false,
+    },
+    // flashcore's merge of attention states (not an attention kernel: no tile table).
+    Family {
+        dir: "merge",
+        cutlass_example: None,
+        hopper: false,
+        no_spills: true,
     },
 ];
 
@@ -175,7 +182,9 @@ impl Config<'_> {
             h.update(fs::read(self.cpp.join(file)).expect("read a kernel header under cpp/"));
         }
         // Every header of the family's folder (launcher and kernel), so a new one cannot be missed.
-        for path in files_with_extension(&self.cpp.join("src").join(family.dir), "cuh") {
+        let dir = self.cpp.join("src").join(family.dir);
+        let headers = files_with_extension(&dir, "cuh");
+        for path in headers.into_iter().chain(files_with_extension(&dir, "h")) {
             h.update(path.file_name().unwrap().to_string_lossy().as_bytes());
             h.update(fs::read(&path).expect("read a kernel header"));
         }

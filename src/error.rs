@@ -15,17 +15,23 @@ pub enum Operand {
     Out,
     /// The logsumexp output.
     Lse,
+    /// The output of the state at this position of [`crate::merge_states`]' list.
+    State(usize),
+    /// The logsumexp of the state at this position of [`crate::merge_states`]' list.
+    StateLse(usize),
 }
 
 impl std::fmt::Display for Operand {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Operand::Q => "q",
-            Operand::K => "k",
-            Operand::V => "v",
-            Operand::Out => "out",
-            Operand::Lse => "lse",
-        })
+        match self {
+            Operand::Q => f.write_str("q"),
+            Operand::K => f.write_str("k"),
+            Operand::V => f.write_str("v"),
+            Operand::Out => f.write_str("out"),
+            Operand::Lse => f.write_str("lse"),
+            Operand::State(i) => write!(f, "states[{i}].out"),
+            Operand::StateLse(i) => write!(f, "states[{i}].lse"),
+        }
     }
 }
 
@@ -98,25 +104,31 @@ pub enum Error {
         /// The stride in elements.
         stride: usize,
     },
-    /// A device pointer is not 16-byte aligned.
-    #[error("{operand}: device pointer {ptr:#x} is not 16-byte aligned")]
+    /// A device pointer is not aligned as the kernels load it (16 bytes for Q, K, V and
+    /// outputs, 4 for logsumexps).
+    #[error("{operand}: device pointer {ptr:#x} is not {align}-byte aligned")]
     MisalignedPointer {
         /// The operand.
         operand: Operand,
         /// The address.
         ptr: usize,
+        /// The alignment it needs, in bytes.
+        align: usize,
     },
-    /// The logsumexp tensor is not a dense `[batch, heads, seq_q]` (BHSD, head dim 1) tensor.
-    #[error("lse must be a dense [batch, heads, seq_q] f32 tensor (Layout::Bhsd, head dim 1)")]
-    LseLayout,
+    /// A logsumexp tensor is not a dense `[batch, heads, seq]` (BHSD, head dim 1) tensor.
+    #[error("{operand} must be a dense [batch, heads, seq] f32 tensor (Layout::Bhsd, head dim 1)")]
+    LseLayout {
+        /// The logsumexp operand.
+        operand: Operand,
+    },
     /// Operands live on different devices (host vs GPU, or two GPUs).
-    #[error("{operand} is on {got}, but q is on {expected}")]
+    #[error("{operand} is on {got}, expected {expected}")]
     DeviceMismatch {
         /// The operand on the wrong device.
         operand: Operand,
         /// Where it is.
         got: Location,
-        /// Where q is.
+        /// Where it must be: where q is (attention), where out is (merging states).
         expected: Location,
     },
     /// Query rows would see no key (`seq_k == 0`, or bottom-right causal with `seq_q > seq_k`):
@@ -191,6 +203,16 @@ pub enum Error {
     /// The kernel layer rejected a launch (e.g. CUTLASS's own argument check).
     #[error("kernel launch rejected: {0}")]
     Launch(String),
+    /// [`crate::merge_states`] got no state, or more than one call merges.
+    #[error("merge_states takes {min} to {max} states, got {count}")]
+    StateCount {
+        /// The states given.
+        count: usize,
+        /// The fewest a call takes (1).
+        min: usize,
+        /// The most a call takes ([`crate::max_merge_states`]).
+        max: usize,
+    },
 }
 
 /// `Result` with [`Error`].

@@ -64,6 +64,7 @@ mod element;
 mod error;
 #[allow(unsafe_code)] // the FFI layer: the only module with `unsafe`
 mod ffi;
+mod merge;
 mod options;
 pub mod plan;
 mod tensor;
@@ -81,6 +82,7 @@ pub use dispatch::cpp_direct_launch_ns;
 pub use dispatch::Execution;
 pub use element::{AttentionElement, DType, Element};
 pub use error::{Error, Operand, Result};
+pub use merge::{merge_state_into, merge_states, AttentionState};
 pub use options::{AttentionOptions, Backend, BackendKind, Causal};
 pub use tensor::{Layout, Location, Shape, Tensor};
 
@@ -92,6 +94,12 @@ pub fn max_head_dim() -> usize {
 /// Head dims must be multiples of this (16-byte vector loads; `flashcore::kHeadDimMultiple`).
 pub fn head_dim_multiple() -> usize {
     ffi::limits().1
+}
+
+/// The most states one [`merge_states`] call takes (`flashcore::kMaxMergeStates`); merge more
+/// by merging merged states.
+pub fn max_merge_states() -> usize {
+    ffi::limits().3
 }
 
 /// Number of CUDA devices visible (0 without a driver, a GPU, or the `cuda` feature).

@@ -40,7 +40,8 @@ impl Problem {
     }
 }
 
-fn desc<T: Element>(t: &Tensor<T>) -> Result<ffi::DescFfi> {
+/// The bridge's description of one tensor.
+pub(crate) fn desc<T: Element>(t: &Tensor<T>) -> Result<ffi::DescFfi> {
     ffi::desc(
         t.address(),
         t.shape(),

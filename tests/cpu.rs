@@ -258,7 +258,12 @@ fn lse_layout_error() {
     let mut out = host(&[1, 4, 2, 8]);
     let mut lse = Tensor::full(0f32, &[1, 4, 2, 1], Layout::Bshd).unwrap(); // BSHD, not BHSD
     let e = attention_into(&q, &q, &q, &mut out, Some(&mut lse), &Default::default());
-    assert_eq!(e.unwrap_err(), Error::LseLayout);
+    assert_eq!(
+        e.unwrap_err(),
+        Error::LseLayout {
+            operand: Operand::Lse
+        }
+    );
     let mut lse = Tensor::full(0f32, &[1, 3, 4, 1], Layout::Bhsd).unwrap(); // wrong heads
     let e = attention_into(&q, &q, &q, &mut out, Some(&mut lse), &Default::default());
     assert!(matches!(

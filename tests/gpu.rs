@@ -10,8 +10,9 @@ use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
 use flashcore::interop::{cpp_attention_forward, CppDeviceBuffer};
 use flashcore::plan::{auto_kernel, decode_table, tile_table, ArchClass, Kernel};
 use flashcore::{
-    attention, attention_into, AttentionElement, AttentionOptions, Backend, BackendKind, Causal,
-    DType, Device, Error, Layout, Operand, Shape, Stream, Tensor,
+    attention, attention_into, merge_state_into, merge_states, AttentionElement, AttentionOptions,
+    AttentionState, Backend, BackendKind, Causal, DType, Device, Error, Layout, Operand, Shape,
+    Stream, Tensor,
 };
 use half::{bf16, f16};
 
@@ -702,4 +703,180 @@ fn rust_allocates_cpp_computes() {
     );
     let untouched = poisoned.to_host().unwrap();
     assert!(untouched.host_data().unwrap().iter().all(|x| x.is_nan()));
+}
+
+/// `count` random states of `[2, 37, 3, d]` rows (alternating BSHD and BHSD outputs; state 0
+/// covers no key on every fifth row, where its output is NaN and must not be read), merged on
+/// the GPU into a NaN-poisoned output, against the f64 CPU merge of the same states.
+fn merge_case<T: AttentionElement>(s: &Stream, count: usize, d: usize) {
+    let mut rng = Rng::fresh();
+    let shape = Shape::new(2, 37, 3, d);
+    let lse_dims = [2, 3, 37, 1];
+    let mut outs = Vec::new();
+    let mut lses = Vec::new();
+    for i in 0..count {
+        let layout = if i % 2 == 0 {
+            Layout::Bshd
+        } else {
+            Layout::Bhsd
+        };
+        let mut out = randn::<T>(&mut rng, &dims(shape, layout), layout);
+        let mut l: Vec<f32> = (0..2 * 3 * 37)
+            .map(|_| (3.0 * rng.normal()) as f32)
+            .collect();
+        if i == 0 {
+            let nan = T::from_f64(f64::NAN);
+            let mut data = Vec::new();
+            for (row, l) in l.iter_mut().enumerate().filter(|(row, _)| row % 5 == 0) {
+                *l = f32::NEG_INFINITY;
+                let (b, h, q) = (row / (3 * 37), row / 37 % 3, row % 37);
+                data.push((b, q, h));
+            }
+            let strides = out.strides();
+            let mut values = out.host_data().unwrap().to_vec();
+            for (b, q, h) in data {
+                let o = b * strides[0] + q * strides[1] + h * strides[2];
+                values[o..o + d].fill(nan);
+            }
+            out = Tensor::from_vec_strided(values, shape, strides).unwrap();
+        }
+        outs.push(out);
+        lses.push(Tensor::from_vec(l, &lse_dims, Layout::Bhsd).unwrap());
+    }
+    let states: Vec<_> = outs
+        .iter()
+        .zip(&lses)
+        .map(|(out, lse)| AttentionState { out, lse })
+        .collect();
+    let mut want =
+        Tensor::full(T::from_f64(0.0), &dims(shape, Layout::Bshd), Layout::Bshd).unwrap();
+    let mut want_lse = Tensor::full(0f32, &lse_dims, Layout::Bhsd).unwrap();
+    merge_states(&states, &mut want, Some(&mut want_lse)).unwrap();
+    let (want, want_lse) = (logical(&want), lse_values(&want_lse));
+
+    let dev_outs: Vec<_> = outs.iter().map(|t| t.to_device(s).unwrap()).collect();
+    let dev_lses: Vec<_> = lses.iter().map(|t| t.to_device(s).unwrap()).collect();
+    let dev_states: Vec<_> = dev_outs
+        .iter()
+        .zip(&dev_lses)
+        .map(|(out, lse)| AttentionState { out, lse })
+        .collect();
+    let poison = T::from_f64(f64::NAN);
+    let mut out = Tensor::full(poison, &dims(shape, Layout::Bshd), Layout::Bshd)
+        .unwrap()
+        .to_device(s)
+        .unwrap();
+    let mut lse = Tensor::full(f32::NAN, &lse_dims, Layout::Bhsd)
+        .unwrap()
+        .to_device(s)
+        .unwrap();
+    merge_states(&dev_states, &mut out, Some(&mut lse)).unwrap();
+    let err = rel_l2(&logical(&out.to_host().unwrap()), &want);
+    let lse_err = rel_l2(&lse_values(&lse.to_host().unwrap()), &want_lse);
+    println!(
+        "merge {:?} {count} states d={d}: rel L2 {err:.2e} lse {lse_err:.2e}",
+        T::DTYPE
+    );
+    assert!(err < tolerance::<T>(), "{count} states d={d}: rel L2 {err}");
+    assert!(lse_err < 1e-6, "{count} states d={d}: lse rel L2 {lse_err}");
+
+    // In place, one state at a time from state 0 (its rows without keys weigh 0 in each step).
+    if count <= 7 {
+        let mut running = dev_outs[0].to_host().unwrap().to_device(s).unwrap();
+        let mut running_lse = dev_lses[0].to_host().unwrap().to_device(s).unwrap();
+        for st in &dev_states[1..] {
+            merge_state_into(&mut running, &mut running_lse, *st).unwrap();
+        }
+        let err = rel_l2(&logical(&running.to_host().unwrap()), &want);
+        let lse_err = rel_l2(&lse_values(&running_lse.to_host().unwrap()), &want_lse);
+        if count > 1 {
+            assert!(
+                err < tolerance::<T>(),
+                "in place, {count} states d={d}: rel L2 {err}"
+            );
+            assert!(
+                lse_err < 1e-6,
+                "in place, {count} states: lse rel L2 {lse_err}"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn merge_states_match_the_reference() {
+    let s = stream();
+    for (count, d) in [(1, 64), (2, 128), (7, 40), (64, 256), (3, 8), (2, 256)] {
+        merge_case::<f16>(&s, count, d);
+        merge_case::<bf16>(&s, count, d);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn merge_edge_rows_and_errors_on_the_gpu() {
+    let s = stream();
+    let inf = f32::INFINITY;
+    let nan = f32::NAN;
+    let state = |rows: &[(f32, f32)]| {
+        let n = rows.len();
+        let out = rows
+            .iter()
+            .flat_map(|&(_, x)| [f16::from_f32(x); 8])
+            .collect();
+        let lse = rows.iter().map(|&(l, _)| l).collect();
+        (
+            Tensor::from_vec(out, &[1, n, 1, 8], Layout::Bshd).unwrap(),
+            Tensor::from_vec(lse, &[1, 1, n, 1], Layout::Bhsd).unwrap(),
+        )
+    };
+    // Row 0: b covers no key (NaN output, never read). Row 1: neither does. Row 2: a NaN lse.
+    // Row 3: equal weights.
+    let (ao, al) = state(&[(0.5, 1.0), (-inf, nan), (nan, 1.0), (2.0, 1.0)]);
+    let (bo, bl) = state(&[(-inf, nan), (-inf, 5.0), (0.0, 1.0), (2.0, 3.0)]);
+    let dev = |t: &Tensor<f16>| t.to_device(&s).unwrap();
+    let devl = |t: &Tensor<f32>| t.to_device(&s).unwrap();
+    let (ao, al, bo, bl) = (dev(&ao), devl(&al), dev(&bo), devl(&bl));
+    let states = [
+        AttentionState { out: &ao, lse: &al },
+        AttentionState { out: &bo, lse: &bl },
+    ];
+    let mut out = dev(&Tensor::full(f16::NAN, &[1, 4, 1, 8], Layout::Bshd).unwrap());
+    let mut lse = devl(&Tensor::full(nan, &[1, 1, 4, 1], Layout::Bhsd).unwrap());
+    merge_states(&states, &mut out, Some(&mut lse)).unwrap();
+    let (out, lse) = (out.to_host().unwrap(), lse.to_host().unwrap());
+    let o = |q: usize| out.get(0, q, 0, 5).unwrap().to_f32();
+    let l = |q: usize| lse.get(0, q, 0, 0).unwrap();
+    assert_eq!((o(0), l(0)), (1.0, 0.5));
+    assert_eq!((o(1), l(1)), (0.0, -inf));
+    assert!(o(2).is_nan() && l(2).is_nan());
+    assert_eq!(o(3), 2.0);
+    assert!((l(3) - (2.0 + std::f32::consts::LN_2)).abs() < 1e-6);
+
+    // A host state with a device output: refused before any launch, naming the state.
+    let host_lse = Tensor::full(0f32, &[1, 1, 4, 1], Layout::Bhsd).unwrap();
+    let mixed = [
+        AttentionState { out: &ao, lse: &al },
+        AttentionState {
+            out: &ao,
+            lse: &host_lse,
+        },
+    ];
+    let mut out = dev(&Tensor::full(f16::NAN, &[1, 4, 1, 8], Layout::Bshd).unwrap());
+    let e = merge_states(&mixed, &mut out, None).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DeviceMismatch {
+                operand: Operand::StateLse(1),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let untouched = out.to_host().unwrap();
+    assert!(
+        untouched.get(0, 0, 0, 0).unwrap().is_nan(),
+        "nothing was launched"
+    );
 }

@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <string>
 
@@ -257,6 +259,36 @@ LaunchedFfi cpp_attention_forward(const RequestFfi& request, int32_t ordinal, si
     s = detail::to_status(e);
   }
   return launched(s, info.kernel, s.ok() ? find_row(info.kernel, info.row) : nullptr);
+}
+
+StatusFfi merge_states(int32_t dtype, rust::Slice<const DescFfi> outs,
+                       rust::Slice<const DescFfi> lses, const DescFfi& out, const DescFfi& lse,
+                       bool has_lse, int32_t ordinal, size_t stream) {
+  std::array<StateRef, kMaxMergeStates> states;
+  const size_t count = std::min(outs.size(), states.size());
+  for (size_t i = 0; i < count && i < lses.size(); ++i) {
+    states[i].out = to_ref<TensorRef>(outs[i]);
+    states[i].lse = to_ref<TensorRef>(lses[i]);
+  }
+  MergeArgs a;
+  a.dtype = static_cast<DType>(dtype);
+  a.states = states.data();
+  // Rust validated the count before the call; refuse a mismatch again rather than read past.
+  a.count = outs.size() == lses.size() && outs.size() <= states.size()
+                ? static_cast<int32_t>(outs.size())
+                : -1;
+  a.out = to_ref<OutputRef>(out);
+  if (has_lse) {
+    a.lse = to_ref<OutputRef>(lse);
+  }
+  Status s;
+  try {
+    use_device(ordinal);
+    s = flashcore::merge_states(a, as_stream(stream));
+  } catch (const std::exception& e) {
+    s = detail::to_status(e);
+  }
+  return to_ffi(s);
 }
 
 size_t cpp_malloc(int32_t ordinal, size_t bytes) {

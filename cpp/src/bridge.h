@@ -24,6 +24,9 @@ struct DeviceInfo;
 
 // ---- host-only (bridge_core.cpp) ----
 StatusFfi validate(const RequestFfi& request, ProblemFfi& problem);
+StatusFfi validate_merge(int32_t dtype, rust::Slice<const DescFfi> outs,
+                         rust::Slice<const DescFfi> lses, const DescFfi& out, const DescFfi& lse,
+                         bool has_lse);
 rust::Vec<TileRowFfi> table_rows(int32_t kernel, bool decode);
 RowRef select_row(int32_t kernel, int32_t arch, int64_t head_dim, int64_t query_rows);
 StatusFfi choose_row(int32_t kernel, int64_t head_dim, int64_t query_rows, const CapsFfi& caps,
@@ -63,6 +66,10 @@ LaunchedFfi attention(const RequestFfi& request, const CapsFfi& caps, int32_t or
 StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
                             size_t stream, int32_t iters, double& ns);
 LaunchedFfi cpp_attention_forward(const RequestFfi& request, int32_t ordinal, size_t stream);
+// Through the public C++ API (flashcore::merge_states), which validates again.
+StatusFfi merge_states(int32_t dtype, rust::Slice<const DescFfi> outs,
+                       rust::Slice<const DescFfi> lses, const DescFfi& out, const DescFfi& lse,
+                       bool has_lse, int32_t ordinal, size_t stream);
 size_t cpp_malloc(int32_t ordinal, size_t bytes);
 void cpp_free(int32_t ordinal, size_t ptr);
 void cpp_upload(int32_t ordinal, size_t dst, rust::Slice<const uint8_t> src);

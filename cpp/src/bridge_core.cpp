@@ -1,18 +1,23 @@
 // The host-only half of the Rust bridge: validation, planning and the tile tables.
 #include "flashcore/cpp/src/bridge.h"
 
+#include <array>
+
 #include "bridge_convert.h"
+#include "core/merge.h"
 
 namespace flashcore::bridge {
 
 // The Rust side (src/ffi/mod.rs) decodes these by value.
 static_assert(static_cast<int>(Code::ShapeMismatch) == 1 && static_cast<int>(Code::LseLayout) == 7 &&
                   static_cast<int>(Code::SizeOverflow) == 11 && static_cast<int>(Code::NoDevice) == 16 &&
-                  static_cast<int>(Code::Cuda) == 17 && static_cast<int>(Code::Launch) == 18,
+                  static_cast<int>(Code::Cuda) == 17 && static_cast<int>(Code::Launch) == 18 &&
+                  static_cast<int>(Code::StateCount) == 19,
               "flashcore::Code values are part of the bridge: update src/ffi/mod.rs too");
 static_assert(kKernelCount == 3 && static_cast<int>(Kernel::CutlassSm90) == 2,
               "flashcore::Kernel values are part of the bridge: update plan::Kernel in src/plan/mod.rs");
-static_assert(static_cast<int>(Field::WorkUnits) == 11 && static_cast<int>(Operand::Lse) == 5,
+static_assert(static_cast<int>(Field::WorkUnits) == 11 && static_cast<int>(Operand::Lse) == 5 &&
+                  static_cast<int>(Operand::StateLse) == 7,
               "flashcore::Field / Operand values are part of the bridge: update src/ffi/mod.rs");
 
 StatusFfi validate(const RequestFfi& request, ProblemFfi& problem) {
@@ -22,6 +27,28 @@ StatusFfi validate(const RequestFfi& request, ProblemFfi& problem) {
     problem = to_ffi(p);
   }
   return to_ffi(s);
+}
+
+StatusFfi validate_merge(int32_t dtype, rust::Slice<const DescFfi> outs,
+                         rust::Slice<const DescFfi> lses, const DescFfi& out, const DescFfi& lse,
+                         bool has_lse) {
+  // On the stack: validating allocates nothing (a count out of range is refused unread).
+  std::array<core::TensorDesc, kMaxMergeStates> o, l;
+  const bool fits = outs.size() <= o.size() && lses.size() == outs.size();
+  for (size_t i = 0; fits && i < outs.size(); ++i) {
+    o[i] = from_ffi(outs[i]);
+    l[i] = from_ffi(lses[i]);
+  }
+  core::MergeRequest r;
+  r.dtype = static_cast<DType>(dtype);
+  r.outs = o.data();
+  r.lses = l.data();
+  r.count = fits ? static_cast<int64_t>(outs.size()) : kMaxMergeStates + 1;
+  r.out = from_ffi(out);
+  r.lse = from_ffi(lse);
+  r.has_lse = has_lse;
+  core::MergeProblem p{};
+  return to_ffi(core::validate_merge(r, &p));
 }
 
 rust::Vec<TileRowFfi> table_rows(int32_t kernel, bool decode) {
@@ -82,6 +109,7 @@ LimitsFfi limits() {
   l.max_head_dim = kMaxHeadDim;
   l.head_dim_multiple = kHeadDimMultiple;
   l.decode_max_query_rows = kDecodeMaxQueryRows;
+  l.max_merge_states = kMaxMergeStates;
   return l;
 }
 

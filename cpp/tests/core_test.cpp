@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "core/merge.h"
 #include "core/validate.h"
 
 namespace {
@@ -268,6 +269,102 @@ void planning_sm90() {
 
 }  // namespace
 
+// merge_states' validation: the count, each state's own error naming its position, the
+// addresses only C++ callers can give.
+void merging() {
+  using flashcore::core::MergeProblem;
+  using flashcore::core::MergeRequest;
+  // A dense BHSD logsumexp [b, s, h, 1] of floats on device 0.
+  auto lse = [](int64_t b, int64_t s, int64_t h, uint64_t address) {
+    TensorDesc t = bshd(b, s, h, 1, address);
+    flashcore::bhsd_strides(t.shape, t.stride);
+    t.element_bytes = 4;
+    return t;
+  };
+  TensorDesc outs[3] = {bshd(2, 5, 4, 64, 0x10000), bshd(2, 5, 4, 64, 0x20000),
+                        bshd(2, 5, 4, 64, 0x30000)};
+  TensorDesc lses[3] = {lse(2, 5, 4, 0x40000), lse(2, 5, 4, 0x50000), lse(2, 5, 4, 0x60000)};
+  MergeRequest r;
+  r.outs = outs;
+  r.lses = lses;
+  r.count = 3;
+  r.out = bshd(2, 5, 4, 64, 0x70000);
+  r.lse = lse(2, 5, 4, 0x80000);
+  r.has_lse = true;
+  auto run = [](const MergeRequest& m) {
+    MergeProblem p{};
+    Status s = flashcore::core::validate_merge(m, &p);
+    return std::make_pair(s, p);
+  };
+  auto [ok, p] = run(r);
+  expect(ok.ok() && p.batch == 2 && p.seq == 5 && p.heads == 4 && p.head_dim == 64 &&
+             p.count == 3 && p.location == 0,
+         "a valid merge passes: " + ok.message);
+
+  for (int64_t count : {int64_t{0}, int64_t{-1}, flashcore::kMaxMergeStates + 1}) {
+    MergeRequest bad = r;
+    bad.count = count;
+    const Status s = run(bad).first;
+    expect(s.code == Code::StateCount && s.values[0] == count && s.values[1] == 1 &&
+               s.values[2] == flashcore::kMaxMergeStates,
+           "state count " + std::to_string(count) + ": " + s.message);
+  }
+  // Each state's error names it: operand State / StateLse, position in values[2].
+  {
+    TensorDesc o[3] = {outs[0], outs[1], outs[2]};
+    o[2].location = 1;
+    MergeRequest bad = r;
+    bad.outs = o;
+    const Status s = run(bad).first;
+    expect(s.code == Code::DeviceMismatch && s.operand == Operand::State && s.values[2] == 2 &&
+               s.message.find("states[2].out") != std::string::npos,
+           "a state on another device: " + s.message);
+  }
+  {
+    TensorDesc l[3] = {lses[0], lses[1], lses[2]};
+    l[1].stride[2] = 1;  // BSHD-ordered logsumexp
+    l[1].stride[1] = 4;
+    MergeRequest bad = r;
+    bad.lses = l;
+    const Status s = run(bad).first;
+    expect(s.code == Code::LseLayout && s.operand == Operand::StateLse && s.values[2] == 1,
+           "a state's BSHD logsumexp: " + s.message);
+  }
+  {
+    TensorDesc l[3] = {lses[0], lses[1], lses[2]};
+    l[0].address = 0x40002;  // not a float address
+    MergeRequest bad = r;
+    bad.lses = l;
+    const Status s = run(bad).first;
+    expect(s.code == Code::MisalignedPointer && s.operand == Operand::StateLse &&
+               s.values[1] == 4 && s.values[2] == 0,
+           "a misaligned state logsumexp: " + s.message);
+  }
+  {
+    TensorDesc o[3] = {outs[0], outs[1], outs[2]};
+    o[1].stride[0] = -8;
+    MergeRequest bad = r;
+    bad.outs = o;
+    const Status s = run(bad).first;
+    expect(s.code == Code::SizeOverflow && s.operand == Operand::State && s.values[2] == 1,
+           "a negative state stride: " + s.message);
+  }
+  {
+    MergeRequest bad = r;
+    bad.out.address = 0x70008;
+    const Status s = run(bad).first;
+    expect(s.code == Code::MisalignedPointer && s.operand == Operand::Out && s.values[1] == 16,
+           "a misaligned output: " + s.message);
+  }
+  {
+    MergeRequest bad = r;
+    bad.lse.shape[1] = 6;
+    const Status s = run(bad).first;
+    expect(s.code == Code::ShapeMismatch && s.operand == Operand::Lse,
+           "a logsumexp of another length: " + s.message);
+  }
+}
+
 int main() {
   valid_call_passes();
   negative_sizes_and_strides();
@@ -277,6 +374,7 @@ int main() {
   heads_and_head_dims();
   planning();
   planning_sm90();
+  merging();
   if (failures != 0) {
     std::printf("core_test: %d check(s) FAILED\n", failures);
     return 1;

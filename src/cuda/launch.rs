@@ -4,10 +4,12 @@
 use super::stream::Stream;
 use crate::element::{AttentionElement, Element};
 use crate::error::{Error, Result};
-use crate::ffi::cuda::{self as ffi, Operands, RawBuffer, RawEvent};
+use crate::ffi::cuda::{self as ffi, MergeOperands, Operands, RawBuffer, RawEvent};
 use crate::ffi::RequestFfi;
+use crate::merge::AttentionState;
 use crate::plan::{Kernel, TileRow};
 use crate::tensor::{Storage, Tensor};
+use crate::validate::desc;
 
 /// Makes later work on `stream` wait for the work enqueued so far on each of `others`.
 pub(crate) fn order_after(stream: &Stream, others: &[&Stream]) -> Result<()> {
@@ -136,4 +138,86 @@ fn device_buffer_mut<T: Element>(t: &mut Tensor<T>) -> Result<&mut RawBuffer> {
         Storage::Device(b) => Ok(b.raw_mut()),
         Storage::Host(_) => Err(not_on_device()),
     }
+}
+
+/// Merges device `states` into `out` (and `lse`) on `out`'s stream, ordered after pending work
+/// on the states' streams (and before later work there).
+pub(crate) fn merge<T: AttentionElement>(
+    states: &[AttentionState<'_, T>],
+    out: &mut Tensor<T>,
+    lse: Option<&mut Tensor<f32>>,
+) -> Result<()> {
+    let stream = device_stream(out)?.clone();
+    let mut inputs = Vec::with_capacity(2 * states.len() + 1);
+    for s in states {
+        inputs.push(device_stream(s.out)?.clone());
+        inputs.push(device_stream(s.lse)?.clone());
+    }
+    if let Some(l) = lse.as_deref() {
+        inputs.push(device_stream(l)?.clone());
+    }
+    for s in &inputs {
+        order_after(&stream, &[s])?;
+    }
+    let outs = states
+        .iter()
+        .map(|s| desc(s.out))
+        .collect::<Result<Vec<_>>>()?;
+    let lses = states
+        .iter()
+        .map(|s| desc(s.lse))
+        .collect::<Result<Vec<_>>>()?;
+    let out_desc = desc(out)?;
+    let lse = match lse {
+        Some(l) => {
+            let d = desc(l)?;
+            Some((device_buffer_mut(l)?, d))
+        }
+        None => None,
+    };
+    let operands = MergeOperands {
+        outs: &outs,
+        lses: &lses,
+        out: device_buffer_mut(out)?,
+        out_desc,
+        lse,
+    };
+    ffi::merge_states(crate::ffi::dtype_id(T::DTYPE), stream.raw(), operands)?;
+    for s in &inputs {
+        order_after(s, &[&stream])?;
+    }
+    Ok(())
+}
+
+/// Merges device `other` into `(out, lse)` in place on `out`'s stream.
+pub(crate) fn merge_in_place<T: AttentionElement>(
+    out: &mut Tensor<T>,
+    lse: &mut Tensor<f32>,
+    other: AttentionState<'_, T>,
+) -> Result<()> {
+    let stream = device_stream(out)?.clone();
+    let inputs = [
+        device_stream(lse)?.clone(),
+        device_stream(other.out)?.clone(),
+        device_stream(other.lse)?.clone(),
+    ];
+    for s in &inputs {
+        order_after(&stream, &[s])?;
+    }
+    // State 0 is the output itself (same address and strides): the kernel reads each element
+    // and logsumexp before writing it.
+    let outs = [desc(out)?, desc(other.out)?];
+    let lses = [desc(lse)?, desc(other.lse)?];
+    let operands = MergeOperands {
+        outs: &outs,
+        lses: &lses,
+        out_desc: outs[0],
+        out: device_buffer_mut(out)?,
+        lse: Some((device_buffer_mut(lse)?, lses[0])),
+    };
+    ffi::merge_states(crate::ffi::dtype_id(T::DTYPE), stream.raw(), operands)?;
+    for s in &inputs {
+        order_after(s, &[&stream])?;
+    }
+    Ok(())
 }

@@ -10,7 +10,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::tensor::{Shape, Tensor};
 
-use super::{map_err, sys, CapsFfi, RequestFfi};
+use super::{map_err, sys, CapsFfi, DescFfi, RequestFfi};
 use crate::cuda::Device;
 use crate::plan::{Kernel, TileRow};
 pub(crate) use sys::DeviceInfo;
@@ -283,7 +283,7 @@ fn caps(device: &Device) -> CapsFfi {
 }
 
 fn launched(l: sys::LaunchedFfi, request: &RequestFfi) -> Result<(Kernel, &'static TileRow)> {
-    super::check(l.status, Some(request))?;
+    super::check(l.status, &super::Described::Attention(request))?;
     let kernel = super::kernel_of(i64::from(l.kernel))
         .ok_or_else(|| Error::Launch("the C++ planner named no kernel".into()))?;
     crate::plan::row(kernel, l.row)
@@ -331,7 +331,7 @@ pub(crate) fn attention_host_ns(
             &mut ns,
         )
     };
-    super::check(status, Some(&r))?;
+    super::check(status, &super::Described::Attention(&r))?;
     Ok(ns)
 }
 
@@ -516,4 +516,46 @@ impl crate::cuda::Stream {
         let raw = unsafe { RawStream::borrowed(device.ordinal(), raw as usize, None) }?;
         Ok(Self::from_parts(device.clone(), Arc::new(raw)))
     }
+}
+
+/// The descriptions of a merge, with the device addresses of the borrowed tensors.
+pub(crate) struct MergeOperands<'a> {
+    pub outs: &'a [DescFfi],
+    pub lses: &'a [DescFfi],
+    pub out: &'a mut RawBuffer,
+    pub out_desc: DescFfi,
+    pub lse: Option<(&'a mut RawBuffer, DescFfi)>,
+}
+
+/// Merges states through the public C++ API (`flashcore::merge_states`) on `stream`.
+pub(crate) fn merge_states(dtype: i32, stream: &RawStream, m: MergeOperands<'_>) -> Result<()> {
+    let mut out = m.out_desc;
+    out.address = m.out.ptr as u64;
+    let lse = m.lse.map(|(b, mut d)| {
+        d.address = b.ptr as u64;
+        d
+    });
+    let described = super::Described::Merge {
+        outs: m.outs,
+        lses: m.lses,
+        out: &out,
+        lse: lse.as_ref().unwrap_or(&out),
+    };
+    // SAFETY: every address is a live allocation of `stream`'s device (the states' tensors are
+    // borrowed by the caller for this call, the output and lse exclusively here), large enough
+    // for the shapes and strides C++ validates again before launching; the kernel is ordered on
+    // `stream` before any later free, and the caller orders the states' streams around it.
+    let status = unsafe {
+        sys::merge_states(
+            dtype,
+            m.outs,
+            m.lses,
+            &out,
+            lse.as_ref().unwrap_or(&out),
+            lse.is_some(),
+            stream.ordinal,
+            stream.handle,
+        )
+    };
+    super::check(status, &described)
 }

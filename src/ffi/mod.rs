@@ -104,6 +104,7 @@ pub(crate) mod sys {
         max_head_dim: i64,
         head_dim_multiple: i64,
         decode_max_query_rows: i64,
+        max_merge_states: i64,
     }
 
     /// The result of a launch: status, and on success the kernel and row that ran.
@@ -131,6 +132,15 @@ pub(crate) mod sys {
         include!("flashcore/cpp/src/bridge.h");
 
         fn validate(request: &RequestFfi, problem: &mut ProblemFfi) -> StatusFfi;
+        /// Validates a merge of `outs.len()` states (C++ `core::validate_merge`).
+        fn validate_merge(
+            dtype: i32,
+            outs: &[DescFfi],
+            lses: &[DescFfi],
+            out: &DescFfi,
+            lse: &DescFfi,
+            has_lse: bool,
+        ) -> StatusFfi;
         fn table_rows(kernel: i32, decode: bool) -> Vec<TileRowFfi>;
         fn select_row(kernel: i32, arch: i32, head_dim: i64, query_rows: i64) -> RowRef;
         fn choose_row(
@@ -223,6 +233,20 @@ pub(crate) mod sys {
             ordinal: i32,
             stream: usize,
         ) -> LaunchedFfi;
+        /// Merges the states through the public C++ API (`flashcore::merge_states`) on
+        /// `stream` of device `ordinal`.
+        #[cfg(feature = "cuda")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn merge_states(
+            dtype: i32,
+            outs: &[DescFfi],
+            lses: &[DescFfi],
+            out: &DescFfi,
+            lse: &DescFfi,
+            has_lse: bool,
+            ordinal: i32,
+            stream: usize,
+        ) -> StatusFfi;
         /// `cudaMalloc` / `cudaFree` / synchronous copies done by C++ (interop tests).
         #[cfg(feature = "cuda")]
         fn cpp_malloc(ordinal: i32, bytes: usize) -> Result<usize>;
@@ -254,6 +278,7 @@ const SHARED_MEMORY_EXCEEDED: i32 = 14;
 const UNSUPPORTED_DEVICE: i32 = 15;
 const NO_DEVICE: i32 = 16;
 const CUDA: i32 = 17;
+const STATE_COUNT: i32 = 19;
 
 /// `flashcore::Field` names, by value.
 const FIELDS: [&str; 12] = [
@@ -271,12 +296,15 @@ const FIELDS: [&str; 12] = [
     "work units (query blocks x batch x heads)",
 ];
 
-fn operand(value: i32) -> Operand {
+/// `flashcore::Operand`; a state's position in merge_states' list rides in `index`.
+fn operand(value: i32, index: i64) -> Operand {
     match value {
         2 => Operand::K,
         3 => Operand::V,
         4 => Operand::Out,
         5 => Operand::Lse,
+        6 => Operand::State(count(index)),
+        7 => Operand::StateLse(count(index)),
         _ => Operand::Q,
     }
 }
@@ -350,12 +378,47 @@ pub(crate) fn count(v: i64) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
 }
 
-/// The typed error for a failed C++ `Status`; `request` supplies the operand's shape and strides
-/// for `SizeOverflow`.
-pub(crate) fn to_error(s: StatusFfi, request: Option<&RequestFfi>) -> Error {
+/// The operands of a failed call, for the shape and strides `SizeOverflow` reports.
+#[derive(Clone, Copy)]
+pub(crate) enum Described<'a> {
+    /// Not an operand check (planning, tables).
+    Nothing,
+    /// An attention call.
+    Attention(&'a RequestFfi),
+    /// A merge of states.
+    Merge {
+        outs: &'a [DescFfi],
+        lses: &'a [DescFfi],
+        out: &'a DescFfi,
+        lse: &'a DescFfi,
+    },
+}
+
+impl Described<'_> {
+    fn of(&self, op: Operand) -> Option<DescFfi> {
+        match (*self, op) {
+            (Described::Nothing, _) => None,
+            (Described::Attention(r), op) => Some(match op {
+                Operand::Q => r.q,
+                Operand::K => r.k,
+                Operand::V => r.v,
+                Operand::Lse | Operand::StateLse(_) => r.lse,
+                Operand::Out | Operand::State(_) => r.out,
+            }),
+            (Described::Merge { outs, .. }, Operand::State(i)) => outs.get(i).copied(),
+            (Described::Merge { lses, .. }, Operand::StateLse(i)) => lses.get(i).copied(),
+            (Described::Merge { lse, .. }, Operand::Lse) => Some(*lse),
+            (Described::Merge { out, .. }, _) => Some(*out),
+        }
+    }
+}
+
+/// The typed error for a failed C++ `Status`; `described` supplies the operand's shape and
+/// strides for `SizeOverflow`.
+pub(crate) fn to_error(s: StatusFfi, described: &Described<'_>) -> Error {
     let [a, b, c] = s.values;
     let field = FIELDS.get(s.field as usize).copied().unwrap_or("");
-    let op = operand(s.operand);
+    let op = operand(s.operand, c);
     match s.code {
         SHAPE_MISMATCH => Error::ShapeMismatch {
             operand: op,
@@ -380,8 +443,9 @@ pub(crate) fn to_error(s: StatusFfi, request: Option<&RequestFfi>) -> Error {
         MISALIGNED_POINTER => Error::MisalignedPointer {
             operand: op,
             ptr: a as usize,
+            align: count(b),
         },
-        LSE_LAYOUT => Error::LseLayout,
+        LSE_LAYOUT => Error::LseLayout { operand: op },
         DEVICE_MISMATCH => Error::DeviceMismatch {
             operand: op,
             got: location(a),
@@ -394,13 +458,7 @@ pub(crate) fn to_error(s: StatusFfi, request: Option<&RequestFfi>) -> Error {
         },
         INVALID_SCALE => Error::InvalidScale(f32::from_bits(a as u32)),
         SIZE_OVERFLOW => {
-            let desc = request.map(|r| match op {
-                Operand::Q => r.q,
-                Operand::K => r.k,
-                Operand::V => r.v,
-                Operand::Out => r.out,
-                Operand::Lse => r.lse,
-            });
+            let desc = described.of(op);
             Error::SizeOverflow {
                 shape: desc.map_or([0; 4], |d| d.shape.map(count)),
                 strides: desc.map_or([0; 4], |d| d.stride.map(count)),
@@ -432,16 +490,21 @@ pub(crate) fn to_error(s: StatusFfi, request: Option<&RequestFfi>) -> Error {
             name: s.cuda_name,
             message: s.message,
         },
+        STATE_COUNT => Error::StateCount {
+            count: count(a),
+            min: count(b),
+            max: count(c),
+        },
         _ => Error::Launch(s.message),
     }
 }
 
 /// `Ok(())` for an ok status, else its typed error.
-pub(crate) fn check(s: StatusFfi, request: Option<&RequestFfi>) -> crate::Result<()> {
+pub(crate) fn check(s: StatusFfi, described: &Described<'_>) -> crate::Result<()> {
     if s.code == OK {
         Ok(())
     } else {
-        Err(to_error(s, request))
+        Err(to_error(s, described))
     }
 }
 
@@ -464,17 +527,43 @@ pub(crate) fn map_err(e: cxx::Exception) -> Error {
 /// Validates `request` (C++ `core::validate`).
 pub(crate) fn validate(request: &RequestFfi) -> crate::Result<ProblemFfi> {
     let mut problem = ProblemFfi::default();
-    check(sys::validate(request, &mut problem), Some(request))?;
+    check(
+        sys::validate(request, &mut problem),
+        &Described::Attention(request),
+    )?;
     Ok(problem)
 }
 
-/// (largest head dim, head-dim multiple, decode query-row limit) from the C++ library.
-pub(crate) fn limits() -> (usize, usize, usize) {
+/// Validates a merge (C++ `core::validate_merge`).
+pub(crate) fn validate_merge(
+    dtype: i32,
+    outs: &[DescFfi],
+    lses: &[DescFfi],
+    out: &DescFfi,
+    lse: Option<&DescFfi>,
+) -> crate::Result<()> {
+    let status = sys::validate_merge(dtype, outs, lses, out, lse.unwrap_or(out), lse.is_some());
+    let lse = lse.unwrap_or(out);
+    check(
+        status,
+        &Described::Merge {
+            outs,
+            lses,
+            out,
+            lse,
+        },
+    )
+}
+
+/// (largest head dim, head-dim multiple, decode query-row limit, most states one merge takes)
+/// from the C++ library.
+pub(crate) fn limits() -> (usize, usize, usize, usize) {
     let l = sys::limits();
     (
         count(l.max_head_dim),
         count(l.head_dim_multiple),
         count(l.decode_max_query_rows),
+        count(l.max_merge_states),
     )
 }
 

@@ -182,7 +182,7 @@ pub fn choose_row(
         forced.map_or(-1, ffi::arch_id),
         &mut chosen,
     );
-    ffi::check(status, None)?;
+    ffi::check(status, &ffi::Described::Nothing)?;
     row(kernel, chosen).ok_or_else(|| Error::Launch("the planner named no row".into()))
 }
 

@@ -62,4 +62,36 @@ struct LaunchInfo {
 Status attention_forward(const AttentionArgs& args, cudaStream_t stream,
                          LaunchInfo* info = nullptr) noexcept;
 
+// One attention state: an output [batch, seq, heads, head_dim] and its logsumexp (float, dense
+// BHSD [batch, seq, heads, 1]), as attention_forward writes them for one set of keys.
+struct StateRef {
+  TensorRef out;
+  TensorRef lse;
+};
+
+// States of the same queries over disjoint key sets (the splits of split-KV decoding, the
+// shared prefix and the suffix of cascade attention, the steps of ring attention), merged into
+// the state over all their keys:
+//
+//   m = max_i lse_i,  w_i = exp(lse_i - m),  out = sum_i w_i out_i / sum_i w_i,
+//   lse = m + log(sum_i w_i)     (per query row, accumulated in float).
+//
+// A state whose lse is -inf covers no key: weight 0, and its output is never read. If every
+// state of a row is -inf the row gets out 0 and lse -inf; a NaN lse makes the row NaN.
+struct MergeArgs {
+  DType dtype = DType::F16;
+  const StateRef* states = nullptr;  // `count` states, 1 to kMaxMergeStates
+  int32_t count = 0;
+  OutputRef out;                     // like each state's out; written
+  std::optional<OutputRef> lse;      // like each state's lse; written
+};
+
+// Validates `args` (each state like the output: same shape, a head dim that is a multiple of 8
+// from 8 to 256, contiguous head dim, strides multiples of 8 elements, 16-byte aligned outputs,
+// dense float logsumexps; all on the current device) and enqueues the merge on `stream`. The
+// output may be one of the states, with the same address and strides (an in-place merge), but
+// must not otherwise overlap them. Nothing is launched when the Status is not ok; problems
+// without rows succeed without launching. Never throws.
+Status merge_states(const MergeArgs& args, cudaStream_t stream) noexcept;
+
 }  // namespace flashcore

@@ -17,6 +17,9 @@ constexpr int64_t kHeadDimMultiple = 8;
 // Problems with at most this many query rows per head (after one-query GQA heads are packed
 // into rows) use the CUTLASS decode table.
 constexpr int64_t kDecodeMaxQueryRows = 32;
+// merge_states combines at most this many states in one call (the merge kernel takes their
+// addresses as launch parameters); merge more by merging merged states.
+constexpr int64_t kMaxMergeStates = 64;
 
 // One kernel instantiation. CUTLASS: AttentionKernel<T, Sm80, aligned, Q, K, MAX_K>; WMMA:
 // fmha_wmma_kernel<T, BR = Q, BC = K, D = MAX_K>.

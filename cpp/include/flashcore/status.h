@@ -20,9 +20,10 @@ enum class Code : int32_t {
   UnsupportedHeadDim,    // values[0]: the head dim (must be a multiple of 8 in 8..=256)
   NonContiguousHeadDim,  // operand's head-dim stride is values[0] (must be 1)
   MisalignedStride,      // operand's `field` stride values[0] is not a multiple of 8 elements
-  MisalignedPointer,     // operand's address values[0] is not 16-byte aligned
-  LseLayout,             // lse is not a dense [batch, heads, seq_q] float tensor
-  DeviceMismatch,        // operand is on values[0], q on values[1] (-1: host, else ordinal)
+  MisalignedPointer,     // operand's address values[0] is not values[1]-byte aligned
+  LseLayout,             // operand (a logsumexp) is not a dense [batch, heads, seq] float tensor
+  DeviceMismatch,        // operand is on values[0], expected values[1] (-1: host, else ordinal):
+                         // where q is (attention), where out is (merge_states)
   NoVisibleKeys,         // values: rows that see no key, seq_q, seq_k
   InvalidScale,          // the scale is not positive and finite (values[0]: its IEEE bits)
   SizeOverflow,          // operand's extent (shape x strides x element size) overflows 64 bits
@@ -35,10 +36,14 @@ enum class Code : int32_t {
   // Failures of CUDA or of a kernel's own argument check.
   Cuda,                  // `cuda_name` is e.g. cudaErrorIllegalAddress
   Launch,                // the kernel layer rejected the launch; see `message`
+  // Argument errors (continued): nothing was launched.
+  StateCount,            // merge_states: values[0] states given, allowed values[1] to values[2]
 };
 
-// Which tensor a Status is about.
-enum class Operand : int32_t { None = 0, Q, K, V, Out, Lse };
+// Which tensor a Status is about. State and StateLse are the output and the logsumexp of one of
+// merge_states' inputs; its position in the list is then values[2] (free in every code that
+// names an operand).
+enum class Operand : int32_t { None = 0, Q, K, V, Out, Lse, State, StateLse };
 
 // Which dimension, stride or limit a Status is about.
 enum class Field : int32_t {

@@ -27,6 +27,7 @@ const char* name(Code code) noexcept {
     case Code::NoDevice: return "no_device";
     case Code::Cuda: return "cuda";
     case Code::Launch: return "launch";
+    case Code::StateCount: return "state_count";
   }
   return "unknown";
 }
@@ -39,6 +40,8 @@ const char* name(Operand operand) noexcept {
     case Operand::V: return "v";
     case Operand::Out: return "out";
     case Operand::Lse: return "lse";
+    case Operand::State: return "state out";
+    case Operand::StateLse: return "state lse";
   }
   return "unknown";
 }
@@ -77,8 +80,17 @@ std::string where(int64_t location) {
   return location == kHost ? std::string("host") : "cuda:" + std::to_string(location);
 }
 
+// The operand as messages name it: "q", ..., or "states[3].out" / "states[3].lse".
+std::string operand_name(const Status& s) {
+  switch (s.operand) {
+    case Operand::State: return "states[" + std::to_string(s.values[2]) + "].out";
+    case Operand::StateLse: return "states[" + std::to_string(s.values[2]) + "].lse";
+    default: return name(s.operand);
+  }
+}
+
 std::string message(const Status& s, const std::string& detail) {
-  const std::string op = name(s.operand), field = name(s.field);
+  const std::string op = operand_name(s), field = name(s.field);
   const auto v = [&](int i) { return std::to_string(s.values[i]); };
   switch (s.code) {
     case Code::ShapeMismatch:
@@ -92,12 +104,12 @@ std::string message(const Status& s, const std::string& detail) {
     case Code::MisalignedStride:
       return op + ": stride " + v(0) + " of dimension " + field + " is not a multiple of 8 elements";
     case Code::MisalignedPointer:
-      return op + ": device pointer " + v(0) + " is not 16-byte aligned";
+      return op + ": device pointer " + v(0) + " is not " + v(1) + "-byte aligned";
     case Code::LseLayout:
-      return "lse must be a dense [batch, heads, seq_q] float tensor (BHSD strides, head dim 1)";
+      return op + " must be a dense [batch, heads, seq] float tensor (BHSD strides, head dim 1)";
     case Code::DeviceMismatch:
       return op + " is on " + where(s.values[0]) +
-             (s.operand == Operand::Q ? ", but the current device is " : ", but q is on ") +
+             (s.operand == Operand::Q ? ", but the current device is " : ", expected ") +
              where(s.values[1]);
     case Code::NoVisibleKeys:
       return v(0) + " query rows would attend to no key (seq_q " + v(1) + ", seq_k " + v(2) + ")";
@@ -122,6 +134,8 @@ std::string message(const Status& s, const std::string& detail) {
       return "compute capability " + v(0) + "." + v(1) + " is not supported (needs 8.0 to 9.x)";
     case Code::NoDevice:
       return "no CUDA device " + v(0) + ": " + detail;
+    case Code::StateCount:
+      return "merge_states takes " + v(1) + " to " + v(2) + " states, got " + v(0);
     case Code::Ok:
     case Code::Cuda:
     case Code::Launch:

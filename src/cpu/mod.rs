@@ -1,4 +1,8 @@
-//! The CPU reference backend: exact softmax attention accumulated in f64.
+//! The CPU reference backend: exact softmax attention accumulated in f64, and the merge of
+//! attention states (`merge`).
+
+mod merge;
+pub(crate) use merge::{merge, merge_in_place};
 
 use crate::element::Element;
 use crate::tensor::Tensor;

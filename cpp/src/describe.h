@@ -1,0 +1,44 @@
+// Describing a public API operand for validation (internal, CUDA side): its address, shape,
+// strides, element size, and where it lives, asked of the CUDA runtime.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/validate.h"
+
+namespace flashcore::detail {
+
+// Where `data` lives: the device that owns it, the host, or (for an operand with no elements,
+// whose pointer is never dereferenced) `current`, where the call expects it.
+inline int32_t location_of(const void* data, const int64_t shape[4], int32_t current) {
+  if (shape[0] == 0 || shape[1] == 0 || shape[2] == 0 || shape[3] == 0) {
+    return current;
+  }
+  if (data == nullptr) {
+    return core::kHost;
+  }
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, data) != cudaSuccess) {
+    (void)cudaGetLastError();  // not a pointer CUDA knows: clear the sticky-free error
+    return core::kHost;
+  }
+  const bool device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  return device ? attr.device : core::kHost;
+}
+
+template <typename Ref>
+inline core::TensorDesc describe(const Ref& t, int32_t element_bytes, int32_t current) {
+  core::TensorDesc d;
+  d.address = reinterpret_cast<uint64_t>(t.data);
+  for (int i = 0; i < 4; ++i) {
+    d.shape[i] = t.shape[i];
+    d.stride[i] = t.stride[i];
+  }
+  d.location = location_of(t.data, t.shape, current);
+  d.element_bytes = element_bytes;
+  return d;
+}
+
+}  // namespace flashcore::detail
