@@ -143,15 +143,17 @@ fn write_shapes(path: &str) {
 }
 
 /// Host cost per call, same problem, same process: the Rust API (validation, planning, FFI,
-/// launcher) against C++ calling the launcher directly. A tiny problem keeps the GPU ahead of the
-/// host; each round enqueues 200 calls (below the launch queue's depth) after a synchronise.
-/// Returns (Rust ns/call, C++ ns/call), medians over 25 rounds.
-fn host_overhead(stream: &Stream) -> flashcore::Result<(f64, f64)> {
+/// launcher), a Rust `AttentionPlan::run` (operand check, FFI, launcher) and C++ calling the
+/// launcher directly after planning once. A tiny problem keeps the GPU ahead of the host; each
+/// round enqueues 200 calls (below the launch queue's depth) after a synchronise. Returns
+/// (Rust ns/call, planned Rust ns/call, C++ ns/call), medians over 25 rounds.
+fn host_overhead(stream: &Stream) -> flashcore::Result<(f64, f64, f64)> {
     let q = Tensor::full(f16::ONE, &[1, 1, 16, 64], Layout::Bhsd)?.to_device(stream)?;
     let mut out = Tensor::uninit_on(stream, &[1, 1, 16, 64], Layout::Bhsd)?;
     let opts = AttentionOptions::default();
     const CALLS: u32 = 200;
-    let (mut rust, mut cpp) = (Vec::new(), Vec::new());
+    let plan = flashcore::AttentionPlan::new(&q, &q, &q, &out, None, &opts)?;
+    let (mut rust, mut planned, mut cpp) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..26 {
         stream.synchronize()?;
         let t0 = Instant::now();
@@ -160,14 +162,25 @@ fn host_overhead(stream: &Stream) -> flashcore::Result<(f64, f64)> {
         }
         let r = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
         stream.synchronize()?;
+        let t0 = Instant::now();
+        for _ in 0..CALLS {
+            plan.run(&q, &q, &q, &mut out, None)?;
+        }
+        let p = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
+        stream.synchronize()?;
         let c = flashcore::cpp_direct_launch_ns(&q, &q, &q, &mut out, &opts, CALLS)?;
         if round > 0 {
             rust.push(r);
+            planned.push(p);
             cpp.push(c);
         }
     }
     stream.synchronize()?;
-    Ok((percentiles(&mut rust).0, percentiles(&mut cpp).0))
+    Ok((
+        percentiles(&mut rust).0,
+        percentiles(&mut planned).0,
+        percentiles(&mut cpp).0,
+    ))
 }
 
 fn main() {
@@ -244,14 +257,18 @@ fn main() {
         }));
     }
     let overhead = match host_overhead(&stream) {
-        Ok((rust, cpp)) => {
+        Ok((rust, planned, cpp)) => {
             println!(
-                "host cost per call: Rust API {:.2} us, direct C++ launcher {:.2} us, ratio {:.3}",
+                "host cost per call: Rust API {:.2} us, direct C++ launcher {:.2} us, ratio {:.3}; \
+                 planned Rust run {:.2} us, ratio {:.3}",
                 rust / 1e3,
                 cpp / 1e3,
-                rust / cpp
+                rust / cpp,
+                planned / 1e3,
+                planned / cpp
             );
-            json!({ "rust_ns": rust, "cpp_ns": cpp, "ratio": rust / cpp })
+            json!({ "rust_ns": rust, "cpp_ns": cpp, "ratio": rust / cpp,
+                    "planned_ns": planned, "planned_ratio": planned / cpp })
         }
         Err(e) => {
             eprintln!("host overhead: {e}");

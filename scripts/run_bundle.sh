@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a bundle built by scripts/bundle.sh on a GPU host: the GPU test suite, the example at the
 # mission shape, the SASS listing, and (unless SKIP_BENCH=1) the benchmarks side by side with
-# torch SDPA. Logs go to ${1:-.}/ as well as stdout (at most 7 files).
+# torch SDPA. Logs go to ${1:-.}/ as well as stdout (at most 9 files).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-.}"
@@ -42,6 +42,14 @@ rm -f "$marker"
         "$sanitizer" --tool $tool --error-exitcode 3 \
           "$here/example-attention" $shape --backend cutlass-sm90 || touch "$marker"
       done
+    done
+    echo "== compute-sanitizer memcheck and racecheck: the merge kernel (its GPU tests, in place too)"
+    for tool in memcheck racecheck; do
+      "$sanitizer" --tool $tool --error-exitcode 3 \
+        "$here/test-gpu" --include-ignored --test-threads=1 merge_ >"$out/merge-$tool.log" 2>&1
+      rc=$?
+      grep -E "test result|SUMMARY" "$out/merge-$tool.log"
+      [ "$rc" = 0 ] || touch "$marker"
     done
   fi
 } 2>&1 | tee "$out/example.log"

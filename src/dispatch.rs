@@ -18,12 +18,12 @@ pub struct Execution {
 }
 
 /// Whether `requested` runs on the GPU for operands at `location` (q's).
-fn on_gpu(requested: Backend, location: Location) -> bool {
+pub(crate) fn on_gpu(requested: Backend, location: Location) -> bool {
     matches!(location, Location::Cuda(_)) && requested != Backend::Cpu
 }
 
 /// The error for a backend that cannot run where the (validated) operands are.
-fn misplaced(requested: Backend) -> Error {
+pub(crate) fn misplaced(requested: Backend) -> Error {
     let backend = match requested {
         Backend::Cpu => {
             return Error::BackendUnavailable {

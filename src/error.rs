@@ -203,6 +203,11 @@ pub enum Error {
     /// The kernel layer rejected a launch (e.g. CUTLASS's own argument check).
     #[error("kernel launch rejected: {0}")]
     Launch(String),
+    /// An [`AttentionPlan`](crate::AttentionPlan) ran on an operand whose dims, strides or
+    /// location differ from the plan's (or with a logsumexp output where the plan had none, or
+    /// the reverse).
+    #[error("{0} does not match the plan (dims, strides or location)")]
+    PlanMismatch(Operand),
     /// [`crate::merge_states`] got no state, or more than one call merges.
     #[error("merge_states takes {min} to {max} states, got {count}")]
     StateCount {

@@ -67,6 +67,7 @@ mod ffi;
 mod merge;
 mod options;
 pub mod plan;
+mod prepared;
 mod tensor;
 mod validate;
 
@@ -84,6 +85,7 @@ pub use element::{AttentionElement, DType, Element};
 pub use error::{Error, Operand, Result};
 pub use merge::{merge_state_into, merge_states, AttentionState};
 pub use options::{AttentionOptions, Backend, BackendKind, Causal};
+pub use prepared::AttentionPlan;
 pub use tensor::{Layout, Location, Shape, Tensor};
 
 /// Largest supported head dim (the C++ library's `flashcore::kMaxHeadDim`).

@@ -11,8 +11,8 @@ use flashcore::interop::{cpp_attention_forward, CppDeviceBuffer};
 use flashcore::plan::{auto_kernel, decode_table, tile_table, ArchClass, Kernel};
 use flashcore::{
     attention, attention_into, merge_state_into, merge_states, AttentionElement, AttentionOptions,
-    AttentionState, Backend, BackendKind, Causal, DType, Device, Error, Layout, Operand, Shape,
-    Stream, Tensor,
+    AttentionPlan, AttentionState, Backend, BackendKind, Causal, DType, Device, Error, Layout,
+    Operand, Shape, Stream, Tensor,
 };
 use half::{bf16, f16};
 
@@ -705,6 +705,17 @@ fn rust_allocates_cpp_computes() {
     assert!(untouched.host_data().unwrap().iter().all(|x| x.is_nan()));
 }
 
+/// Relative L2 error of merged logsumexps, where rows that no state covers must be exactly -inf
+/// in both (infinite error otherwise).
+fn lse_error(got: &[f64], want: &[f64]) -> f64 {
+    let empty = |x: &f64| *x == f64::NEG_INFINITY;
+    if got.iter().zip(want).any(|(g, w)| empty(g) != empty(w)) {
+        return f64::INFINITY;
+    }
+    let (g, w): (Vec<f64>, Vec<f64>) = got.iter().zip(want).filter(|(_, w)| !empty(w)).unzip();
+    rel_l2(&g, &w)
+}
+
 /// `count` random states of `[2, 37, 3, d]` rows (alternating BSHD and BHSD outputs; state 0
 /// covers no key on every fifth row, where its output is NaN and must not be read), merged on
 /// the GPU into a NaN-poisoned output, against the f64 CPU merge of the same states.
@@ -772,7 +783,7 @@ fn merge_case<T: AttentionElement>(s: &Stream, count: usize, d: usize) {
         .unwrap();
     merge_states(&dev_states, &mut out, Some(&mut lse)).unwrap();
     let err = rel_l2(&logical(&out.to_host().unwrap()), &want);
-    let lse_err = rel_l2(&lse_values(&lse.to_host().unwrap()), &want_lse);
+    let lse_err = lse_error(&lse_values(&lse.to_host().unwrap()), &want_lse);
     println!(
         "merge {:?} {count} states d={d}: rel L2 {err:.2e} lse {lse_err:.2e}",
         T::DTYPE
@@ -788,7 +799,7 @@ fn merge_case<T: AttentionElement>(s: &Stream, count: usize, d: usize) {
             merge_state_into(&mut running, &mut running_lse, *st).unwrap();
         }
         let err = rel_l2(&logical(&running.to_host().unwrap()), &want);
-        let lse_err = rel_l2(&lse_values(&running_lse.to_host().unwrap()), &want_lse);
+        let lse_err = lse_error(&lse_values(&running_lse.to_host().unwrap()), &want_lse);
         if count > 1 {
             assert!(
                 err < tolerance::<T>(),
@@ -877,6 +888,73 @@ fn merge_edge_rows_and_errors_on_the_gpu() {
     let untouched = out.to_host().unwrap();
     assert!(
         untouched.get(0, 0, 0, 0).unwrap().is_nan(),
+        "nothing was launched"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn planned_runs_match_the_reference_and_refuse_other_operands() {
+    let s = stream();
+    let (qs, ks) = (Shape::new(2, 300, 8, 128), Shape::new(2, 300, 2, 128));
+    let opts = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .with_lse();
+    let mut rng = Rng::fresh();
+    let mut fresh = || {
+        let q = randn::<bf16>(&mut rng, &dims(qs, Layout::Bshd), Layout::Bshd);
+        let k = randn::<bf16>(&mut rng, &dims(ks, Layout::Bshd), Layout::Bshd);
+        let v = randn::<bf16>(&mut rng, &dims(ks, Layout::Bshd), Layout::Bshd);
+        let dev = (
+            q.to_device(&s).unwrap(),
+            k.to_device(&s).unwrap(),
+            v.to_device(&s).unwrap(),
+        );
+        ((q, k, v), dev)
+    };
+    let poisoned = || {
+        let out = Tensor::full(bf16::NAN, &dims(qs, Layout::Bshd), Layout::Bshd).unwrap();
+        let lse = Tensor::full(f32::NAN, &[2, 8, 300, 1], Layout::Bhsd).unwrap();
+        (out.to_device(&s).unwrap(), lse.to_device(&s).unwrap())
+    };
+    let (_, (q, k, v)) = fresh();
+    let (out, lse) = poisoned();
+    let plan = AttentionPlan::new(&q, &k, &v, &out, Some(&lse), &opts).unwrap();
+    let mut direct = poisoned().0;
+    let auto = attention_into(&q, &k, &v, &mut direct, None, &opts).unwrap();
+    assert_eq!(
+        plan.execution().backend,
+        auto.backend,
+        "the plan runs what Auto runs"
+    );
+    for layer in 0..3 {
+        let ((hq, hk, hv), (q, k, v)) = fresh();
+        let (mut out, mut lse) = poisoned();
+        plan.run(&q, &k, &v, &mut out, Some(&mut lse)).unwrap();
+        let (want, want_lse) = naive(&hq, &hk, &hv, 1.0 / 128f64.sqrt(), Causal::BottomRight);
+        let err = rel_l2(&logical(&out.to_host().unwrap()), &want);
+        let lse_err = rel_l2(&lse_values(&lse.to_host().unwrap()), &want_lse);
+        println!(
+            "planned {:?} layer {layer}: rel L2 {err:.2e} lse {lse_err:.2e}",
+            plan.execution().backend
+        );
+        assert!(
+            err < tolerance::<bf16>() && lse_err < 1e-4,
+            "layer {layer}: {err} {lse_err}"
+        );
+    }
+    // Another sequence length: refused before any launch.
+    let other = Tensor::full(bf16::ONE, &[2, 301, 8, 128], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let (mut out, mut lse) = poisoned();
+    let e = plan
+        .run(&other, &k, &v, &mut out, Some(&mut lse))
+        .unwrap_err();
+    assert_eq!(e, Error::PlanMismatch(Operand::Q));
+    assert!(
+        out.to_host().unwrap().get(0, 0, 0, 0).unwrap().is_nan(),
         "nothing was launched"
     );
 }

@@ -187,6 +187,33 @@ LaunchedFfi attention(const RequestFfi& request, const CapsFfi& caps, int32_t or
   return launched(s, plan.kernel, plan.row);
 }
 
+LaunchedFfi plan_attention(const RequestFfi& request, const CapsFfi& caps) {
+  core::Request r;
+  core::Problem p{};
+  core::Plan plan{Kernel::CutlassSm80, nullptr};
+  const Status s = prepare(request, caps, &r, &p, &plan);
+  return launched(s, plan.kernel, plan.row);
+}
+
+StatusFfi attention_planned(const RequestFfi& request, const ProblemFfi& problem, int32_t kernel,
+                            const RowRef& row, int32_t ordinal, size_t stream) {
+  const bool known = kernel >= 0 && kernel < kKernelCount;
+  const core::Plan plan{static_cast<Kernel>(kernel),
+                        known ? row_of(static_cast<Kernel>(kernel), row) : nullptr};
+  Status s;
+  if (plan.row == nullptr) {
+    s = core::fail(Code::Launch, Operand::None, Field::None, 0, 0, 0, "the plan names no row");
+    return to_ffi(s);
+  }
+  try {
+    use_device(ordinal);
+    detail::run(from_ffi(request), from_ffi(problem), plan, as_stream(stream));
+  } catch (const std::exception& e) {
+    s = detail::to_status(e);
+  }
+  return to_ffi(s);
+}
+
 StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
                             size_t stream, int32_t iters, double& ns) {
   core::Request r;

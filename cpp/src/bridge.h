@@ -63,6 +63,12 @@ void copy_device(int32_t ordinal, size_t dst, size_t src, size_t bytes, size_t s
 
 LaunchedFfi attention(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
                       size_t stream);
+// Validates and plans once (a prepared call); the result names the kernel and row.
+LaunchedFfi plan_attention(const RequestFfi& request, const CapsFfi& caps);
+// Launches a call planned by plan_attention, whose operands the caller matched to the plan
+// (shapes, strides, locations; addresses aligned): no validation, no planning.
+StatusFfi attention_planned(const RequestFfi& request, const ProblemFfi& problem, int32_t kernel,
+                            const RowRef& row, int32_t ordinal, size_t stream);
 StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
                             size_t stream, int32_t iters, double& ns);
 LaunchedFfi cpp_attention_forward(const RequestFfi& request, int32_t ordinal, size_t stream);

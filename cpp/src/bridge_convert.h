@@ -53,6 +53,12 @@ inline ProblemFfi to_ffi(const core::Problem& p) {
   return out;
 }
 
+inline core::Problem from_ffi(const ProblemFfi& p) {
+  return core::Problem{p.batch,    p.seq_q, p.seq_k,
+                       p.heads_q,  p.heads_kv, p.head_dim,
+                       p.scale,    static_cast<Causal>(p.causal), p.location};
+}
+
 inline StatusFfi to_ffi(const Status& s) {
   StatusFfi out;
   out.code = static_cast<int32_t>(s.code);
@@ -75,6 +81,13 @@ inline core::DeviceCaps from_ffi(const CapsFfi& c) {
   caps.smem_per_block_optin = c.smem_per_block_optin;
   caps.multiprocessors = c.multiprocessors;
   return caps;
+}
+
+// The row `ref` names in `kernel`'s tables, or nullptr.
+inline const TileRow* row_of(Kernel kernel, const RowRef& ref) {
+  const Table t = ref.decode ? decode_table() : tile_table(kernel);
+  return ref.index >= 0 && static_cast<size_t>(ref.index) < t.count ? t.begin() + ref.index
+                                                                     : nullptr;
 }
 
 // Which table `row` is in and where (index -1: none).

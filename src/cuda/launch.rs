@@ -33,17 +33,19 @@ fn device_stream<T: Element>(t: &Tensor<T>) -> Result<&Stream> {
     t.stream().ok_or_else(not_on_device)
 }
 
-/// How a call reaches the C++ library. Both validate, plan and launch in one crossing.
-pub(crate) enum Entry {
+/// How a call reaches the C++ library: the first two validate, plan and launch in one crossing.
+pub(crate) enum Entry<'a> {
     /// The Rust crate's entry: locations from the tensors, device caps from [`crate::Device`].
     Rust,
     /// The public C++ API, exactly as a C++ program calls it (interop).
     PublicCpp,
+    /// A call planned once ([`crate::AttentionPlan`]): only the launch.
+    Planned(&'a ffi::Planned),
 }
 
 /// Validates, plans and enqueues a call on the output's stream; returns what ran.
 pub(crate) fn run<T: AttentionElement>(
-    entry: Entry,
+    entry: Entry<'_>,
     request: &RequestFfi,
     q: &Tensor<T>,
     k: &Tensor<T>,
@@ -70,6 +72,12 @@ pub(crate) fn run<T: AttentionElement>(
     let ran = match entry {
         Entry::Rust => ffi::attention(request, stream.device(), stream.raw(), operands)?,
         Entry::PublicCpp => ffi::cpp_attention_forward(request, stream.raw(), operands)?,
+        Entry::Planned(planned) => {
+            ffi::attention_planned(request, planned, stream.raw(), operands)?;
+            let row = crate::plan::row(planned.kernel, planned.row)
+                .ok_or_else(|| Error::Launch("the plan names no row".into()))?;
+            (planned.kernel, row)
+        }
     };
     // Frees and copies later enqueued on the inputs' streams must follow the kernel.
     for s in inputs {

@@ -10,7 +10,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::tensor::{Shape, Tensor};
 
-use super::{map_err, sys, CapsFfi, DescFfi, RequestFfi};
+use super::{map_err, sys, CapsFfi, DescFfi, ProblemFfi, RequestFfi, RowRef};
 use crate::cuda::Device;
 use crate::plan::{Kernel, TileRow};
 pub(crate) use sys::DeviceInfo;
@@ -307,6 +307,45 @@ pub(crate) fn attention(
     // kernel is ordered on `stream` before any later free (see above).
     let l = unsafe { sys::attention(&r, &caps(device), stream.ordinal, stream.handle) };
     launched(l, &r)
+}
+
+/// Validates and plans `request` for `device` once: the kernel and row a planned call runs.
+pub(crate) fn plan(request: &RequestFfi, device: &Device) -> Result<(Kernel, RowRef)> {
+    let l = sys::plan_attention(request, &caps(device));
+    let row = l.row;
+    launched(l, request).map(|(kernel, _)| (kernel, row))
+}
+
+/// A planned call: what [`plan`] returned, and the validated problem.
+#[derive(Clone, Copy)]
+pub(crate) struct Planned {
+    pub problem: ProblemFfi,
+    pub kernel: Kernel,
+    pub row: RowRef,
+}
+
+/// Launches a planned call on `stream`; its operands match the plan (the caller checked).
+pub(crate) fn attention_planned(
+    request: &RequestFfi,
+    planned: &Planned,
+    stream: &RawStream,
+    b: Operands<'_>,
+) -> Result<()> {
+    let r = with_addresses(request, b);
+    // SAFETY: as for `attention`: the operands have the shapes, strides and locations that
+    // `plan` validated (AttentionPlan::run compared them, and checked the new addresses'
+    // alignment), each a live allocation borrowed until we return.
+    let status = unsafe {
+        sys::attention_planned(
+            &r,
+            &planned.problem,
+            super::kernel_id(planned.kernel),
+            &planned.row,
+            stream.ordinal,
+            stream.handle,
+        )
+    };
+    super::check(status, &super::Described::Attention(&r))
 }
 
 /// Like [`attention`], `iters` times from a C++ loop; returns host nanoseconds per launch.

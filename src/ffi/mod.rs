@@ -215,6 +215,20 @@ pub(crate) mod sys {
             ordinal: i32,
             stream: usize,
         ) -> LaunchedFfi;
+        /// Validates and plans `request` once for a device with `caps` (a prepared call).
+        #[cfg(feature = "cuda")]
+        fn plan_attention(request: &RequestFfi, caps: &CapsFfi) -> LaunchedFfi;
+        /// Launches a planned call: no validation, no planning (the caller matched the operands
+        /// to the plan).
+        #[cfg(feature = "cuda")]
+        unsafe fn attention_planned(
+            request: &RequestFfi,
+            problem: &ProblemFfi,
+            kernel: i32,
+            row: &RowRef,
+            ordinal: i32,
+            stream: usize,
+        ) -> StatusFfi;
         /// Host nanoseconds per launch of `iters` launches from a C++ loop (bench only).
         #[cfg(feature = "cuda")]
         unsafe fn attention_host_ns(

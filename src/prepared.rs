@@ -1,0 +1,193 @@
+//! Prepared calls: the host work of an attention call (validation, the kernel and tile choice)
+//! done once for operands of fixed shapes, strides and places, so that each later call only
+//! checks that its operands are those and launches: one plan, run once per layer of a serving
+//! step.
+
+use std::marker::PhantomData;
+
+use crate::dispatch::{misplaced, on_gpu, Execution};
+use crate::element::AttentionElement;
+use crate::error::{Error, Operand, Result};
+use crate::ffi::{DescFfi, RequestFfi};
+use crate::options::{AttentionOptions, Backend, BackendKind};
+use crate::tensor::{Location, Tensor};
+use crate::validate::{request, validate, Problem};
+
+/// Where a plan runs.
+#[derive(Clone, Copy)]
+enum Target {
+    Cpu(Problem),
+    #[cfg(feature = "cuda")]
+    Gpu(crate::ffi::cuda::Planned),
+}
+
+/// An attention call validated and planned once: [`AttentionPlan::run`] then launches it on
+/// operands of the same shapes, strides, layouts and places (new data, new buffers) without
+/// validating or planning again.
+///
+/// ```
+/// use flashcore::{AttentionOptions, AttentionPlan, Causal, Layout, Tensor};
+/// use half::f16;
+/// let dims = [1, 16, 4, 64];
+/// let x = Tensor::full(f16::from_f32(0.5), &dims, Layout::Bshd)?;
+/// let mut out = Tensor::full(f16::ZERO, &dims, Layout::Bshd)?;
+/// let opts = AttentionOptions::default().causal(Causal::BottomRight);
+/// let plan = AttentionPlan::new(&x, &x, &x, &out, None, &opts)?;
+/// for _layer in 0..3 {
+///     plan.run(&x, &x, &x, &mut out, None)?; // only checks the operands, then runs
+/// }
+/// // Another shape is refused, naming the operand.
+/// let longer = Tensor::full(f16::ZERO, &[1, 17, 4, 64], Layout::Bshd)?;
+/// assert!(plan.run(&longer, &x, &x, &mut out, None).is_err());
+/// # Ok::<(), flashcore::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct AttentionPlan<T: AttentionElement> {
+    request: RequestFfi,
+    target: Target,
+    execution: Execution,
+    _element: PhantomData<fn() -> T>,
+}
+
+impl<T: AttentionElement> std::fmt::Debug for AttentionPlan<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttentionPlan")
+            .field("execution", &self.execution)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: AttentionElement> AttentionPlan<T> {
+    /// Validates the call [`attention_into`](crate::attention_into) would make with these
+    /// operands and options, and plans it (backend, kernel, tile) for where they live. Fails
+    /// with the same errors as `attention_into`; launches nothing.
+    pub fn new(
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        out: &Tensor<T>,
+        lse: Option<&Tensor<f32>>,
+        opts: &AttentionOptions,
+    ) -> Result<Self> {
+        let request = request(q, k, v, out, lse, opts)?;
+        let location = q.location();
+        let together = [k.location(), v.location(), out.location()]
+            .into_iter()
+            .chain(lse.map(Tensor::location))
+            .all(|l| l == location);
+        if together && on_gpu(opts.backend, location) {
+            return Self::plan_gpu(request, out);
+        }
+        let problem = validate(&request, location)?;
+        match (opts.backend, location) {
+            (Backend::Auto | Backend::Cpu, Location::Host) => Ok(AttentionPlan {
+                request,
+                target: Target::Cpu(problem),
+                execution: Execution {
+                    backend: BackendKind::Cpu,
+                    tile: None,
+                },
+                _element: PhantomData,
+            }),
+            (requested, _) => Err(misplaced(requested)),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn plan_gpu(request: RequestFfi, out: &Tensor<T>) -> Result<Self> {
+        let stream = out.stream().ok_or(Error::CudaNotBuilt)?;
+        let problem = crate::ffi::validate(&request)?;
+        let (kernel, row) = crate::ffi::cuda::plan(&request, stream.device())?;
+        let tile = crate::plan::row(kernel, row)
+            .ok_or_else(|| Error::Launch("the plan names no row".into()))?;
+        Ok(AttentionPlan {
+            request,
+            target: Target::Gpu(crate::ffi::cuda::Planned {
+                problem,
+                kernel,
+                row,
+            }),
+            execution: Execution {
+                backend: kernel.into(),
+                tile: Some(*tile),
+            },
+            _element: PhantomData,
+        })
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn plan_gpu(_: RequestFfi, _: &Tensor<T>) -> Result<Self> {
+        Err(Error::CudaNotBuilt)
+    }
+
+    /// What every run of this plan runs: the backend and tile-table row.
+    pub fn execution(&self) -> Execution {
+        self.execution
+    }
+
+    /// Runs the planned call on these operands, which must have the shapes, strides and
+    /// locations the plan was made with (their data and buffers may differ; a new device
+    /// address must be 16-byte aligned). Otherwise returns [`Error::PlanMismatch`] (or
+    /// [`Error::MisalignedPointer`]) and launches nothing. On a GPU the work runs on `out`'s
+    /// stream, ordered as [`attention_into`](crate::attention_into) orders it.
+    pub fn run(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        out: &mut Tensor<T>,
+        lse: Option<&mut Tensor<f32>>,
+    ) -> Result<Execution> {
+        let r = &self.request;
+        same(Operand::Q, &r.q, q)?;
+        same(Operand::K, &r.k, k)?;
+        same(Operand::V, &r.v, v)?;
+        same(Operand::Out, &r.out, out)?;
+        match lse.as_deref() {
+            Some(l) if r.has_lse => same(Operand::Lse, &r.lse, l)?,
+            None if !r.has_lse => {}
+            _ => return Err(Error::PlanMismatch(Operand::Lse)),
+        }
+        match self.target {
+            Target::Cpu(problem) => {
+                if !problem.is_empty() {
+                    crate::cpu::attention(&problem, q, k, v, out, lse);
+                }
+            }
+            #[cfg(feature = "cuda")]
+            Target::Gpu(planned) => {
+                for (op, t) in [(Operand::Q, q), (Operand::K, k), (Operand::V, v)] {
+                    aligned(op, t.address())?;
+                }
+                aligned(Operand::Out, out.address())?;
+                let entry = crate::cuda::launch::Entry::Planned(&planned);
+                crate::cuda::launch::run(entry, r, q, k, v, out, lse)?;
+            }
+        }
+        Ok(self.execution)
+    }
+}
+
+/// `t` has the dims, strides and location the plan validated in `planned`.
+fn same<U: crate::Element>(op: Operand, planned: &DescFfi, t: &Tensor<U>) -> Result<()> {
+    let d = crate::validate::desc(t)?;
+    if d.shape == planned.shape && d.stride == planned.stride && d.location == planned.location {
+        Ok(())
+    } else {
+        Err(Error::PlanMismatch(op))
+    }
+}
+
+/// The kernels load 16 bytes at a time from every operand's base (validation's rule).
+#[cfg(feature = "cuda")]
+fn aligned(op: Operand, address: u64) -> Result<()> {
+    if address % 16 == 0 {
+        Ok(())
+    } else {
+        Err(Error::MisalignedPointer {
+            operand: op,
+            ptr: address as usize,
+            align: 16,
+        })
+    }
+}
