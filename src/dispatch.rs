@@ -7,6 +7,7 @@ use crate::ffi::RequestFfi;
 use crate::options::{AttentionOptions, Backend, BackendKind};
 use crate::plan::TileRow;
 use crate::tensor::{Location, Tensor};
+use crate::validate::Problem;
 
 /// What ran: the backend, and for GPU backends the tile-table row.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -18,12 +19,12 @@ pub struct Execution {
 }
 
 /// Whether `requested` runs on the GPU for operands at `location` (q's).
-pub(crate) fn on_gpu(requested: Backend, location: Location) -> bool {
+fn on_gpu(requested: Backend, location: Location) -> bool {
     matches!(location, Location::Cuda(_)) && requested != Backend::Cpu
 }
 
 /// The error for a backend that cannot run where the (validated) operands are.
-pub(crate) fn misplaced(requested: Backend) -> Error {
+fn misplaced(requested: Backend) -> Error {
     let backend = match requested {
         Backend::Cpu => {
             return Error::BackendUnavailable {
@@ -40,6 +41,54 @@ pub(crate) fn misplaced(requested: Backend) -> Error {
     }
 }
 
+/// Where a call goes: the GPU (which validates and plans in C++), or the CPU reference with the
+/// validated problem.
+pub(crate) enum Route {
+    Gpu,
+    Cpu(Problem),
+}
+
+/// The route of the call `request` describes, for operands at these `locations` (q's first).
+/// Host operands, the CPU asked for, or operands in different places are validated here:
+/// validation errors come first (DeviceMismatch for the last), then placement.
+pub(crate) fn route(
+    request: &RequestFfi,
+    backend: Backend,
+    locations: impl IntoIterator<Item = Location>,
+) -> Result<Route> {
+    let mut locations = locations.into_iter();
+    let location = locations.next().unwrap_or(Location::Host);
+    let together = locations.all(|l| l == location);
+    if together && on_gpu(backend, location) {
+        return Ok(Route::Gpu);
+    }
+    let problem = crate::validate::validate(request, location)?;
+    match (backend, location) {
+        (Backend::Auto | Backend::Cpu, Location::Host) => Ok(Route::Cpu(problem)),
+        (requested, _) => Err(misplaced(requested)),
+    }
+}
+
+/// The operands' locations, q's first.
+pub(crate) fn locations<'a, T: AttentionElement>(
+    q: &'a Tensor<T>,
+    k: &'a Tensor<T>,
+    v: &'a Tensor<T>,
+    out: &'a Tensor<T>,
+    lse: Option<&'a Tensor<f32>>,
+) -> impl Iterator<Item = Location> + 'a {
+    [q, k, v, out]
+        .into_iter()
+        .map(Tensor::location)
+        .chain(lse.map(Tensor::location))
+}
+
+/// What the CPU reference runs.
+pub(crate) const CPU: Execution = Execution {
+    backend: BackendKind::Cpu,
+    tile: None,
+};
+
 /// Runs the call `request` describes on the backend its options and location call for.
 pub(crate) fn run<T: AttentionElement>(
     request: &RequestFfi,
@@ -50,28 +99,18 @@ pub(crate) fn run<T: AttentionElement>(
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<Execution> {
-    let location = q.location();
-    let together = [k.location(), v.location(), out.location()]
-        .into_iter()
-        .chain(lse.as_deref().map(Tensor::location))
-        .all(|l| l == location);
-    if together && on_gpu(opts.backend, location) {
-        return run_gpu(request, q, k, v, out, lse);
-    }
-    // Host operands, the CPU asked for, or operands in different places: validation errors
-    // come first (DeviceMismatch for the last), then placement.
-    let problem = crate::validate::validate(request, location)?;
-    match (opts.backend, location) {
-        (Backend::Auto | Backend::Cpu, Location::Host) => {
+    match route(
+        request,
+        opts.backend,
+        locations(q, k, v, out, lse.as_deref()),
+    )? {
+        Route::Gpu => run_gpu(request, q, k, v, out, lse),
+        Route::Cpu(problem) => {
             if !problem.is_empty() {
                 crate::cpu::attention(&problem, q, k, v, out, lse);
             }
-            Ok(Execution {
-                backend: BackendKind::Cpu,
-                tile: None,
-            })
+            Ok(CPU)
         }
-        (requested, _) => Err(misplaced(requested)),
     }
 }
 

@@ -83,17 +83,8 @@ pub fn merge_states<T: AttentionElement>(
         .iter()
         .map(|s| desc(s.lse))
         .collect::<Result<Vec<DescFfi>>>()?;
-    let out_desc = desc(out)?;
     let lse_desc = lse.as_deref().map(desc).transpose()?;
-    ffi::validate_merge(
-        ffi::dtype_id(T::DTYPE),
-        &outs,
-        &lses,
-        &out_desc,
-        lse_desc.as_ref(),
-    )?;
-    let shape = out.shape();
-    if shape.batch * shape.seq * shape.heads == 0 {
+    if !validate::<T>(&outs, &lses, &desc(out)?, lse_desc.as_ref())? {
         return Ok(());
     }
     match out.location() {
@@ -115,15 +106,7 @@ pub fn merge_state_into<T: AttentionElement>(
 ) -> Result<()> {
     let outs = [desc(out)?, desc(other.out)?];
     let lses = [desc(lse)?, desc(other.lse)?];
-    ffi::validate_merge(
-        ffi::dtype_id(T::DTYPE),
-        &outs,
-        &lses,
-        &outs[0],
-        Some(&lses[0]),
-    )?;
-    let shape = out.shape();
-    if shape.batch * shape.seq * shape.heads == 0 {
+    if !validate::<T>(&outs, &lses, &outs[0], Some(&lses[0]))? {
         return Ok(());
     }
     match out.location() {
@@ -136,6 +119,17 @@ pub fn merge_state_into<T: AttentionElement>(
         #[cfg(not(feature = "cuda"))]
         Location::Cuda(_) => Err(crate::Error::CudaNotBuilt),
     }
+}
+
+/// Validates a merge (C++ `core::validate_merge`); `Ok(false)` when it has no rows to merge.
+fn validate<T: AttentionElement>(
+    outs: &[DescFfi],
+    lses: &[DescFfi],
+    out: &DescFfi,
+    lse: Option<&DescFfi>,
+) -> Result<bool> {
+    ffi::validate_merge(ffi::dtype_id(T::DTYPE), outs, lses, out, lse)?;
+    Ok(out.shape[0] != 0 && out.shape[1] != 0 && out.shape[2] != 0)
 }
 
 #[cfg(feature = "cuda")]

@@ -5,13 +5,13 @@
 
 use std::marker::PhantomData;
 
-use crate::dispatch::{misplaced, on_gpu, Execution};
+use crate::dispatch::{locations, route, Execution, Route, CPU};
 use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
 use crate::ffi::{DescFfi, RequestFfi};
-use crate::options::{AttentionOptions, Backend, BackendKind};
-use crate::tensor::{Location, Tensor};
-use crate::validate::{request, validate, Problem};
+use crate::options::AttentionOptions;
+use crate::tensor::Tensor;
+use crate::validate::{request, Problem};
 
 /// Where a plan runs.
 #[derive(Clone, Copy)]
@@ -70,26 +70,14 @@ impl<T: AttentionElement> AttentionPlan<T> {
         opts: &AttentionOptions,
     ) -> Result<Self> {
         let request = request(q, k, v, out, lse, opts)?;
-        let location = q.location();
-        let together = [k.location(), v.location(), out.location()]
-            .into_iter()
-            .chain(lse.map(Tensor::location))
-            .all(|l| l == location);
-        if together && on_gpu(opts.backend, location) {
-            return Self::plan_gpu(request, out);
-        }
-        let problem = validate(&request, location)?;
-        match (opts.backend, location) {
-            (Backend::Auto | Backend::Cpu, Location::Host) => Ok(AttentionPlan {
+        match route(&request, opts.backend, locations(q, k, v, out, lse))? {
+            Route::Gpu => Self::plan_gpu(request, out),
+            Route::Cpu(problem) => Ok(AttentionPlan {
                 request,
                 target: Target::Cpu(problem),
-                execution: Execution {
-                    backend: BackendKind::Cpu,
-                    tile: None,
-                },
+                execution: CPU,
                 _element: PhantomData,
             }),
-            (requested, _) => Err(misplaced(requested)),
         }
     }
 

@@ -110,10 +110,8 @@ Status attention_forward(const AttentionArgs& args, cudaStream_t stream,
                          LaunchInfo* info) noexcept {
   try {
     int device = 0;
-    const cudaError_t e = cudaGetDevice(&device);
-    if (e != cudaSuccess) {
-      return core::fail(Code::NoDevice, Operand::None, Field::None, 0, 0, 0,
-                        std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
+    if (Status s = detail::current_device(&device); !s.ok()) {
+      return s;
     }
     core::Request r;
     r.dtype = args.dtype;

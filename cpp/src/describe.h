@@ -1,14 +1,25 @@
-// Describing a public API operand for validation (internal, CUDA side): its address, shape,
-// strides, element size, and where it lives, asked of the CUDA runtime.
+// Describing a public API call for validation (internal, CUDA side): the current device, and each
+// operand's address, shape, strides, element size and where it lives, asked of the CUDA runtime.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "core/validate.h"
 
 namespace flashcore::detail {
+
+// The current device of the calling thread, or Code::NoDevice when CUDA cannot say.
+inline Status current_device(int* device) {
+  const cudaError_t e = cudaGetDevice(device);
+  if (e != cudaSuccess) {
+    return core::fail(Code::NoDevice, Operand::None, Field::None, 0, 0, 0,
+                      std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
+  }
+  return {};
+}
 
 // Where `data` lives: the device that owns it, the host, or (for an operand with no elements,
 // whose pointer is never dereferenced) `current`, where the call expects it.

@@ -40,10 +40,8 @@ MergeLaunch make_launch(const core::MergeRequest& r, const core::MergeProblem& p
 Status merge_states(const MergeArgs& args, cudaStream_t stream) noexcept {
   try {
     int device = 0;
-    const cudaError_t e = cudaGetDevice(&device);
-    if (e != cudaSuccess) {
-      return core::fail(Code::NoDevice, Operand::None, Field::None, 0, 0, 0,
-                        std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
+    if (Status s = detail::current_device(&device); !s.ok()) {
+      return s;
     }
     const int32_t count = args.states == nullptr ? 0 : args.count;
     std::vector<core::TensorDesc> outs, lses;

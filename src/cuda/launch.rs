@@ -155,17 +155,10 @@ pub(crate) fn merge<T: AttentionElement>(
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<()> {
-    let stream = device_stream(out)?.clone();
     let mut inputs = Vec::with_capacity(2 * states.len() + 1);
     for s in states {
         inputs.push(device_stream(s.out)?.clone());
         inputs.push(device_stream(s.lse)?.clone());
-    }
-    if let Some(l) = lse.as_deref() {
-        inputs.push(device_stream(l)?.clone());
-    }
-    for s in &inputs {
-        order_after(&stream, &[s])?;
     }
     let outs = states
         .iter()
@@ -175,6 +168,44 @@ pub(crate) fn merge<T: AttentionElement>(
         .iter()
         .map(|s| desc(s.lse))
         .collect::<Result<Vec<_>>>()?;
+    enqueue_merge::<T>(&inputs, &outs, &lses, out, lse)
+}
+
+/// Merges device `other` into `(out, lse)` in place on `out`'s stream. State 0 is the output
+/// itself (same address and strides): the kernel reads each element and logsumexp before
+/// writing it.
+pub(crate) fn merge_in_place<T: AttentionElement>(
+    out: &mut Tensor<T>,
+    lse: &mut Tensor<f32>,
+    other: AttentionState<'_, T>,
+) -> Result<()> {
+    let inputs = [
+        device_stream(other.out)?.clone(),
+        device_stream(other.lse)?.clone(),
+    ];
+    let outs = [desc(out)?, desc(other.out)?];
+    let lses = [desc(lse)?, desc(other.lse)?];
+    enqueue_merge::<T>(&inputs, &outs, &lses, out, Some(lse))
+}
+
+/// Enqueues the merge of the states `outs` / `lses` (on the streams `inputs`) into `out` and
+/// `lse` on `out`'s stream, with the stream ordering of [`run`].
+fn enqueue_merge<T: AttentionElement>(
+    inputs: &[Stream],
+    outs: &[crate::ffi::DescFfi],
+    lses: &[crate::ffi::DescFfi],
+    out: &mut Tensor<T>,
+    lse: Option<&mut Tensor<f32>>,
+) -> Result<()> {
+    let stream = device_stream(out)?.clone();
+    let lse_stream = match lse.as_deref() {
+        Some(l) => Some(device_stream(l)?.clone()),
+        None => None,
+    };
+    let inputs: Vec<&Stream> = inputs.iter().chain(lse_stream.as_ref()).collect();
+    for s in &inputs {
+        order_after(&stream, &[s])?;
+    }
     let out_desc = desc(out)?;
     let lse = match lse {
         Some(l) => {
@@ -184,47 +215,14 @@ pub(crate) fn merge<T: AttentionElement>(
         None => None,
     };
     let operands = MergeOperands {
-        outs: &outs,
-        lses: &lses,
+        outs,
+        lses,
         out: device_buffer_mut(out)?,
         out_desc,
         lse,
     };
     ffi::merge_states(crate::ffi::dtype_id(T::DTYPE), stream.raw(), operands)?;
-    for s in &inputs {
-        order_after(s, &[&stream])?;
-    }
-    Ok(())
-}
-
-/// Merges device `other` into `(out, lse)` in place on `out`'s stream.
-pub(crate) fn merge_in_place<T: AttentionElement>(
-    out: &mut Tensor<T>,
-    lse: &mut Tensor<f32>,
-    other: AttentionState<'_, T>,
-) -> Result<()> {
-    let stream = device_stream(out)?.clone();
-    let inputs = [
-        device_stream(lse)?.clone(),
-        device_stream(other.out)?.clone(),
-        device_stream(other.lse)?.clone(),
-    ];
-    for s in &inputs {
-        order_after(&stream, &[s])?;
-    }
-    // State 0 is the output itself (same address and strides): the kernel reads each element
-    // and logsumexp before writing it.
-    let outs = [desc(out)?, desc(other.out)?];
-    let lses = [desc(lse)?, desc(other.lse)?];
-    let operands = MergeOperands {
-        outs: &outs,
-        lses: &lses,
-        out_desc: outs[0],
-        out: device_buffer_mut(out)?,
-        lse: Some((device_buffer_mut(lse)?, lses[0])),
-    };
-    ffi::merge_states(crate::ffi::dtype_id(T::DTYPE), stream.raw(), operands)?;
-    for s in &inputs {
+    for s in inputs {
         order_after(s, &[&stream])?;
     }
     Ok(())
