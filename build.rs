@@ -48,6 +48,7 @@ fn main() {
         "src/core/checks.cpp",
         "src/core/validate.cpp",
         "src/core/merge.cpp",
+        "src/core/varlen.cpp",
         "src/core/plan.cpp",
         "src/core/tables.cpp",
         "src/core/status.cpp",

@@ -10,10 +10,11 @@ mod common;
 
 use std::time::Instant;
 
-use common::{percentiles, shapes, time_calls, BenchShape, Inputs};
+use common::{percentiles, shapes, time_calls, time_fn, BenchShape, Inputs};
 use flashcore::plan::{ArchClass, Kernel};
 use flashcore::{
-    attention, AttentionElement, AttentionOptions, Causal, Device, Layout, Stream, Tensor,
+    attention, attention_into, attention_varlen_into, AttentionElement, AttentionOptions, Backend,
+    Causal, Device, Layout, Stream, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 use serde_json::json;
@@ -183,6 +184,50 @@ fn host_overhead(stream: &Stream) -> flashcore::Result<(f64, f64, f64)> {
     ))
 }
 
+/// The variable-length prefill row of issue 12: 16 causal sequences of 128 to 4096 tokens (GQA
+/// 32:8, d = 128, bf16) as one variable-length batch, and a dense batch of 16 equal sequences
+/// with the same token count, on the WMMA kernel (the family that takes variable-length
+/// batches). Returns (varlen us, varlen TFLOP/s, dense us, dense TFLOP/s), medians.
+fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 4]> {
+    const LENGTHS: [usize; 16] = [
+        128, 4096, 256, 3072, 512, 2048, 1024, 3584, 384, 2560, 768, 1536, 1792, 3840, 640, 2304,
+    ];
+    let (h, hk, d) = (32, 8, 128);
+    let total: usize = LENGTHS.iter().sum();
+    let flops = |lens: &[usize]| {
+        lens.iter()
+            .map(|&n| 2.0 * (h * n * n * d) as f64)
+            .sum::<f64>()
+    };
+    let wmma = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .backend(Backend::Kernel(Kernel::Wmma));
+    let dev =
+        |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
+    let median = |mut t: Vec<f64>| percentiles(&mut t).0;
+
+    let batch = VarlenBatch::from_lengths(&LENGTHS, &LENGTHS)?.to_device(stream)?;
+    let (q, kv) = (dev(&[1, total, h, d])?, dev(&[1, total, hk, d])?);
+    let mut out = dev(&[1, total, h, d])?;
+    let varlen = median(time_fn(stream, 3, iters, |_| {
+        attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &wmma).map(|_| ())
+    })?);
+
+    let n = total / LENGTHS.len();
+    let (q, kv) = (dev(&[16, n, h, d])?, dev(&[16, n, hk, d])?);
+    let mut out = dev(&[16, n, h, d])?;
+    let dense = median(time_fn(stream, 3, iters, |_| {
+        attention_into(&q, &kv, &kv, &mut out, None, &wmma).map(|_| ())
+    })?);
+    let tflops = |f: f64, us: f64| f / (us * 1e-6) / 1e12;
+    Ok([
+        varlen,
+        tflops(flops(&LENGTHS), varlen),
+        dense,
+        tflops(flops(&[n; 16]), dense),
+    ])
+}
+
 fn main() {
     let args = parse();
     if let Some(path) = &args.shapes_json {
@@ -256,6 +301,21 @@ fn main() {
             "median_us": med, "p10_us": p10, "p90_us": p90, "tflops": tflops,
         }));
     }
+    let varlen = match varlen_prefill(&stream, args.iters) {
+        Ok([vus, vtf, dus, dtf]) => {
+            println!(
+                "varlen prefill (16 causal seqs of 128-4096 tokens, 32kv8, d128, bf16, wmma): \
+                 {vus:.1} us {vtf:.1} TFLOP/s; dense 16 equal seqs, same tokens: {dus:.1} us \
+                 {dtf:.1} TFLOP/s; ratio {:.3}",
+                vtf / dtf
+            );
+            json!({ "varlen_us": vus, "varlen_tflops": vtf, "dense_us": dus, "dense_tflops": dtf })
+        }
+        Err(e) => {
+            eprintln!("varlen prefill: {e}");
+            serde_json::Value::Null
+        }
+    };
     let overhead = match host_overhead(&stream) {
         Ok((rust, planned, cpp)) => {
             println!(
@@ -276,7 +336,8 @@ fn main() {
         }
     };
     if let Some(path) = args.json {
-        let doc = json!({ "device": device.name(), "records": rows, "host_overhead": overhead });
+        let doc = json!({ "device": device.name(), "records": rows, "host_overhead": overhead,
+                          "varlen_prefill": varlen });
         std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).expect("write json");
         eprintln!("wrote {path}");
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a bundle built by scripts/bundle.sh on a GPU host: the GPU test suite, the example at the
 # mission shape, the SASS listing, and (unless SKIP_BENCH=1) the benchmarks side by side with
-# torch SDPA. Logs go to ${1:-.}/ as well as stdout (at most 9 files).
+# torch SDPA. Logs go to ${1:-.}/ as well as stdout (at most 11 files).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-.}"
@@ -49,6 +49,14 @@ rm -f "$marker"
         "$here/test-gpu" --include-ignored --test-threads=1 merge_ >"$out/merge-$tool.log" 2>&1
       rc=$?
       grep -E "test result|SUMMARY" "$out/merge-$tool.log"
+      [ "$rc" = 0 ] || touch "$marker"
+    done
+    echo "== compute-sanitizer memcheck and racecheck: variable-length batches (WMMA; bad device offsets too)"
+    for tool in memcheck racecheck; do
+      "$sanitizer" --tool $tool --error-exitcode 3 \
+        "$here/test-gpu" --include-ignored --test-threads=1 varlen_ >"$out/varlen-$tool.log" 2>&1
+      rc=$?
+      grep -E "test result|SUMMARY" "$out/varlen-$tool.log"
       [ "$rc" = 0 ] || touch "$marker"
     done
   fi

@@ -7,7 +7,8 @@ use crate::ffi::RequestFfi;
 use crate::options::{AttentionOptions, Backend, BackendKind};
 use crate::plan::TileRow;
 use crate::tensor::{Location, Tensor};
-use crate::validate::Problem;
+use crate::validate::{Hosts, Problem, DENSE};
+use crate::varlen::VarlenBatch;
 
 /// What ran: the backend, and for GPU backends the tile-table row.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -53,6 +54,7 @@ pub(crate) enum Route {
 /// validation errors come first (DeviceMismatch for the last), then placement.
 pub(crate) fn route(
     request: &RequestFfi,
+    hosts: Hosts<'_>,
     backend: Backend,
     locations: impl IntoIterator<Item = Location>,
 ) -> Result<Route> {
@@ -62,7 +64,7 @@ pub(crate) fn route(
     if together && on_gpu(backend, location) {
         return Ok(Route::Gpu);
     }
-    let problem = crate::validate::validate(request, location)?;
+    let problem = crate::validate::validate(request, hosts, location)?;
     match (backend, location) {
         (Backend::Auto | Backend::Cpu, Location::Host) => Ok(Route::Cpu(problem)),
         (requested, _) => Err(misplaced(requested)),
@@ -101,10 +103,11 @@ pub(crate) fn run<T: AttentionElement>(
 ) -> Result<Execution> {
     match route(
         request,
+        DENSE,
         opts.backend,
         locations(q, k, v, out, lse.as_deref()),
     )? {
-        Route::Gpu => run_gpu(request, q, k, v, out, lse),
+        Route::Gpu => run_gpu(request, q, k, v, out, lse, None),
         Route::Cpu(problem) => {
             if !problem.is_empty() {
                 crate::cpu::attention(&problem, q, k, v, out, lse);
@@ -114,17 +117,19 @@ pub(crate) fn run<T: AttentionElement>(
     }
 }
 
+/// Validates, plans and launches on the GPU (a variable-length batch with `seqs`).
 #[cfg(feature = "cuda")]
-fn run_gpu<T: AttentionElement>(
+pub(crate) fn run_gpu<T: AttentionElement>(
     request: &RequestFfi,
     q: &Tensor<T>,
     k: &Tensor<T>,
     v: &Tensor<T>,
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
+    seqs: Option<&VarlenBatch>,
 ) -> Result<Execution> {
     let entry = crate::cuda::launch::Entry::Rust;
-    let (kernel, row) = crate::cuda::launch::run(entry, request, q, k, v, out, lse)?;
+    let (kernel, row) = crate::cuda::launch::run(entry, request, q, k, v, out, lse, seqs)?;
     Ok(Execution {
         backend: kernel.into(),
         tile: Some(*row),
@@ -132,13 +137,14 @@ fn run_gpu<T: AttentionElement>(
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_gpu<T: AttentionElement>(
+pub(crate) fn run_gpu<T: AttentionElement>(
     _: &RequestFfi,
     _: &Tensor<T>,
     _: &Tensor<T>,
     _: &Tensor<T>,
     _: &mut Tensor<T>,
     _: Option<&mut Tensor<f32>>,
+    _: Option<&VarlenBatch>,
 ) -> Result<Execution> {
     Err(Error::CudaNotBuilt)
 }
@@ -158,7 +164,7 @@ pub fn cpp_direct_launch_ns<T: AttentionElement>(
 ) -> Result<f64> {
     let request = crate::validate::request(q, k, v, out, None, opts)?;
     if !on_gpu(opts.backend, q.location()) {
-        crate::validate::validate(&request, q.location())?;
+        crate::validate::validate(&request, DENSE, q.location())?;
         return Err(misplaced(opts.backend));
     }
     let iters = i32::try_from(iters).unwrap_or(i32::MAX);

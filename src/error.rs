@@ -19,6 +19,35 @@ pub enum Operand {
     State(usize),
     /// The logsumexp of the state at this position of [`crate::merge_states`]' list.
     StateLse(usize),
+    /// The query offsets of a variable-length batch ([`crate::VarlenBatch`]).
+    CuSeqlensQ,
+    /// The key offsets of a variable-length batch ([`crate::VarlenBatch`]).
+    CuSeqlensK,
+}
+
+/// Which rule a variable-length batch's offsets break ([`Error::InvalidOffsets`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetRule {
+    /// The first offset is not 0.
+    FirstNotZero,
+    /// An offset is below the one before it.
+    Decreasing,
+    /// The last offset is not the token count of the packed tensor.
+    LastNotTokenCount,
+    /// A sequence is longer than the batch's maximum length (or the maximum is negative or above
+    /// the token count: `index` is then `None`).
+    LongerThanMax,
+}
+
+impl std::fmt::Display for OffsetRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OffsetRule::FirstNotZero => "the first offset must be 0",
+            OffsetRule::Decreasing => "offsets must not decrease",
+            OffsetRule::LastNotTokenCount => "the last offset must be the token count",
+            OffsetRule::LongerThanMax => "no sequence may exceed the maximum length",
+        })
+    }
 }
 
 impl std::fmt::Display for Operand {
@@ -31,6 +60,8 @@ impl std::fmt::Display for Operand {
             Operand::Lse => f.write_str("lse"),
             Operand::State(i) => write!(f, "states[{i}].out"),
             Operand::StateLse(i) => write!(f, "states[{i}].lse"),
+            Operand::CuSeqlensQ => f.write_str("cu_seqlens_q"),
+            Operand::CuSeqlensK => f.write_str("cu_seqlens_k"),
         }
     }
 }
@@ -217,6 +248,22 @@ pub enum Error {
         min: usize,
         /// The most a call takes ([`crate::max_merge_states`]).
         max: usize,
+    },
+    /// The offsets of a variable-length batch break a rule: `value` at entry `index` against
+    /// `bound` (the entry before it, the token count, or the maximum length).
+    #[error("{operand}: {rule} (entry {index:?} is {value}, bound {bound})")]
+    InvalidOffsets {
+        /// [`Operand::CuSeqlensQ`] or [`Operand::CuSeqlensK`].
+        operand: Operand,
+        /// The rule broken.
+        rule: OffsetRule,
+        /// The entry (for [`OffsetRule::LongerThanMax`], the sequence); `None` when the maximum
+        /// length itself is out of range.
+        index: Option<usize>,
+        /// The offending value.
+        value: i64,
+        /// What it is checked against.
+        bound: i64,
     },
 }
 

@@ -70,6 +70,7 @@ pub mod plan;
 mod prepared;
 mod tensor;
 mod validate;
+mod varlen;
 
 pub use attention::{attention, attention_into, AttentionOutput};
 #[cfg(feature = "cuda")]
@@ -82,11 +83,12 @@ pub use cuda::{Device, Event, Stream};
 pub use dispatch::cpp_direct_launch_ns;
 pub use dispatch::Execution;
 pub use element::{AttentionElement, DType, Element};
-pub use error::{Error, Operand, Result};
+pub use error::{Error, OffsetRule, Operand, Result};
 pub use merge::{merge_state_into, merge_states, AttentionState};
 pub use options::{AttentionOptions, Backend, BackendKind, Causal};
 pub use prepared::AttentionPlan;
 pub use tensor::{Layout, Location, Shape, Tensor};
+pub use varlen::{attention_varlen, attention_varlen_into, VarlenBatch};
 
 /// Largest supported head dim (the C++ library's `flashcore::kMaxHeadDim`).
 pub fn max_head_dim() -> usize {

@@ -11,7 +11,7 @@ use crate::error::{Error, Operand, Result};
 use crate::ffi::{DescFfi, RequestFfi};
 use crate::options::AttentionOptions;
 use crate::tensor::Tensor;
-use crate::validate::{request, Problem};
+use crate::validate::{request, Problem, DENSE};
 
 /// Where a plan runs.
 #[derive(Clone, Copy)]
@@ -70,7 +70,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
         opts: &AttentionOptions,
     ) -> Result<Self> {
         let request = request(q, k, v, out, lse, opts)?;
-        match route(&request, opts.backend, locations(q, k, v, out, lse))? {
+        match route(&request, DENSE, opts.backend, locations(q, k, v, out, lse))? {
             Route::Gpu => Self::plan_gpu(request, out),
             Route::Cpu(problem) => Ok(AttentionPlan {
                 request,
@@ -84,7 +84,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
     #[cfg(feature = "cuda")]
     fn plan_gpu(request: RequestFfi, out: &Tensor<T>) -> Result<Self> {
         let stream = out.stream().ok_or(Error::CudaNotBuilt)?;
-        let problem = crate::ffi::validate(&request)?;
+        let problem = crate::ffi::validate(&request, &[], &[])?;
         let (kernel, row) = crate::ffi::cuda::plan(&request, stream.device())?;
         let tile = crate::plan::row(kernel, row)
             .ok_or_else(|| Error::Launch("the plan names no row".into()))?;
@@ -149,7 +149,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
                 }
                 aligned(Operand::Out, out.address())?;
                 let entry = crate::cuda::launch::Entry::Planned(&planned);
-                crate::cuda::launch::run(entry, r, q, k, v, out, lse)?;
+                crate::cuda::launch::run(entry, r, q, k, v, out, lse, None)?;
             }
         }
         Ok(self.execution)

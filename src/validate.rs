@@ -8,7 +8,14 @@ use crate::ffi::{self, RequestFfi};
 use crate::options::{AttentionOptions, Causal};
 use crate::tensor::{Location, Tensor};
 
-/// A checked attention problem.
+/// The host copies of a variable-length batch's query and key offsets (empty: a dense call).
+pub(crate) type Hosts<'a> = (&'a [i32], &'a [i32]);
+
+/// A dense call's (no offsets).
+pub(crate) const DENSE: Hosts<'static> = (&[], &[]);
+
+/// A checked attention problem. For a variable-length batch, `batch` counts the sequences and
+/// `seq_q` / `seq_k` are the longest ones'.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Problem {
     pub batch: usize,
@@ -77,13 +84,21 @@ pub(crate) fn request<T: Element>(
         causal: ffi::causal_id(opts.causal),
         backend: ffi::backend_id(opts.backend),
         forced_arch: opts.force_arch_class.map_or(-1, ffi::arch_id),
+        varlen: false,
+        cu_q: ffi::OffsetsFfi::default(),
+        cu_k: ffi::OffsetsFfi::default(),
     })
 }
 
-/// Checks `request` (C++ `core::validate`) and returns the problem it describes. GPU calls skip
-/// this: the C++ library validates them in the same crossing that plans and launches.
-pub(crate) fn validate(request: &RequestFfi, location: Location) -> Result<Problem> {
-    let raw = ffi::validate(request)?;
+/// Checks `request` (C++ `core::validate`, with the host copies of a variable-length batch's
+/// offsets; empty for a dense call) and returns the problem it describes. GPU calls skip this:
+/// the C++ library validates them in the same crossing that plans and launches.
+pub(crate) fn validate(
+    request: &RequestFfi,
+    hosts: Hosts<'_>,
+    location: Location,
+) -> Result<Problem> {
+    let raw = ffi::validate(request, hosts.0, hosts.1)?;
     let size = |v: i64| v as usize; // validated: non-negative and within the tensors' extents
     Ok(Problem {
         batch: size(raw.batch),

@@ -6,13 +6,13 @@
 
 mod common;
 
-use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
-use flashcore::interop::{cpp_attention_forward, CppDeviceBuffer};
+use common::{dims, logical, lse_values, naive, naive_varlen, randn, random_lengths, rel_l2, Rng};
+use flashcore::interop::{cpp_attention_forward, cpp_attention_varlen, CppDeviceBuffer};
 use flashcore::plan::{auto_kernel, decode_table, tile_table, ArchClass, Kernel};
 use flashcore::{
-    attention, attention_into, merge_state_into, merge_states, AttentionElement, AttentionOptions,
-    AttentionPlan, AttentionState, Backend, BackendKind, Causal, DType, Device, Error, Layout,
-    Operand, Shape, Stream, Tensor,
+    attention, attention_into, attention_varlen_into, merge_state_into, merge_states,
+    AttentionElement, AttentionOptions, AttentionPlan, AttentionState, Backend, BackendKind,
+    Causal, DType, Device, Error, Layout, OffsetRule, Operand, Shape, Stream, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 
@@ -956,5 +956,271 @@ fn planned_runs_match_the_reference_and_refuse_other_operands() {
     assert!(
         out.to_host().unwrap().get(0, 0, 0, 0).unwrap().is_nan(),
         "nothing was launched"
+    );
+}
+
+/// One random variable-length batch on the GPU (Auto: the WMMA kernel) with NaN-poisoned
+/// outputs, against the naive formula per sequence. Returns (out, lse) relative L2 errors.
+fn varlen_case<T: AttentionElement>(
+    s: &Stream,
+    n: usize,
+    max_len: usize,
+    heads: (usize, usize),
+    d: usize,
+    causal: Causal,
+    layout: Layout,
+) -> (f64, f64) {
+    let mut rng = Rng::fresh();
+    let (lq, lk) = random_lengths(&mut rng, n, max_len, max_len, causal == Causal::BottomRight);
+    let batch = VarlenBatch::from_lengths(&lq, &lk).unwrap();
+    let (tq, tk) = (lq.iter().sum::<usize>(), lk.iter().sum::<usize>());
+    let q: Tensor<T> = randn(
+        &mut rng,
+        &dims(Shape::new(1, tq, heads.0, d), layout),
+        layout,
+    );
+    let k: Tensor<T> = randn(
+        &mut rng,
+        &dims(Shape::new(1, tk, heads.1, d), layout),
+        layout,
+    );
+    let v: Tensor<T> = randn(
+        &mut rng,
+        &dims(Shape::new(1, tk, heads.1, d), layout),
+        layout,
+    );
+    let out_dims = dims(Shape::new(1, tq, heads.0, d), layout);
+    let mut out = Tensor::full(T::from_f64(f64::NAN), &out_dims, layout)
+        .unwrap()
+        .to_device(s)
+        .unwrap();
+    let mut lse = Tensor::full(f32::NAN, &[1, heads.0, tq, 1], Layout::Bhsd)
+        .unwrap()
+        .to_device(s)
+        .unwrap();
+    let opts = AttentionOptions::default().causal(causal).with_lse();
+    let on_device = batch.to_device(s).unwrap();
+    let exec = attention_varlen_into(
+        &q.to_device(s).unwrap(),
+        &k.to_device(s).unwrap(),
+        &v.to_device(s).unwrap(),
+        &on_device,
+        &mut out,
+        Some(&mut lse),
+        &opts,
+    )
+    .unwrap_or_else(|e| panic!("{lq:?} x {lk:?}: {e}"));
+    assert_eq!(exec.backend, BackendKind::Kernel(Kernel::Wmma));
+    let (want, want_lse) = naive_varlen(
+        &q,
+        &k,
+        &v,
+        batch.cu_seqlens_q(),
+        batch.cu_seqlens_k(),
+        1.0 / (d as f64).sqrt(),
+        causal,
+    );
+    (
+        rel_l2(&logical(&out.to_host().unwrap()), &want),
+        rel_l2(&lse_values(&lse.to_host().unwrap()), &want_lse),
+    )
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn varlen_batches_match_the_reference() {
+    let s = stream();
+    let mut failures = Vec::new();
+    let mut check = |what: String, (err, lse_err): (f64, f64), tol: f64| {
+        println!("varlen {what}: rel L2 {err:.2e} lse {lse_err:.2e}");
+        if !(err < tol && lse_err < 1e-4) {
+            failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
+        }
+    };
+    for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+        for (d, heads, layout) in [
+            (64, (8, 2), Layout::Bshd),
+            (128, (4, 4), Layout::Bhsd),
+            (72, (6, 1), Layout::Bshd),
+            (256, (2, 1), Layout::Bshd),
+        ] {
+            let what = |t: &str| format!("{t} d {d} heads {heads:?} {causal:?} {layout:?}");
+            check(
+                what("f16"),
+                varlen_case::<f16>(&s, 5, 2000, heads, d, causal, layout),
+                2e-3,
+            );
+            check(
+                what("bf16"),
+                varlen_case::<bf16>(&s, 7, 700, heads, d, causal, layout),
+                1e-2,
+            );
+        }
+    }
+    // Many short sequences, one query each included (decode-like rows).
+    check(
+        "f16 40 x <= 3".into(),
+        varlen_case::<f16>(&s, 40, 3, (8, 2), 128, Causal::BottomRight, Layout::Bshd),
+        2e-3,
+    );
+    assert!(
+        failures.is_empty(),
+        "{} case(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn varlen_errors_launch_nothing() {
+    let s = stream();
+    let mut rng = Rng::fresh();
+    let batch = VarlenBatch::from_lengths(&[3, 5], &[4, 6]).unwrap();
+    let q = randn::<f16>(&mut rng, &[1, 8, 4, 64], Layout::Bshd)
+        .to_device(&s)
+        .unwrap();
+    let k = randn::<f16>(&mut rng, &[1, 10, 2, 64], Layout::Bshd)
+        .to_device(&s)
+        .unwrap();
+    let mut out = Tensor::full(f16::NAN, &[1, 8, 4, 64], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let auto = AttentionOptions::default();
+    // Host offsets with device tensors.
+    let err = attention_varlen_into(&q, &k, &k, &batch, &mut out, None, &auto).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DeviceMismatch {
+                operand: Operand::CuSeqlensQ,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let on_device = batch.to_device(&s).unwrap();
+    for kernel in [Kernel::CutlassSm80, Kernel::CutlassSm90] {
+        let forced = AttentionOptions::default().backend(Backend::Kernel(kernel));
+        let err =
+            attention_varlen_into(&q, &k, &k, &on_device, &mut out, None, &forced).unwrap_err();
+        assert!(
+            matches!(err, Error::BackendUnavailable { .. }),
+            "{kernel:?}: {err}"
+        );
+    }
+    let short = VarlenBatch::from_offsets(vec![0, 3, 7], vec![0, 4, 10])
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let err = attention_varlen_into(&q, &k, &k, &short, &mut out, None, &auto).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidOffsets {
+                operand: Operand::CuSeqlensQ,
+                rule: OffsetRule::LastNotTokenCount,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The public C++ API with the host copies checks them too.
+    let err = cpp_attention_varlen(&q, &k, &k, &short, &mut out, None, &auto, true).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidOffsets { .. }),
+        "C++ API: {err}"
+    );
+    let untouched = out.to_host().unwrap();
+    assert!(untouched.host_data().unwrap().iter().all(|x| x.is_nan()));
+}
+
+/// Device offsets that break their contract, given to the public C++ API without host copies
+/// (so that nothing can check them before the launch): the kernel clamps them and stays inside
+/// the buffers (compute-sanitizer memcheck runs this test in bundle/run.sh), the stream stays
+/// healthy, and a valid batch given the same way still matches the reference.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn varlen_device_offsets_stay_inside_the_buffers() {
+    let s = stream();
+    let mut rng = Rng::fresh();
+    let (tq, tk, h, d) = (40, 50, 2, 64);
+    let q = randn::<bf16>(&mut rng, &[1, tq, h, d], Layout::Bshd);
+    let k = randn::<bf16>(&mut rng, &[1, tk, h, d], Layout::Bshd);
+    let v = randn::<bf16>(&mut rng, &[1, tk, h, d], Layout::Bshd);
+    let (dq, dk, dv) = (
+        q.to_device(&s).unwrap(),
+        k.to_device(&s).unwrap(),
+        v.to_device(&s).unwrap(),
+    );
+    let opts = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .with_lse();
+    // (The host copies give max_seqlen, which the C++ API checks against the token counts.)
+    let bad = [
+        (vec![0, 30, 10, 40], vec![0, 20, 60, 50]), // decreasing, beyond the keys
+        (vec![-5, 30, 40, 75], vec![-20, 7, 30, 60]), // below 0, beyond the tokens
+        (vec![0, 20, 40, 40], vec![0, 0, 50, 50]),  // queries without keys
+    ];
+    for (cu_q, cu_k) in bad {
+        let batch = VarlenBatch::from_offsets(cu_q.clone(), cu_k.clone())
+            .unwrap()
+            .to_device(&s)
+            .unwrap();
+        let mut out = Tensor::full(bf16::NAN, &[1, tq, h, d], Layout::Bshd)
+            .unwrap()
+            .to_device(&s)
+            .unwrap();
+        let mut lse = Tensor::full(f32::NAN, &[1, h, tq, 1], Layout::Bhsd)
+            .unwrap()
+            .to_device(&s)
+            .unwrap();
+        cpp_attention_varlen(
+            &dq,
+            &dk,
+            &dv,
+            &batch,
+            &mut out,
+            Some(&mut lse),
+            &opts,
+            false,
+        )
+        .unwrap_or_else(|e| panic!("{cu_q:?} / {cu_k:?}: {e}"));
+        let written = out
+            .to_host()
+            .unwrap_or_else(|e| panic!("{cu_q:?} / {cu_k:?}: {e}"));
+        // Rows the kernel wrote are finite: clamped sequences never produce NaN from nothing.
+        let finite = written
+            .host_data()
+            .unwrap()
+            .iter()
+            .filter(|x| x.is_finite())
+            .count();
+        println!("bad offsets {cu_q:?} / {cu_k:?}: {finite} finite elements written");
+    }
+    // A valid batch without host copies.
+    let batch = VarlenBatch::from_lengths(&[10, 0, 30], &[20, 5, 25]).unwrap();
+    let on_device = batch.to_device(&s).unwrap();
+    let mut out = Tensor::full(bf16::NAN, &[1, tq, h, d], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let exec =
+        cpp_attention_varlen(&dq, &dk, &dv, &on_device, &mut out, None, &opts, false).unwrap();
+    assert_eq!(exec.backend, BackendKind::Kernel(Kernel::Wmma));
+    let (want, _) = naive_varlen(
+        &q,
+        &k,
+        &v,
+        batch.cu_seqlens_q(),
+        batch.cu_seqlens_k(),
+        1.0 / 8.0,
+        opts.causal,
+    );
+    let err = rel_l2(&logical(&out.to_host().unwrap()), &want);
+    assert!(
+        err < 1e-2,
+        "valid batch through the C++ API without host copies: {err:.3e}"
     );
 }

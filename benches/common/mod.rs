@@ -168,16 +168,27 @@ pub fn time_calls<T: AttentionElement>(
     warmup: usize,
     iters: usize,
 ) -> Result<Vec<f64>> {
+    time_fn(stream, warmup, iters, |i| inputs.call(i))
+}
+
+/// Per-call device times in microseconds of `call(i)` (which enqueues on `stream`): `warmup`
+/// untimed calls, then `iters` calls each bracketed by CUDA events.
+pub fn time_fn(
+    stream: &Stream,
+    warmup: usize,
+    iters: usize,
+    mut call: impl FnMut(usize) -> Result<()>,
+) -> Result<Vec<f64>> {
     let device: &Device = stream.device();
     for i in 0..warmup {
-        inputs.call(i)?;
+        call(i)?;
     }
     let events: Vec<(Event, Event)> = (0..iters)
         .map(|_| Ok((Event::new(device)?, Event::new(device)?)))
         .collect::<Result<_>>()?;
     for (i, (a, b)) in events.iter().enumerate() {
         a.record(stream)?;
-        inputs.call(warmup + i)?;
+        call(warmup + i)?;
         b.record(stream)?;
     }
     events

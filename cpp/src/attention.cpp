@@ -48,6 +48,12 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
     a.causal = p.causal;
   }
   a.tile = plan.row->tile;
+  if (p.varlen) {
+    a.cu_seqlens_q = reinterpret_cast<const int32_t*>(r.cu_q.address);
+    a.cu_seqlens_k = reinterpret_cast<const int32_t*>(r.cu_k.address);
+    a.total_q = r.q.shape[1];
+    a.total_k = r.k.shape[1];
+  }
   return a;
 }
 
@@ -124,6 +130,15 @@ Status attention_forward(const AttentionArgs& args, cudaStream_t stream,
       r.lse = describe(*args.lse, 4, device);
     }
     r.options = args.options;
+    if (args.sequences) {
+      r.varlen = true;
+      r.cu_q = detail::describe_offsets(args.sequences->cu_seqlens_q,
+                                        args.sequences->host_cu_seqlens_q, *args.sequences,
+                                        args.sequences->max_seqlen_q, device);
+      r.cu_k = detail::describe_offsets(args.sequences->cu_seqlens_k,
+                                        args.sequences->host_cu_seqlens_k, *args.sequences,
+                                        args.sequences->max_seqlen_k, device);
+    }
 
     core::Problem p{};
     Status s = core::validate(r, &p);

@@ -157,25 +157,25 @@ LaunchedFfi launched(const Status& s, Kernel kernel, const TileRow* row) {
 
 }  // namespace
 
-// Validates and plans `request` once (ok: `*r`, `*p` and `*plan` are set).
-static Status prepare(const RequestFfi& request, const CapsFfi& caps, core::Request* r,
-               core::Problem* p, core::Plan* plan) {
-  *r = from_ffi(request);
-  Status s = core::validate(*r, p);
+// Validates and plans `r` once (ok: `*p` and `*plan` are set).
+static Status prepare(const core::Request& r, const CapsFfi& caps, core::Problem* p,
+                      core::Plan* plan) {
+  Status s = core::validate(r, p);
   if (!s.ok()) {
     return s;
   }
   core::DeviceCaps device = from_ffi(caps);
   device.kernels = compiled_kernels();
-  return core::plan(*r, *p, device, plan);
+  return core::plan(r, *p, device, plan);
 }
 
-LaunchedFfi attention(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
+LaunchedFfi attention(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                      rust::Slice<const int32_t> host_k, const CapsFfi& caps, int32_t ordinal,
                       size_t stream) {
-  core::Request r;
+  const core::Request r = from_ffi(request, host_q, host_k);
   core::Problem p{};
   core::Plan plan{Kernel::CutlassSm80, nullptr};
-  Status s = prepare(request, caps, &r, &p, &plan);
+  Status s = prepare(r, caps, &p, &plan);
   if (s.ok()) {
     try {
       use_device(ordinal);
@@ -188,10 +188,9 @@ LaunchedFfi attention(const RequestFfi& request, const CapsFfi& caps, int32_t or
 }
 
 LaunchedFfi plan_attention(const RequestFfi& request, const CapsFfi& caps) {
-  core::Request r;
   core::Problem p{};
   core::Plan plan{Kernel::CutlassSm80, nullptr};
-  const Status s = prepare(request, caps, &r, &p, &plan);
+  const Status s = prepare(from_ffi(request), caps, &p, &plan);
   return launched(s, plan.kernel, plan.row);
 }
 
@@ -216,10 +215,10 @@ StatusFfi attention_planned(const RequestFfi& request, const ProblemFfi& problem
 
 StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
                             size_t stream, int32_t iters, double& ns) {
-  core::Request r;
+  const core::Request r = from_ffi(request);
   core::Problem p{};
   core::Plan plan{};
-  Status s = prepare(request, caps, &r, &p, &plan);
+  Status s = prepare(r, caps, &p, &plan);
   if (!s.ok()) {
     return to_ffi(s);
   }
@@ -266,7 +265,9 @@ Ref to_ref(const DescFfi& d) {
 }  // namespace
 
 // What a C++ program does: raw pointers and a raw stream into the public API.
-LaunchedFfi cpp_attention_forward(const RequestFfi& request, int32_t ordinal, size_t stream) {
+LaunchedFfi cpp_attention_forward(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                                  rust::Slice<const int32_t> host_k, int32_t ordinal,
+                                  size_t stream) {
   AttentionArgs a;
   a.dtype = static_cast<DType>(request.dtype);
   a.q = to_ref<TensorRef>(request.q);
@@ -277,6 +278,19 @@ LaunchedFfi cpp_attention_forward(const RequestFfi& request, int32_t ordinal, si
     a.lse = to_ref<OutputRef>(request.lse);
   }
   a.options = from_ffi(request).options;
+  if (request.varlen) {
+    Sequences seqs;
+    seqs.batch = request.cu_q.count;
+    seqs.cu_seqlens_q = reinterpret_cast<const int32_t*>(request.cu_q.address);
+    seqs.cu_seqlens_k = reinterpret_cast<const int32_t*>(request.cu_k.address);
+    seqs.max_seqlen_q = request.cu_q.max_len;
+    seqs.max_seqlen_k = request.cu_k.max_len;
+    const bool hosts = host_q.size() == static_cast<size_t>(seqs.batch) + 1 &&
+                       host_k.size() == host_q.size();
+    seqs.host_cu_seqlens_q = hosts ? host_q.data() : nullptr;
+    seqs.host_cu_seqlens_k = hosts ? host_k.data() : nullptr;
+    a.sequences = seqs;
+  }
   Status s;
   LaunchInfo info{};
   try {

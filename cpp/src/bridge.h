@@ -12,6 +12,7 @@
 namespace flashcore::bridge {
 
 struct DescFfi;
+struct OffsetsFfi;
 struct RequestFfi;
 struct ProblemFfi;
 struct StatusFfi;
@@ -23,7 +24,8 @@ struct LaunchedFfi;
 struct DeviceInfo;
 
 // ---- host-only (bridge_core.cpp) ----
-StatusFfi validate(const RequestFfi& request, ProblemFfi& problem);
+StatusFfi validate(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                   rust::Slice<const int32_t> host_k, ProblemFfi& problem);
 StatusFfi validate_merge(int32_t dtype, rust::Slice<const DescFfi> outs,
                          rust::Slice<const DescFfi> lses, const DescFfi& out, const DescFfi& lse,
                          bool has_lse);
@@ -61,7 +63,8 @@ void copy_to_device(int32_t ordinal, size_t dst, rust::Slice<const uint8_t> src,
 void copy_to_host(int32_t ordinal, rust::Slice<uint8_t> dst, size_t src, size_t stream);
 void copy_device(int32_t ordinal, size_t dst, size_t src, size_t bytes, size_t stream);
 
-LaunchedFfi attention(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
+LaunchedFfi attention(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                      rust::Slice<const int32_t> host_k, const CapsFfi& caps, int32_t ordinal,
                       size_t stream);
 // Validates and plans once (a prepared call); the result names the kernel and row.
 LaunchedFfi plan_attention(const RequestFfi& request, const CapsFfi& caps);
@@ -71,7 +74,9 @@ StatusFfi attention_planned(const RequestFfi& request, const ProblemFfi& problem
                             const RowRef& row, int32_t ordinal, size_t stream);
 StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
                             size_t stream, int32_t iters, double& ns);
-LaunchedFfi cpp_attention_forward(const RequestFfi& request, int32_t ordinal, size_t stream);
+LaunchedFfi cpp_attention_forward(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                                  rust::Slice<const int32_t> host_k, int32_t ordinal,
+                                  size_t stream);
 // Through the public C++ API (flashcore::merge_states), which validates again.
 StatusFfi merge_states(int32_t dtype, rust::Slice<const DescFfi> outs,
                        rust::Slice<const DescFfi> lses, const DescFfi& out, const DescFfi& lse,

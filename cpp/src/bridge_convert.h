@@ -19,7 +19,25 @@ inline core::TensorDesc from_ffi(const DescFfi& d) {
   return t;
 }
 
-inline core::Request from_ffi(const RequestFfi& r) {
+// One offsets array, with its host copy when `host` is not empty. A host copy whose length is
+// not count + 1 is never read: the count becomes -1, which validation refuses.
+inline core::OffsetsDesc from_ffi(const OffsetsFfi& o, rust::Slice<const int32_t> host) {
+  core::OffsetsDesc d;
+  d.address = o.address;
+  d.location = o.location;
+  d.count = o.count;
+  d.max_len = o.max_len;
+  if (!host.empty()) {
+    const bool fits = o.count >= 0 && host.size() == static_cast<size_t>(o.count) + 1;
+    d.host = fits ? host.data() : nullptr;
+    d.count = fits ? o.count : -1;
+  }
+  return d;
+}
+
+// The request, with a variable-length batch's host offsets when given (empty slices: none).
+inline core::Request from_ffi(const RequestFfi& r, rust::Slice<const int32_t> host_q = {},
+                              rust::Slice<const int32_t> host_k = {}) {
   core::Request out;
   out.dtype = static_cast<DType>(r.dtype);
   out.q = from_ffi(r.q);
@@ -36,6 +54,11 @@ inline core::Request from_ffi(const RequestFfi& r) {
   if (r.forced_arch >= 0) {
     out.options.force_arch_class = static_cast<ArchClass>(r.forced_arch);
   }
+  out.varlen = r.varlen;
+  if (r.varlen) {
+    out.cu_q = from_ffi(r.cu_q, host_q);
+    out.cu_k = from_ffi(r.cu_k, host_k);
+  }
   return out;
 }
 
@@ -50,13 +73,14 @@ inline ProblemFfi to_ffi(const core::Problem& p) {
   out.scale = p.scale;
   out.causal = static_cast<int32_t>(p.causal);
   out.location = p.location;
+  out.varlen = p.varlen;
   return out;
 }
 
 inline core::Problem from_ffi(const ProblemFfi& p) {
-  return core::Problem{p.batch,    p.seq_q, p.seq_k,
-                       p.heads_q,  p.heads_kv, p.head_dim,
-                       p.scale,    static_cast<Causal>(p.causal), p.location};
+  return core::Problem{p.batch,   p.seq_q,    p.seq_k,
+                       p.heads_q, p.heads_kv, p.head_dim,
+                       p.scale,   static_cast<Causal>(p.causal), p.location, p.varlen};
 }
 
 inline StatusFfi to_ffi(const Status& s) {

@@ -12,17 +12,24 @@ namespace flashcore::bridge {
 static_assert(static_cast<int>(Code::ShapeMismatch) == 1 && static_cast<int>(Code::LseLayout) == 7 &&
                   static_cast<int>(Code::SizeOverflow) == 11 && static_cast<int>(Code::NoDevice) == 16 &&
                   static_cast<int>(Code::Cuda) == 17 && static_cast<int>(Code::Launch) == 18 &&
-                  static_cast<int>(Code::StateCount) == 19,
+                  static_cast<int>(Code::StateCount) == 19 &&
+                  static_cast<int>(Code::InvalidOffsets) == 20,
               "flashcore::Code values are part of the bridge: update src/ffi/mod.rs too");
 static_assert(kKernelCount == 3 && static_cast<int>(Kernel::CutlassSm90) == 2,
               "flashcore::Kernel values are part of the bridge: update plan::Kernel in src/plan/mod.rs");
-static_assert(static_cast<int>(Field::WorkUnits) == 11 && static_cast<int>(Operand::Lse) == 5 &&
-                  static_cast<int>(Operand::StateLse) == 7,
+static_assert(static_cast<int>(Field::WorkUnits) == 11 &&
+                  static_cast<int>(Field::FirstOffset) == 12 &&
+                  static_cast<int>(Field::OffsetOrder) == 13 &&
+                  static_cast<int>(Field::LastOffset) == 14 &&
+                  static_cast<int>(Field::Sequences) == 16 && static_cast<int>(Operand::Lse) == 5 &&
+                  static_cast<int>(Operand::StateLse) == 7 &&
+                  static_cast<int>(Operand::CuSeqlensK) == 9,
               "flashcore::Field / Operand values are part of the bridge: update src/ffi/mod.rs");
 
-StatusFfi validate(const RequestFfi& request, ProblemFfi& problem) {
+StatusFfi validate(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                   rust::Slice<const int32_t> host_k, ProblemFfi& problem) {
   core::Problem p{};
-  const Status s = core::validate(from_ffi(request), &p);
+  const Status s = core::validate(from_ffi(request, host_q, host_k), &p);
   if (s.ok()) {
     problem = to_ffi(p);
   }

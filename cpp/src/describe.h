@@ -53,3 +53,21 @@ inline core::TensorDesc describe(const Ref& t, int32_t element_bytes, int32_t cu
 }
 
 }  // namespace flashcore::detail
+
+namespace flashcore::detail {
+
+// One offsets array of a variable-length batch (`seqs.batch` + 1 int32 entries at `device`).
+inline core::OffsetsDesc describe_offsets(const int32_t* device, const int32_t* host,
+                                          const Sequences& seqs, int64_t max_len,
+                                          int32_t current) {
+  core::OffsetsDesc d;
+  d.address = reinterpret_cast<uint64_t>(device);
+  const int64_t shape[4] = {1, seqs.batch + 1, 1, 1};
+  d.location = location_of(device, shape, current);
+  d.count = seqs.batch;
+  d.host = host;
+  d.max_len = max_len;
+  return d;
+}
+
+}  // namespace flashcore::detail

@@ -55,6 +55,13 @@ struct FmhaArgs {
   float scale;
   Causal causal;
   Tile tile;
+  // A variable-length batch (only the WMMA kernel takes one): batch + 1 int32 offsets each into
+  // the token axis of q/out and of k/v, whose batch stride is then unused; seq_q and seq_k are
+  // the longest sequence's lengths, total_q and total_k the token counts the kernel clamps the
+  // offsets to. Null for a dense batch.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int64_t total_q = 0, total_k = 0;
 };
 
 // Launches `kernel`'s instantiation for `args.tile` and `args.dtype` on `stream` (of the current

@@ -365,6 +365,98 @@ void merging() {
   }
 }
 
+// A variable-length batch of three sequences (query lengths 5, 0, 7; key lengths 9, 4, 7) packed
+// into batch-1 tensors, offsets on device 0 with host copies of `q_host` / `k_host`.
+Request varlen(const int32_t* q_host, const int32_t* k_host) {
+  Request r;
+  r.q = r.out = bshd(1, 12, 8, 64);
+  r.k = r.v = bshd(1, 20, 2, 64);
+  r.varlen = true;
+  r.cu_q = {0x20000, 0, 3, q_host, 7};
+  r.cu_k = {0x30000, 0, 3, k_host, 9};
+  return r;
+}
+
+void variable_lengths() {
+  const int32_t q[] = {0, 5, 5, 12}, k[] = {0, 9, 13, 20};
+  Problem p{};
+  Status s = flashcore::core::validate(varlen(q, k), &p);
+  expect(s.ok() && p.varlen && p.batch == 3 && p.seq_q == 7 && p.seq_k == 9 && !p.packs_heads(),
+         "a valid variable-length batch: " + s.message);
+  expect(flashcore::core::validate(varlen(nullptr, nullptr), &p).ok(),
+         "without host copies only placement is checked");
+
+  const int32_t first[] = {1, 5, 5, 12}, order[] = {0, 5, 4, 12}, last[] = {0, 5, 5, 11},
+                longer[] = {0, 1, 1, 12};
+  const std::pair<const int32_t*, Field> bad_q[] = {{first, Field::FirstOffset},
+                                                    {order, Field::OffsetOrder},
+                                                    {last, Field::LastOffset},
+                                                    {longer, Field::MaxSeqLen}};
+  for (const auto& [host, field] : bad_q) {
+    s = check(varlen(host, k));
+    expect(s.code == Code::InvalidOffsets && s.operand == Operand::CuSeqlensQ && s.field == field,
+           std::string("offsets breaking ") + flashcore::name(field) + ": " + s.message);
+  }
+  s = check(varlen(order, k));
+  expect(s.values[0] == 2 && s.values[1] == 4 && s.values[2] == 5,
+         "the decreasing entry is named: " + s.message);
+  s = check(varlen(q, last));  // k's last entry is not k's token count (20)
+  expect(s.code == Code::InvalidOffsets && s.operand == Operand::CuSeqlensK &&
+             s.field == Field::LastOffset && s.values[2] == 20,
+         "k offsets short of the key tokens: " + s.message);
+
+  Request r = varlen(q, k);
+  r.cu_q.max_len = 13;
+  s = check(r);
+  expect(s.code == Code::InvalidOffsets && s.field == Field::MaxSeqLen && s.values[0] == -1,
+         "max_seqlen above the token count: " + s.message);
+  r = varlen(nullptr, nullptr);
+  r.cu_k.location = kHost;
+  expect_code(r, Code::DeviceMismatch, Operand::CuSeqlensK, "key offsets on the host");
+  r = varlen(nullptr, nullptr);
+  r.cu_q.address = 0x20002;
+  expect_code(r, Code::MisalignedPointer, Operand::CuSeqlensQ, "offsets not 4-byte aligned");
+  r = varlen(nullptr, nullptr);
+  r.cu_k.count = 2;
+  expect_code(r, Code::ShapeMismatch, Operand::CuSeqlensK, "two offset arrays of other counts");
+  r = varlen(q, k);
+  r.q.shape[0] = r.out.shape[0] = 2;
+  expect_code(r, Code::ShapeMismatch, Operand::Q, "packed tensors have batch 1");
+
+  // Each sequence has its own causal alignment: bottom-right with 7 queries on 7 keys is fine,
+  // 5 queries on 4 keys is not (the second sequence here).
+  const int32_t q2[] = {0, 5, 10, 12}, k2[] = {0, 9, 13, 20};
+  r = varlen(q2, k2);
+  r.cu_q.max_len = 5;
+  r.options.causal = Causal::BottomRight;
+  s = check(r);
+  expect(s.code == Code::NoVisibleKeys && s.values[0] == 1 && s.values[1] == 5 &&
+             s.values[2] == 4 && s.message.find("sequence 1") != std::string::npos,
+         "a sequence with more queries than keys, bottom-right: " + s.message);
+  r.options.causal = Causal::TopLeft;
+  expect(check(r).ok(), "the same batch top-left");
+  const int32_t no_keys[] = {0, 9, 9, 20};
+  r = varlen(q2, no_keys);  // sequence 1: 5 queries, no key
+  r.cu_k.max_len = 11;
+  expect_code(r, Code::NoVisibleKeys, Operand::None, "queries of a sequence without keys");
+  const int32_t empty_q[] = {0, 5, 5, 12}, keys[] = {0, 9, 9, 20};
+  r = varlen(empty_q, keys);  // the sequence without keys has no queries either: fine
+  r.cu_k.max_len = 11;
+  expect(check(r).ok(), "a sequence without queries or keys");
+
+  // Planning: Auto runs WMMA whatever the device; forcing another family is refused.
+  const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
+  r = varlen(q, k);
+  flashcore::core::validate(r, &p);
+  flashcore::core::Plan plan{};
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma, "Auto plans WMMA for a variable-length batch");
+  r.options.backend = flashcore::Backend::CutlassSm90;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.code == Code::BackendUnavailable && s.values[0] == int(Kernel::CutlassSm90),
+         "the Hopper kernel forced on a variable-length batch: " + s.message);
+}
+
 int main() {
   valid_call_passes();
   negative_sizes_and_strides();
@@ -375,6 +467,7 @@ int main() {
   planning();
   planning_sm90();
   merging();
+  variable_lengths();
   if (failures != 0) {
     std::printf("core_test: %d check(s) FAILED\n", failures);
     return 1;

@@ -7,10 +7,64 @@ pub(crate) use merge::{merge, merge_in_place};
 use crate::element::Element;
 use crate::tensor::Tensor;
 use crate::validate::Problem;
+use crate::varlen::VarlenBatch;
+
+/// Where one sequence's tokens start: batch entry `b`, query token `q0`, key token `k0`.
+#[derive(Clone, Copy)]
+struct At {
+    b: usize,
+    q0: usize,
+    k0: usize,
+}
 
 /// Computes attention for host tensors. `lse` receives `max + ln(sum exp)` per query row.
 pub(crate) fn attention<T: Element>(
     p: &Problem,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    mut lse: Option<&mut Tensor<f32>>,
+) {
+    for b in 0..p.batch {
+        let at = At { b, q0: 0, k0: 0 };
+        sequence(p, at, q, k, v, out, lse.as_deref_mut());
+    }
+}
+
+/// Attention over a variable-length batch of host tensors (validated: the offsets start at 0,
+/// never decrease and end at the token counts; `p` holds the shared sizes and options).
+pub(crate) fn attention_varlen<T: Element>(
+    p: &Problem,
+    batch: &VarlenBatch,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    mut lse: Option<&mut Tensor<f32>>,
+) {
+    let (cu_q, cu_k) = batch.host();
+    let token = |x: i32| x as usize; // validated: non-negative
+    for (qs, ks) in cu_q.windows(2).zip(cu_k.windows(2)) {
+        let one = Problem {
+            batch: 1,
+            seq_q: token(qs[1]) - token(qs[0]),
+            seq_k: token(ks[1]) - token(ks[0]),
+            ..*p
+        };
+        let at = At {
+            b: 0,
+            q0: token(qs[0]),
+            k0: token(ks[0]),
+        };
+        sequence(&one, at, q, k, v, out, lse.as_deref_mut());
+    }
+}
+
+/// One sequence of `p.seq_q` queries on `p.seq_k` keys, starting at `at`.
+fn sequence<T: Element>(
+    p: &Problem,
+    at: At,
     q: &Tensor<T>,
     k: &Tensor<T>,
     v: &Tensor<T>,
@@ -25,42 +79,41 @@ pub(crate) fn attention<T: Element>(
     let scale = f64::from(p.scale);
     let mut scores = vec![0f64; p.seq_k];
     let mut acc = vec![0f64; d];
-    for b in 0..p.batch {
-        for h in 0..p.heads_q {
-            let kvh = h / group;
-            for i in 0..p.seq_q {
-                let n = p.visible_keys(i);
-                let q0 = q.offset(b, i, h, 0);
-                for (j, s) in scores[..n].iter_mut().enumerate() {
-                    let k0 = k.offset(b, j, kvh, 0);
-                    let dot: f64 = (0..d)
-                        .map(|x| qd[q0 + x].to_f64() * kd[k0 + x].to_f64())
-                        .sum();
-                    *s = dot * scale;
+    let b = at.b;
+    for h in 0..p.heads_q {
+        let kvh = h / group;
+        for i in 0..p.seq_q {
+            let n = p.visible_keys(i);
+            let q0 = q.offset(b, at.q0 + i, h, 0);
+            for (j, s) in scores[..n].iter_mut().enumerate() {
+                let k0 = k.offset(b, at.k0 + j, kvh, 0);
+                let dot: f64 = (0..d)
+                    .map(|x| qd[q0 + x].to_f64() * kd[k0 + x].to_f64())
+                    .sum();
+                *s = dot * scale;
+            }
+            let max = scores[..n]
+                .iter()
+                .copied()
+                .fold(f64::NEG_INFINITY, f64::max);
+            acc.fill(0.0);
+            let mut sum = 0.0;
+            for (j, s) in scores[..n].iter().enumerate() {
+                let w = (s - max).exp();
+                sum += w;
+                let v0 = v.offset(b, at.k0 + j, kvh, 0);
+                for (x, a) in acc.iter_mut().enumerate() {
+                    *a += w * vd[v0 + x].to_f64();
                 }
-                let max = scores[..n]
-                    .iter()
-                    .copied()
-                    .fold(f64::NEG_INFINITY, f64::max);
-                acc.fill(0.0);
-                let mut sum = 0.0;
-                for (j, s) in scores[..n].iter().enumerate() {
-                    let w = (s - max).exp();
-                    sum += w;
-                    let v0 = v.offset(b, j, kvh, 0);
-                    for (x, a) in acc.iter_mut().enumerate() {
-                        *a += w * vd[v0 + x].to_f64();
-                    }
-                }
-                let o0 = out.offset(b, i, h, 0);
-                let od = out.host_data_mut().expect("validated host output");
-                for (x, a) in acc.iter().enumerate() {
-                    od[o0 + x] = T::from_f64(a / sum);
-                }
-                if let Some(l) = lse.as_deref_mut() {
-                    let l0 = l.offset(b, i, h, 0);
-                    l.host_data_mut().expect("validated host lse")[l0] = (max + sum.ln()) as f32;
-                }
+            }
+            let o0 = out.offset(b, at.q0 + i, h, 0);
+            let od = out.host_data_mut().expect("validated host output");
+            for (x, a) in acc.iter().enumerate() {
+                od[o0 + x] = T::from_f64(a / sum);
+            }
+            if let Some(l) = lse.as_deref_mut() {
+                let l0 = l.offset(b, at.q0 + i, h, 0);
+                l.host_data_mut().expect("validated host lse")[l0] = (max + sum.ln()) as f32;
             }
         }
     }

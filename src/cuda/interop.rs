@@ -9,6 +9,7 @@ use crate::element::AttentionElement;
 use crate::error::Result;
 use crate::options::AttentionOptions;
 use crate::tensor::Tensor;
+use crate::varlen::VarlenBatch;
 
 pub use crate::ffi::cuda::CppDeviceBuffer;
 
@@ -25,7 +26,33 @@ pub fn cpp_attention_forward<T: AttentionElement>(
     opts: &AttentionOptions,
 ) -> Result<Execution> {
     let request = crate::validate::request(q, k, v, out, lse.as_deref(), opts)?;
-    let (kernel, row) = run(Entry::PublicCpp, &request, q, k, v, out, lse)?;
+    let entry = Entry::PublicCpp {
+        host_offsets: false,
+    };
+    let (kernel, row) = run(entry, &request, q, k, v, out, lse, None)?;
+    Ok(Execution {
+        backend: kernel.into(),
+        tile: Some(*row),
+    })
+}
+
+/// [`cpp_attention_forward`] for a variable-length batch (`flashcore::Sequences`), whose device
+/// offsets C++ receives as raw pointers, with the host copies only when `host_offsets` (without
+/// them C++ cannot check the contents, and the kernel must still stay inside the buffers).
+#[allow(clippy::too_many_arguments)] // the operands of one call plus the switch under test
+pub fn cpp_attention_varlen<T: AttentionElement>(
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    batch: &VarlenBatch,
+    out: &mut Tensor<T>,
+    lse: Option<&mut Tensor<f32>>,
+    opts: &AttentionOptions,
+    host_offsets: bool,
+) -> Result<Execution> {
+    let request = crate::varlen::request(q, k, v, batch, out, lse.as_deref(), opts)?;
+    let entry = Entry::PublicCpp { host_offsets };
+    let (kernel, row) = run(entry, &request, q, k, v, out, lse, Some(batch))?;
     Ok(Execution {
         backend: kernel.into(),
         tile: Some(*row),

@@ -4,12 +4,13 @@
 use super::stream::Stream;
 use crate::element::{AttentionElement, Element};
 use crate::error::{Error, Result};
-use crate::ffi::cuda::{self as ffi, MergeOperands, Operands, RawBuffer, RawEvent};
+use crate::ffi::cuda::{self as ffi, MergeOperands, OffsetBuffers, Operands, RawBuffer, RawEvent};
 use crate::ffi::RequestFfi;
 use crate::merge::AttentionState;
 use crate::plan::{Kernel, TileRow};
 use crate::tensor::{Storage, Tensor};
 use crate::validate::desc;
+use crate::varlen::VarlenBatch;
 
 /// Makes later work on `stream` wait for the work enqueued so far on each of `others`.
 pub(crate) fn order_after(stream: &Stream, others: &[&Stream]) -> Result<()> {
@@ -37,13 +38,16 @@ fn device_stream<T: Element>(t: &Tensor<T>) -> Result<&Stream> {
 pub(crate) enum Entry<'a> {
     /// The Rust crate's entry: locations from the tensors, device caps from [`crate::Device`].
     Rust,
-    /// The public C++ API, exactly as a C++ program calls it (interop).
-    PublicCpp,
+    /// The public C++ API, exactly as a C++ program calls it (interop); a variable-length
+    /// batch's host offsets are handed over only with `host_offsets`.
+    PublicCpp { host_offsets: bool },
     /// A call planned once ([`crate::AttentionPlan`]): only the launch.
     Planned(&'a ffi::Planned),
 }
 
-/// Validates, plans and enqueues a call on the output's stream; returns what ran.
+/// Validates, plans and enqueues a call on the output's stream (a variable-length batch with
+/// `seqs`, whose device offsets are ordered like the inputs); returns what ran.
+#[allow(clippy::too_many_arguments)] // the operands of one call, as the public entries take them
 pub(crate) fn run<T: AttentionElement>(
     entry: Entry<'_>,
     request: &RequestFfi,
@@ -52,6 +56,7 @@ pub(crate) fn run<T: AttentionElement>(
     v: &Tensor<T>,
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
+    seqs: Option<&VarlenBatch>,
 ) -> Result<(Kernel, &'static TileRow)> {
     let stream = device_stream(out)?.clone();
     let lse_stream = match lse.as_deref() {
@@ -63,15 +68,38 @@ pub(crate) fn run<T: AttentionElement>(
         device_stream(k)?.clone(),
         device_stream(v)?.clone(),
     );
-    let inputs = [Some(&qs), Some(&ks), Some(&vs), lse_stream.as_ref()];
+    // Offsets not on the device reach C++ without buffers, which refuses them by location.
+    let offsets = seqs.and_then(VarlenBatch::device);
+    let offsets_stream = offsets.map(|(o, _)| o.stream().clone());
+    let inputs = [
+        Some(&qs),
+        Some(&ks),
+        Some(&vs),
+        lse_stream.as_ref(),
+        offsets_stream.as_ref(),
+    ];
     let inputs = inputs.iter().flatten().copied();
     for s in inputs.clone() {
         order_after(&stream, &[s])?;
     }
-    let operands = operands(q, k, v, out, lse)?;
+    let mut operands = operands(q, k, v, out, lse)?;
+    if let (Some((oq, ok)), Some(b)) = (offsets, seqs) {
+        let (host_q, host_k) = match entry {
+            Entry::PublicCpp {
+                host_offsets: false,
+            } => (&[][..], &[][..]),
+            _ => b.host(),
+        };
+        operands.offsets = Some(OffsetBuffers {
+            q: oq.raw(),
+            k: ok.raw(),
+            host_q,
+            host_k,
+        });
+    }
     let ran = match entry {
         Entry::Rust => ffi::attention(request, stream.device(), stream.raw(), operands)?,
-        Entry::PublicCpp => ffi::cpp_attention_forward(request, stream.raw(), operands)?,
+        Entry::PublicCpp { .. } => ffi::cpp_attention_forward(request, stream.raw(), operands)?,
         Entry::Planned(planned) => {
             ffi::attention_planned(request, planned, stream.raw(), operands)?;
             let row = crate::plan::row(planned.kernel, planned.row)
@@ -131,6 +159,7 @@ pub(crate) fn operands<'a, T: Element>(
             Some(l) => Some(device_buffer_mut(l)?),
             None => None,
         },
+        offsets: None,
     })
 }
 

@@ -11,14 +11,14 @@ use crate::tensor::{Layout, Shape, Storage, Tensor};
 
 /// `len` elements of `T` in device memory, allocated and freed stream-ordered on one stream.
 #[derive(Debug)]
-pub(crate) struct DeviceBuffer<T: Element> {
+pub(crate) struct DeviceBuffer<T: bytemuck::Pod> {
     raw: RawBuffer,
     len: usize,
     stream: Stream,
     _element: PhantomData<T>,
 }
 
-impl<T: Element> DeviceBuffer<T> {
+impl<T: bytemuck::Pod> DeviceBuffer<T> {
     /// Allocates `len` elements (contents unspecified).
     pub(crate) fn alloc(stream: &Stream, len: usize) -> Result<Self> {
         let bytes = len

@@ -256,10 +256,21 @@ pub(crate) struct Operands<'a> {
     pub v: &'a RawBuffer,
     pub out: &'a mut RawBuffer,
     pub lse: Option<&'a mut RawBuffer>,
+    pub offsets: Option<OffsetBuffers<'a>>,
 }
 
-/// `request` with the addresses of the borrowed buffers.
-fn with_addresses(request: &RequestFfi, b: Operands<'_>) -> RequestFfi {
+/// A variable-length batch's offsets: device buffers of `host_q.len()` and `host_k.len()` int32
+/// entries holding the same values as the host copies (`crate::SeqOffsets` keeps them equal).
+pub(crate) struct OffsetBuffers<'a> {
+    pub q: &'a RawBuffer,
+    pub k: &'a RawBuffer,
+    pub host_q: &'a [i32],
+    pub host_k: &'a [i32],
+}
+
+/// `request` with the addresses of the borrowed buffers, and the offsets' host copies (empty
+/// for a dense call).
+fn with_addresses<'a>(request: &RequestFfi, b: Operands<'a>) -> (RequestFfi, &'a [i32], &'a [i32]) {
     let mut r = *request;
     r.q.address = b.q.ptr as u64;
     r.k.address = b.k.ptr as u64;
@@ -268,7 +279,14 @@ fn with_addresses(request: &RequestFfi, b: Operands<'_>) -> RequestFfi {
     if let Some(l) = b.lse {
         r.lse.address = l.ptr as u64;
     }
-    r
+    match b.offsets {
+        Some(o) => {
+            r.cu_q.address = o.q.ptr as u64;
+            r.cu_k.address = o.k.ptr as u64;
+            (r, o.host_q, o.host_k)
+        }
+        None => (r, &[], &[]),
+    }
 }
 
 fn caps(device: &Device) -> CapsFfi {
@@ -301,11 +319,22 @@ pub(crate) fn attention(
     stream: &RawStream,
     b: Operands<'_>,
 ) -> Result<(Kernel, &'static TileRow)> {
-    let r = with_addresses(request, b);
+    let (r, host_q, host_k) = with_addresses(request, b);
     // SAFETY: the addresses are live allocations of `stream`'s device, large enough for the
     // validated shapes and strides, borrowed (out and lse exclusively) until we return; the
-    // kernel is ordered on `stream` before any later free (see above).
-    let l = unsafe { sys::attention(&r, &caps(device), stream.ordinal, stream.handle) };
+    // kernel is ordered on `stream` before any later free (see above). A variable-length batch's
+    // offsets hold `count + 1` entries on the device, equal to the host copies that validation
+    // checked against the token counts (and the kernel clamps them regardless).
+    let l = unsafe {
+        sys::attention(
+            &r,
+            host_q,
+            host_k,
+            &caps(device),
+            stream.ordinal,
+            stream.handle,
+        )
+    };
     launched(l, &r)
 }
 
@@ -331,7 +360,7 @@ pub(crate) fn attention_planned(
     stream: &RawStream,
     b: Operands<'_>,
 ) -> Result<()> {
-    let r = with_addresses(request, b);
+    let (r, _, _) = with_addresses(request, b);
     // SAFETY: as for `attention`: the operands have the shapes, strides and locations that
     // `plan` validated (AttentionPlan::run compared them, and checked the new addresses'
     // alignment), each a live allocation borrowed until we return.
@@ -356,7 +385,7 @@ pub(crate) fn attention_host_ns(
     b: Operands<'_>,
     iters: i32,
 ) -> Result<f64> {
-    let r = with_addresses(request, b);
+    let (r, _, _) = with_addresses(request, b);
     let mut ns = 0.0;
     // SAFETY: as for `attention`; repeating the launch rewrites the same exclusively borrowed
     // output on one stream, in order.
@@ -381,9 +410,10 @@ pub(crate) fn cpp_attention_forward(
     stream: &RawStream,
     b: Operands<'_>,
 ) -> Result<(Kernel, &'static TileRow)> {
-    let r = with_addresses(request, b);
+    let (r, host_q, host_k) = with_addresses(request, b);
     // SAFETY: as for `attention`; the C++ API validates again from the raw values.
-    let l = unsafe { sys::cpp_attention_forward(&r, stream.ordinal, stream.handle) };
+    let l =
+        unsafe { sys::cpp_attention_forward(&r, host_q, host_k, stream.ordinal, stream.handle) };
     launched(l, &r)
 }
 

@@ -14,7 +14,7 @@ pub(crate) mod cuda;
 mod cudarc;
 
 use crate::element::DType;
-use crate::error::{Error, Operand};
+use crate::error::{Error, OffsetRule, Operand};
 use crate::options::{Backend, Causal};
 use crate::plan::{ArchClass, Kernel};
 use crate::tensor::{Location, Shape};
@@ -32,6 +32,16 @@ pub(crate) mod sys {
         element_bytes: i32,
     }
 
+    /// One offsets array of a variable-length batch (mirrors `core::OffsetsDesc` but for its
+    /// host copy, which crosses as a slice): `count` sequences, so `count + 1` int32 entries.
+    #[derive(Clone, Copy, Default)]
+    struct OffsetsFfi {
+        address: u64,
+        location: i32,
+        count: i64,
+        max_len: i64,
+    }
+
     /// One attention call (mirrors `core::Request`). `forced_arch`: -1 for none.
     #[derive(Clone, Copy)]
     struct RequestFfi {
@@ -47,6 +57,9 @@ pub(crate) mod sys {
         causal: i32,
         backend: i32,
         forced_arch: i32,
+        varlen: bool,
+        cu_q: OffsetsFfi,
+        cu_k: OffsetsFfi,
     }
 
     /// A validated problem (mirrors `core::Problem`).
@@ -61,6 +74,7 @@ pub(crate) mod sys {
         scale: f32,
         causal: i32,
         location: i32,
+        varlen: bool,
     }
 
     /// `flashcore::Status`.
@@ -131,7 +145,14 @@ pub(crate) mod sys {
     unsafe extern "C++" {
         include!("flashcore/cpp/src/bridge.h");
 
-        fn validate(request: &RequestFfi, problem: &mut ProblemFfi) -> StatusFfi;
+        /// Validates `request`; `host_q` / `host_k` are the host copies of a variable-length
+        /// batch's offsets (empty: none).
+        fn validate(
+            request: &RequestFfi,
+            host_q: &[i32],
+            host_k: &[i32],
+            problem: &mut ProblemFfi,
+        ) -> StatusFfi;
         /// Validates a merge of `outs.len()` states (C++ `core::validate_merge`).
         fn validate_merge(
             dtype: i32,
@@ -207,10 +228,13 @@ pub(crate) mod sys {
             stream: usize,
         ) -> Result<()>;
 
-        /// Validates, plans and launches `request` on `stream` of device `ordinal`.
+        /// Validates, plans and launches `request` on `stream` of device `ordinal` (`host_q` /
+        /// `host_k` as for `validate`).
         #[cfg(feature = "cuda")]
         unsafe fn attention(
             request: &RequestFfi,
+            host_q: &[i32],
+            host_k: &[i32],
             caps: &CapsFfi,
             ordinal: i32,
             stream: usize,
@@ -244,6 +268,8 @@ pub(crate) mod sys {
         #[cfg(feature = "cuda")]
         unsafe fn cpp_attention_forward(
             request: &RequestFfi,
+            host_q: &[i32],
+            host_k: &[i32],
             ordinal: i32,
             stream: usize,
         ) -> LaunchedFfi;
@@ -271,7 +297,7 @@ pub(crate) mod sys {
     }
 }
 
-pub(crate) use sys::{CapsFfi, DescFfi, ProblemFfi, RequestFfi, RowRef, StatusFfi};
+pub(crate) use sys::{CapsFfi, DescFfi, OffsetsFfi, ProblemFfi, RequestFfi, RowRef, StatusFfi};
 
 // ---- Status codes (cpp/include/flashcore/status.h; bridge_core.cpp static_asserts them) ----
 const OK: i32 = 0;
@@ -293,9 +319,15 @@ const UNSUPPORTED_DEVICE: i32 = 15;
 const NO_DEVICE: i32 = 16;
 const CUDA: i32 = 17;
 const STATE_COUNT: i32 = 19;
+const INVALID_OFFSETS: i32 = 20;
+
+// `flashcore::Field` values of the offsets rules.
+const FIRST_OFFSET: i32 = 12;
+const OFFSET_ORDER: i32 = 13;
+const LAST_OFFSET: i32 = 14;
 
 /// `flashcore::Field` names, by value.
-const FIELDS: [&str; 12] = [
+const FIELDS: [&str; 17] = [
     "",
     "batch",
     "seq",
@@ -308,6 +340,11 @@ const FIELDS: [&str; 12] = [
     "seq stride",
     "head stride",
     "work units (query blocks x batch x heads)",
+    "first offset",
+    "offset order",
+    "last offset",
+    "max_seqlen",
+    "sequences",
 ];
 
 /// `flashcore::Operand`; a state's position in merge_states' list rides in `index`.
@@ -319,6 +356,8 @@ fn operand(value: i32, index: i64) -> Operand {
         5 => Operand::Lse,
         6 => Operand::State(count(index)),
         7 => Operand::StateLse(count(index)),
+        8 => Operand::CuSeqlensQ,
+        9 => Operand::CuSeqlensK,
         _ => Operand::Q,
     }
 }
@@ -417,7 +456,9 @@ impl Described<'_> {
                 Operand::K => r.k,
                 Operand::V => r.v,
                 Operand::Lse | Operand::StateLse(_) => r.lse,
-                Operand::Out | Operand::State(_) => r.out,
+                Operand::Out | Operand::State(_) | Operand::CuSeqlensQ | Operand::CuSeqlensK => {
+                    r.out
+                }
             }),
             (Described::Merge { outs, .. }, Operand::State(i)) => outs.get(i).copied(),
             (Described::Merge { lses, .. }, Operand::StateLse(i)) => lses.get(i).copied(),
@@ -509,6 +550,18 @@ pub(crate) fn to_error(s: StatusFfi, described: &Described<'_>) -> Error {
             min: count(b),
             max: count(c),
         },
+        INVALID_OFFSETS => Error::InvalidOffsets {
+            operand: op,
+            rule: match s.field {
+                FIRST_OFFSET => OffsetRule::FirstNotZero,
+                OFFSET_ORDER => OffsetRule::Decreasing,
+                LAST_OFFSET => OffsetRule::LastNotTokenCount,
+                _ => OffsetRule::LongerThanMax,
+            },
+            index: usize::try_from(a).ok(),
+            value: b,
+            bound: c,
+        },
         _ => Error::Launch(s.message),
     }
 }
@@ -538,11 +591,16 @@ pub(crate) fn map_err(e: cxx::Exception) -> Error {
     }
 }
 
-/// Validates `request` (C++ `core::validate`).
-pub(crate) fn validate(request: &RequestFfi) -> crate::Result<ProblemFfi> {
+/// Validates `request` (C++ `core::validate`), with the host copies of a variable-length
+/// batch's offsets (empty for a dense call).
+pub(crate) fn validate(
+    request: &RequestFfi,
+    host_q: &[i32],
+    host_k: &[i32],
+) -> crate::Result<ProblemFfi> {
     let mut problem = ProblemFfi::default();
     check(
-        sys::validate(request, &mut problem),
+        sys::validate(request, host_q, host_k, &mut problem),
         &Described::Attention(request),
     )?;
     Ok(problem)

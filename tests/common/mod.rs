@@ -163,3 +163,79 @@ pub fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
     let den: f64 = want.iter().map(|b| b * b).sum();
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
+
+/// Tokens `range` of a packed batch-1 tensor `[1, tokens, h, d]`, as a dense BSHD tensor
+/// `[1, range.len(), h, d]`.
+pub fn tokens<T: Element>(t: &Tensor<T>, range: std::ops::Range<usize>) -> Tensor<T> {
+    let s = t.shape();
+    let mut data = Vec::with_capacity(range.len() * s.heads * s.head_dim);
+    for i in range.clone() {
+        for h in 0..s.heads {
+            for x in 0..s.head_dim {
+                data.push(t.get(0, i, h, x).unwrap());
+            }
+        }
+    }
+    Tensor::from_vec(data, &[1, range.len(), s.heads, s.head_dim], Layout::Bshd).unwrap()
+}
+
+/// [`naive`] per sequence of a variable-length batch (offsets `cu_q`, `cu_k` into packed
+/// batch-1 tensors). Returns (out `[total_q][h][d]`, lse `[h][total_q]`), flattened.
+pub fn naive_varlen<T: Element>(
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    scale: f64,
+    causal: Causal,
+) -> (Vec<f64>, Vec<f64>) {
+    let (total, h, d) = (q.shape().seq, q.shape().heads, q.shape().head_dim);
+    let mut out = vec![0.0; total * h * d];
+    let mut lse = vec![0.0; h * total];
+    for (qs, ks) in cu_q.windows(2).zip(cu_k.windows(2)) {
+        let (q0, q1) = (qs[0] as usize, qs[1] as usize);
+        let (k0, k1) = (ks[0] as usize, ks[1] as usize);
+        if q1 == q0 {
+            continue;
+        }
+        let (o, l) = naive(
+            &tokens(q, q0..q1),
+            &tokens(k, k0..k1),
+            &tokens(v, k0..k1),
+            scale,
+            causal,
+        );
+        out[q0 * h * d..q1 * h * d].copy_from_slice(&o);
+        for head in 0..h {
+            lse[head * total + q0..head * total + q1]
+                .copy_from_slice(&l[head * (q1 - q0)..][..q1 - q0]);
+        }
+    }
+    (out, lse)
+}
+
+/// Random sequence lengths for a variable-length batch of `n` sequences: queries in
+/// `0..=max_q` and keys in `1..=max_k`; with `bottom_right`, each sequence gets at least as many
+/// keys as queries (else its rows would see no key).
+pub fn random_lengths(
+    rng: &mut Rng,
+    n: usize,
+    max_q: usize,
+    max_k: usize,
+    bottom_right: bool,
+) -> (Vec<usize>, Vec<usize>) {
+    let mut pick = |hi: usize| ((rng.uniform() * (hi + 1) as f64) as usize).min(hi);
+    let mut lq = Vec::with_capacity(n);
+    let mut lk = Vec::with_capacity(n);
+    for _ in 0..n {
+        let q = pick(max_q);
+        let mut k = pick(max_k).max(1);
+        if bottom_right {
+            k = k.max(q);
+        }
+        lq.push(q);
+        lk.push(k);
+    }
+    (lq, lk)
+}

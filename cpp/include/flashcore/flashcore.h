@@ -41,6 +41,10 @@ struct AttentionArgs {
   // dense BHSD strides {heads_q * seq_q, 1, seq_q, 1}; written.
   std::optional<OutputRef> lse;
   Options options;
+  // A variable-length batch (see Sequences): q, k, v and out are then [1, total_tokens, heads,
+  // head_dim] and lse [1, total_q, heads_q, 1] (dense: [heads_q, total_q]). Every sequence is
+  // attended on its own, with its own lengths and causal alignment.
+  std::optional<Sequences> sequences;
 };
 
 // What a successful call ran.
@@ -58,7 +62,8 @@ struct LaunchInfo {
 // Requirements, each reported with its own Code: matching shapes; heads_kv dividing heads_q; a
 // head dim that is a multiple of 8 from 8 to 256; a head-dim stride of 1; other strides multiples
 // of 8 elements; 16-byte aligned device pointers; every row seeing at least one key; a finite
-// scale; sizes within the kernels' 32-bit indexing. Never throws.
+// scale; sizes within the kernels' 32-bit indexing; for a variable-length batch, offsets on the
+// device, 4-byte aligned, and (with host copies) valid (Code::InvalidOffsets). Never throws.
 Status attention_forward(const AttentionArgs& args, cudaStream_t stream,
                          LaunchInfo* info = nullptr) noexcept;
 

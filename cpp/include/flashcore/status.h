@@ -38,12 +38,14 @@ enum class Code : int32_t {
   Launch,                // the kernel layer rejected the launch; see `message`
   // Argument errors (continued): nothing was launched.
   StateCount,            // merge_states: values[0] states given, allowed values[1] to values[2]
+  InvalidOffsets,        // operand's (cu_seqlens_q / _k) rule `field` fails at entry values[0]:
+                         // the entry (or the max length) is values[1], the bound values[2]
 };
 
 // Which tensor a Status is about. State and StateLse are the output and the logsumexp of one of
 // merge_states' inputs; its position in the list is then values[2] (free in every code that
-// names an operand).
-enum class Operand : int32_t { None = 0, Q, K, V, Out, Lse, State, StateLse };
+// names an operand). CuSeqlensQ / CuSeqlensK are a variable-length batch's offsets (Sequences).
+enum class Operand : int32_t { None = 0, Q, K, V, Out, Lse, State, StateLse, CuSeqlensQ, CuSeqlensK };
 
 // Which dimension, stride or limit a Status is about.
 enum class Field : int32_t {
@@ -59,6 +61,13 @@ enum class Field : int32_t {
   SeqStride,
   HeadStride,
   WorkUnits,  // query blocks x batch x heads (the Hopper kernel's scheduler counts them in 32 bits)
+  // The rules of InvalidOffsets:
+  FirstOffset,  // entry 0 (values[1]) must be 0
+  OffsetOrder,  // entry values[0] (values[1]) is below the entry before it (values[2])
+  LastOffset,   // entry `batch` (values[1]) must be the token count (values[2])
+  MaxSeqLen,    // sequence values[0] has length values[1], above max_seqlen (values[2]); with
+                // values[0] = -1: max_seqlen (values[1]) is negative or above the token count
+  Sequences,    // the sequence count of a variable-length batch (ShapeMismatch, IndexOverflow)
 };
 
 struct Status {

@@ -70,6 +70,28 @@ inline void bhsd_strides(const int64_t shape[4], int64_t stride[4]) {
   stride[0] = shape[1] * shape[2] * shape[3];
 }
 
+// A variable-length batch: `batch` sequences packed one after another along the token axis of
+// Q, K, V and the output, which then have batch 1 ([1, total_tokens, heads, head_dim]).
+// Sequence b owns query tokens [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and key tokens
+// [cu_seqlens_k[b], cu_seqlens_k[b + 1]), and is attended on its own: its own seq_q and seq_k,
+// its own causal alignment. The offsets are int32 in device memory (batch + 1 entries each,
+// starting at 0, non-decreasing, the last one the token count).
+//
+// With the host copies, every rule is checked before the launch (each breach is a Status).
+// Without them the kernels cannot know the contents; they clamp every offset into
+// [0, token count] and never touch memory outside the tensors, but a breach then gives
+// unspecified (not NaN-free) rows: query tokens past max_seqlen_q rows of their sequence are
+// not written, and rows that see no key get output 0 and logsumexp -inf.
+struct Sequences {
+  int64_t batch = 0;                      // number of sequences
+  const int32_t* cu_seqlens_q = nullptr;  // device: batch + 1 offsets into the query tokens
+  const int32_t* cu_seqlens_k = nullptr;  // device: batch + 1 offsets into the key tokens
+  int64_t max_seqlen_q = 0;               // the longest sequence's query count
+  int64_t max_seqlen_k = 0;               // the longest sequence's key count
+  const int32_t* host_cu_seqlens_q = nullptr;  // optional host copies (batch + 1 entries)
+  const int32_t* host_cu_seqlens_k = nullptr;
+};
+
 struct Options {
   // Softmax scale; 1/sqrt(head_dim) when empty. Must be finite.
   std::optional<float> scale;

@@ -74,6 +74,7 @@ namespace {
 constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kU32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (heads, batch)
+constexpr Kernel kVarlenKernel = Kernel::Wmma;  // the family that takes variable-length batches
 
 Status limit(Kernel kernel, Field what, int64_t value, int64_t max) {
   if (value <= max) {
@@ -99,6 +100,15 @@ Status check_index_limits(Kernel kernel, const Request& r, const Problem& p) {
     Status s = limit(kernel, what, vm.first, vm.second);
     if (!s.ok()) {
       return s;
+    }
+  }
+  if (r.varlen) {  // the kernels read the offsets as int32 and clamp them to the token counts
+    for (const auto& [what, tokens] : {std::pair{Field::SeqQ, r.q.shape[1]},
+                                       std::pair{Field::SeqK, r.k.shape[1]}}) {
+      Status s = limit(kernel, what, tokens, kI32Max);
+      if (!s.ok()) {
+        return s;
+      }
     }
   }
   for (const TensorDesc* t : {&r.q, &r.k, &r.v, &r.out}) {
@@ -216,6 +226,17 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     Kernel kernel = forced.value_or(auto_kernel(arch.value_or(ArchClass::Sm80), p.query_rows(),
                                                 p.batch_heads(), caps.multiprocessors,
                                                 caps.kernels));
+    if (p.varlen) {
+      // Variable-length batches run on the WMMA kernel (docs/SERVING.md: the other families
+      // take them in later steps).
+      if (forced && *forced != kVarlenKernel) {
+        return fail(Code::BackendUnavailable, Operand::None, Field::None,
+                    static_cast<int64_t>(*forced), 0, 0,
+                    std::string("it does not take variable-length batches yet; ") +
+                        name(kVarlenKernel) + " does");
+      }
+      kernel = kVarlenKernel;
+    }
     if (p.location == kHost) {
       return fail(Code::BackendUnavailable, Operand::None, Field::None,
                   static_cast<int64_t>(kernel), 0, 0,

@@ -28,6 +28,7 @@ const char* name(Code code) noexcept {
     case Code::Cuda: return "cuda";
     case Code::Launch: return "launch";
     case Code::StateCount: return "state_count";
+    case Code::InvalidOffsets: return "invalid_offsets";
   }
   return "unknown";
 }
@@ -42,6 +43,8 @@ const char* name(Operand operand) noexcept {
     case Operand::Lse: return "lse";
     case Operand::State: return "state out";
     case Operand::StateLse: return "state lse";
+    case Operand::CuSeqlensQ: return "cu_seqlens_q";
+    case Operand::CuSeqlensK: return "cu_seqlens_k";
   }
   return "unknown";
 }
@@ -60,6 +63,11 @@ const char* name(Field field) noexcept {
     case Field::SeqStride: return "seq stride";
     case Field::HeadStride: return "head stride";
     case Field::WorkUnits: return "work units (query blocks x batch x heads)";
+    case Field::FirstOffset: return "first offset";
+    case Field::OffsetOrder: return "offset order";
+    case Field::LastOffset: return "last offset";
+    case Field::MaxSeqLen: return "max_seqlen";
+    case Field::Sequences: return "sequences";
   }
   return "unknown";
 }
@@ -89,6 +97,25 @@ std::string operand_name(const Status& s) {
   }
 }
 
+// What an InvalidOffsets status says (status.h lists the values of each rule).
+std::string offsets_rule(const Status& s) {
+  const auto v = [&](int i) { return std::to_string(s.values[i]); };
+  switch (s.field) {
+    case Field::FirstOffset:
+      return "entry 0 is " + v(1) + ", must be 0";
+    case Field::OffsetOrder:
+      return "entry " + v(0) + " (" + v(1) + ") is below the entry before it (" + v(2) + ")";
+    case Field::LastOffset:
+      return "the last entry (" + v(0) + ") is " + v(1) + ", must be the token count " + v(2);
+    case Field::MaxSeqLen:
+      return s.values[0] < 0 ? "max_seqlen " + v(1) + " is negative or above the token count " + v(2)
+                             : "sequence " + v(0) + " has length " + v(1) + ", above max_seqlen " +
+                                   v(2);
+    default:
+      return "invalid";
+  }
+}
+
 std::string message(const Status& s, const std::string& detail) {
   const std::string op = operand_name(s), field = name(s.field);
   const auto v = [&](int i) { return std::to_string(s.values[i]); };
@@ -112,7 +139,8 @@ std::string message(const Status& s, const std::string& detail) {
              (s.operand == Operand::Q ? ", but the current device is " : ", expected ") +
              where(s.values[1]);
     case Code::NoVisibleKeys:
-      return v(0) + " query rows would attend to no key (seq_q " + v(1) + ", seq_k " + v(2) + ")";
+      return v(0) + " query rows would attend to no key (seq_q " + v(1) + ", seq_k " + v(2) + ")" +
+             (detail.empty() ? "" : " in " + detail);
     case Code::InvalidScale: {
       float scale = 0;
       const uint32_t bits = static_cast<uint32_t>(s.values[0]);
@@ -136,6 +164,8 @@ std::string message(const Status& s, const std::string& detail) {
       return "no CUDA device " + v(0) + ": " + detail;
     case Code::StateCount:
       return "merge_states takes " + v(1) + " to " + v(2) + " states, got " + v(0);
+    case Code::InvalidOffsets:
+      return op + ": " + offsets_rule(s);
     case Code::Ok:
     case Code::Cuda:
     case Code::Launch:

@@ -1,6 +1,6 @@
 // Validation: see validate.h. The order of the checks is part of the contract (the first
 // failure is the one reported): sizes, devices, shapes, heads, head dim, strides and alignment,
-// scale, visible keys.
+// a variable-length batch's offsets, scale, visible keys.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,6 +8,7 @@
 
 #include "core/checks.h"
 #include "core/validate.h"
+#include "core/varlen.h"
 
 namespace flashcore::core {
 
@@ -31,6 +32,9 @@ Status validate(const Request& r, Problem* problem) noexcept {
 
     const int64_t* qs = r.q.shape;
     const int64_t* ks = r.k.shape;
+    if (r.varlen) {  // the sequences are packed along the token axis of one batch entry
+      FLASHCORE_TRY(expect_dim(Operand::Q, 0, qs[0], 1));
+    }
     FLASHCORE_TRY(expect_dim(Operand::K, 0, ks[0], qs[0]));
     FLASHCORE_TRY(expect_dim(Operand::K, 3, ks[3], qs[3]));
     FLASHCORE_TRY(expect_shape(Operand::V, r.v, {ks[0], ks[1], ks[2], ks[3]}));
@@ -48,6 +52,9 @@ Status validate(const Request& r, Problem* problem) noexcept {
     FLASHCORE_TRY(check_strides(Operand::K, r.k));
     FLASHCORE_TRY(check_strides(Operand::V, r.v));
     FLASHCORE_TRY(check_strides(Operand::Out, r.out));
+    if (r.varlen) {
+      FLASHCORE_TRY(check_offsets(r));
+    }
 
     const float scale = r.options.scale.value_or(1.0f / std::sqrt(static_cast<float>(d)));
     // Positive and finite: a zero or negative scale flattens or inverts attention, and CUTLASS
@@ -57,6 +64,12 @@ Status validate(const Request& r, Problem* problem) noexcept {
       uint32_t bits = 0;
       std::memcpy(&bits, &scale, sizeof(bits));
       return fail(Code::InvalidScale, Operand::None, Field::None, bits);
+    }
+    if (r.varlen) {
+      FLASHCORE_TRY(check_sequence_keys(r));
+      *problem = Problem{r.cu_q.count, r.cu_q.max_len, r.cu_k.max_len, qs[2], ks[2], d, scale,
+                         r.options.causal, location, true};
+      return {};
     }
     const Problem p{qs[0], qs[1], ks[1], qs[2], ks[2], d, scale, r.options.causal, location};
     if (!p.empty()) {

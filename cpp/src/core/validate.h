@@ -30,27 +30,44 @@ struct TensorDesc {
   int32_t element_bytes = 2;
 };
 
-// One attention call: Q, K, V, the output and the optional logsumexp (f32).
+// One offsets array of a variable-length batch (flashcore::Sequences): `count` sequences, so
+// count + 1 int32 entries at `address` (device, or the host for the CPU reference), an optional
+// host copy of them, and the longest sequence's length.
+struct OffsetsDesc {
+  uint64_t address = 0;
+  int32_t location = kHost;
+  int64_t count = 0;
+  const int32_t* host = nullptr;
+  int64_t max_len = 0;
+};
+
+// One attention call: Q, K, V, the output and the optional logsumexp (f32). A variable-length
+// batch (`varlen`) packs its sequences along the token axis of batch-1 tensors, at the offsets
+// cu_q (queries) and cu_k (keys).
 struct Request {
   DType dtype = DType::F16;
   TensorDesc q, k, v, out, lse;
   bool has_lse = false;
   Options options;
+  bool varlen = false;
+  OffsetsDesc cu_q, cu_k;
 };
 
-// A checked problem.
+// A checked problem. For a variable-length batch, `batch` counts its sequences and seq_q / seq_k
+// are the longest sequence's lengths (the grid's extent); each sequence has its own.
 struct Problem {
   int64_t batch, seq_q, seq_k, heads_q, heads_kv, head_dim;
   float scale;
   Causal causal;
   int32_t location;
+  bool varlen = false;
 
   // No output element: nothing to compute or launch.
   bool empty() const { return batch == 0 || seq_q == 0 || heads_q == 0; }
   // One-query GQA/MQA: the query heads sharing a key/value head run as rows of one head (exact
   // because the one query sees every key).
   bool packs_heads() const {
-    return seq_q == 1 && heads_kv > 0 && heads_q > heads_kv &&
+    return !varlen && seq_q == 1 && heads_kv > 0 && heads_q > heads_kv &&
            (causal == Causal::None || causal == Causal::BottomRight);
   }
   // Query rows per (batch, head) the kernel sees, after packing.

@@ -37,7 +37,11 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   p.head_dim = static_cast<int32_t>(a.head_dim);
   p.group = static_cast<int32_t>(a.heads_q / a.heads_kv);
   p.causal = a.causal != Causal::None;
-  p.causal_offset = a.causal == Causal::BottomRight ? static_cast<int32_t>(a.seq_k - a.seq_q) : 0;
+  p.bottom_right = a.causal == Causal::BottomRight;
+  p.cu_q = a.cu_seqlens_q;
+  p.cu_k = a.cu_seqlens_k;
+  p.total_q = static_cast<int32_t>(a.total_q);  // planned: at most INT32_MAX
+  p.total_k = static_cast<int32_t>(a.total_k);
   // The scale is positive (validated); a subnormal one becomes the smallest normal float, so that
   // -inf * scale stays -inf for masked keys (exp2 of |s| * 2^-126 rounds to 1 either way).
   p.scale_log2 = std::fmax(a.scale * 1.4426950408889634f, FLT_MIN);
