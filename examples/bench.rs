@@ -187,8 +187,10 @@ fn host_overhead(stream: &Stream) -> flashcore::Result<(f64, f64, f64)> {
 /// The variable-length prefill row of issue 12: 16 causal sequences of 128 to 4096 tokens (GQA
 /// 32:8, d = 128, bf16) as one variable-length batch, and a dense batch of 16 equal sequences
 /// with the same token count, on the WMMA kernel (the family that takes variable-length
-/// batches). Returns (varlen us, varlen TFLOP/s, dense us, dense TFLOP/s), medians.
-fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 4]> {
+/// batches), and the dense batch under Auto (the Hopper kernel on an H200: what the WMMA
+/// fallback costs). Returns (varlen us, varlen TFLOP/s, dense us, dense TFLOP/s, Auto dense us,
+/// Auto dense TFLOP/s), medians.
+fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 6]> {
     const LENGTHS: [usize; 16] = [
         128, 4096, 256, 3072, 512, 2048, 1024, 3584, 384, 2560, 768, 1536, 1792, 3840, 640, 2304,
     ];
@@ -219,12 +221,18 @@ fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 4]> 
     let dense = median(time_fn(stream, 3, iters, |_| {
         attention_into(&q, &kv, &kv, &mut out, None, &wmma).map(|_| ())
     })?);
+    let auto = wmma.backend(Backend::Auto);
+    let auto_dense = median(time_fn(stream, 3, iters, |_| {
+        attention_into(&q, &kv, &kv, &mut out, None, &auto).map(|_| ())
+    })?);
     let tflops = |f: f64, us: f64| f / (us * 1e-6) / 1e12;
     Ok([
         varlen,
         tflops(flops(&LENGTHS), varlen),
         dense,
         tflops(flops(&[n; 16]), dense),
+        auto_dense,
+        tflops(flops(&[n; 16]), auto_dense),
     ])
 }
 
@@ -302,14 +310,15 @@ fn main() {
         }));
     }
     let varlen = match varlen_prefill(&stream, args.iters) {
-        Ok([vus, vtf, dus, dtf]) => {
+        Ok([vus, vtf, dus, dtf, aus, atf]) => {
             println!(
                 "varlen prefill (16 causal seqs of 128-4096 tokens, 32kv8, d128, bf16, wmma): \
                  {vus:.1} us {vtf:.1} TFLOP/s; dense 16 equal seqs, same tokens: {dus:.1} us \
-                 {dtf:.1} TFLOP/s; ratio {:.3}",
+                 {dtf:.1} TFLOP/s; ratio {:.3}; dense under Auto {aus:.1} us {atf:.1} TFLOP/s",
                 vtf / dtf
             );
-            json!({ "varlen_us": vus, "varlen_tflops": vtf, "dense_us": dus, "dense_tflops": dtf })
+            json!({ "varlen_us": vus, "varlen_tflops": vtf, "dense_us": dus, "dense_tflops": dtf,
+                    "auto_dense_us": aus, "auto_dense_tflops": atf })
         }
         Err(e) => {
             eprintln!("varlen prefill: {e}");

@@ -275,6 +275,9 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
     __syncthreads();  // the stage just read is refilled by the next iteration
   }
   __pipeline_wait_prior(0);
+  // Every thread's copies have landed before a warp stages its output over its Q rows (without
+  // a key tile the loop's barriers never ran, and other threads' Q copies may be in flight).
+  __syncthreads();
 
   // Epilogue: normalise by l, stage the warp's rows as T over its own (now unused) Q rows, then
   // write 16-byte vectors; the log-sum-exp (natural log) when asked.
