@@ -10,13 +10,16 @@ use crate::tensor::{Location, Tensor};
 use crate::validate::{Hosts, Problem, DENSE};
 use crate::varlen::VarlenBatch;
 
-/// What ran: the backend, and for GPU backends the tile-table row.
+/// What ran: the backend, for GPU backends the tile-table row, and the key splits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Execution {
     /// The backend that ran.
     pub backend: BackendKind,
     /// The tile-table row used (GPU backends).
     pub tile: Option<TileRow>,
+    /// Into how many blocks per (batch, head) the keys were split and combined (split-KV
+    /// decoding, [`crate::plan::kv_splits`]); 1 when not split.
+    pub splits: usize,
 }
 
 /// Whether `requested` runs on the GPU for operands at `location` (q's).
@@ -89,6 +92,7 @@ pub(crate) fn locations<'a, T: AttentionElement>(
 pub(crate) const CPU: Execution = Execution {
     backend: BackendKind::Cpu,
     tile: None,
+    splits: 1,
 };
 
 /// Runs the call `request` describes on the backend its options and location call for.
@@ -129,11 +133,7 @@ pub(crate) fn run_gpu<T: AttentionElement>(
     seqs: Option<&VarlenBatch>,
 ) -> Result<Execution> {
     let entry = crate::cuda::launch::Entry::Rust;
-    let (kernel, row) = crate::cuda::launch::run(entry, request, q, k, v, out, lse, seqs)?;
-    Ok(Execution {
-        backend: kernel.into(),
-        tile: Some(*row),
-    })
+    crate::cuda::launch::run(entry, request, q, k, v, out, lse, seqs)
 }
 
 #[cfg(not(feature = "cuda"))]

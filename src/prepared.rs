@@ -85,20 +85,20 @@ impl<T: AttentionElement> AttentionPlan<T> {
     fn plan_gpu(request: RequestFfi, out: &Tensor<T>) -> Result<Self> {
         let stream = out.stream().ok_or(Error::CudaNotBuilt)?;
         let problem = crate::ffi::validate(&request, &[], &[])?;
-        let (kernel, row) = crate::ffi::cuda::plan(&request, stream.device())?;
-        let tile = crate::plan::row(kernel, row)
-            .ok_or_else(|| Error::Launch("the plan names no row".into()))?;
+        let (execution, row) = crate::ffi::cuda::plan(&request, stream.device())?;
+        let kernel = execution
+            .backend
+            .kernel()
+            .ok_or_else(|| Error::Launch("the plan names no kernel".into()))?;
         Ok(AttentionPlan {
             request,
             target: Target::Gpu(crate::ffi::cuda::Planned {
                 problem,
                 kernel,
                 row,
+                splits: i32::try_from(execution.splits).unwrap_or(1),
             }),
-            execution: Execution {
-                backend: kernel.into(),
-                tile: Some(*tile),
-            },
+            execution,
             _element: PhantomData,
         })
     }
@@ -148,7 +148,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
                     aligned(op, t.address())?;
                 }
                 aligned(Operand::Out, out.address())?;
-                let entry = crate::cuda::launch::Entry::Planned(&planned);
+                let entry = crate::cuda::launch::Entry::Planned(&planned, self.execution);
                 crate::cuda::launch::run(entry, r, q, k, v, out, lse, None)?;
             }
         }

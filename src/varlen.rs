@@ -42,23 +42,28 @@ impl SeqOffsets {
         Location::Host
     }
 
-    /// The bridge's view (the address is the device copy's, else the host copy's).
-    fn ffi(&self) -> Result<OffsetsFfi> {
+    /// Where the kernels read the offsets: the device copy, else the host copy.
+    fn address(&self) -> u64 {
+        #[cfg(feature = "cuda")]
+        if let Some(d) = &self.device {
+            return d.raw().ptr() as u64;
+        }
+        self.host.as_ptr() as u64
+    }
+
+    /// The bridge's view.
+    fn ffi(&self) -> OffsetsFfi {
         let location = match self.location() {
             Location::Host => -1,
             Location::Cuda(i) => i32::try_from(i).unwrap_or(i32::MAX),
         };
-        #[cfg(feature = "cuda")]
-        let device = self.device.as_ref().map(|d| d.raw().ptr() as u64);
-        #[cfg(not(feature = "cuda"))]
-        let device: Option<u64> = None;
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        Ok(OffsetsFfi {
-            address: device.unwrap_or(self.host.as_ptr() as u64),
+        OffsetsFfi {
+            address: self.address(),
             location,
             count: count(self.host.len()) - 1,
             max_len: count(self.max_len),
-        })
+        }
     }
 }
 
@@ -206,8 +211,8 @@ impl VarlenBatch {
         Some((self.q.device.as_ref()?, self.k.device.as_ref()?))
     }
 
-    fn ffi(&self) -> Result<(OffsetsFfi, OffsetsFfi)> {
-        Ok((self.q.ffi()?, self.k.ffi()?))
+    fn ffi(&self) -> (OffsetsFfi, OffsetsFfi) {
+        (self.q.ffi(), self.k.ffi())
     }
 }
 
@@ -223,7 +228,7 @@ pub(crate) fn request<T: AttentionElement>(
 ) -> Result<crate::ffi::RequestFfi> {
     let mut request = crate::validate::request(q, k, v, out, lse, opts)?;
     request.varlen = true;
-    (request.cu_q, request.cu_k) = batch.ffi()?;
+    (request.cu_q, request.cu_k) = batch.ffi();
     Ok(request)
 }
 

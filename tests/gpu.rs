@@ -8,11 +8,12 @@ mod common;
 
 use common::{dims, logical, lse_values, naive, naive_varlen, randn, random_lengths, rel_l2, Rng};
 use flashcore::interop::{cpp_attention_forward, cpp_attention_varlen, CppDeviceBuffer};
-use flashcore::plan::{auto_kernel, decode_table, tile_table, ArchClass, Kernel};
+use flashcore::plan::{auto_kernel, decode_table, kv_splits, tile_table, ArchClass, Kernel};
 use flashcore::{
     attention, attention_into, attention_varlen_into, merge_state_into, merge_states,
     AttentionElement, AttentionOptions, AttentionPlan, AttentionState, Backend, BackendKind,
-    Causal, DType, Device, Error, Layout, OffsetRule, Operand, Shape, Stream, Tensor, VarlenBatch,
+    Causal, DType, Device, Error, Execution, Layout, OffsetRule, Operand, Shape, Stream, Tensor,
+    VarlenBatch,
 };
 use half::{bf16, f16};
 
@@ -1222,5 +1223,98 @@ fn varlen_device_offsets_stay_inside_the_buffers() {
     assert!(
         err < 1e-2,
         "valid batch through the C++ API without host copies: {err:.3e}"
+    );
+}
+
+/// One decode-like case on the WMMA kernel (NaN-poisoned outputs): what ran, and the relative
+/// L2 errors of the output and the logsumexp against the f64 reference.
+fn split_case<T: AttentionElement>(
+    s: &Stream,
+    (b, sq, sk, hq, hk, d): (usize, usize, usize, usize, usize, usize),
+    causal: Causal,
+) -> (Execution, f64, f64) {
+    let mut rng = Rng::fresh();
+    let q = randn::<T>(&mut rng, &[b, sq, hq, d], Layout::Bshd);
+    let k = randn::<T>(&mut rng, &[b, sk, hk, d], Layout::Bshd);
+    let v = randn::<T>(&mut rng, &[b, sk, hk, d], Layout::Bshd);
+    let poison = T::from_f64(f64::NAN);
+    let mut out = Tensor::full(poison, &[b, sq, hq, d], Layout::Bshd)
+        .unwrap()
+        .to_device(s)
+        .unwrap();
+    let mut lse = Tensor::full(f32::NAN, &[b, hq, sq, 1], Layout::Bhsd)
+        .unwrap()
+        .to_device(s)
+        .unwrap();
+    let opts = AttentionOptions::default()
+        .causal(causal)
+        .backend(Backend::Kernel(Kernel::Wmma))
+        .with_lse();
+    let (dq, dk, dv) = (
+        q.to_device(s).unwrap(),
+        k.to_device(s).unwrap(),
+        v.to_device(s).unwrap(),
+    );
+    let exec = attention_into(&dq, &dk, &dv, &mut out, Some(&mut lse), &opts).unwrap();
+    let (want, want_lse) = naive(&q, &k, &v, 1.0 / (d as f64).sqrt(), causal);
+    (
+        exec,
+        rel_l2(&logical(&out.to_host().unwrap()), &want),
+        rel_l2(&lse_values(&lse.to_host().unwrap()), &want_lse),
+    )
+}
+
+/// Split-KV decoding on the WMMA kernel: few query rows over many keys, split over blocks and
+/// combined through their logsumexps, against the f64 reference. The split count is
+/// `kv_splits`', and 1 when the (batch, head) units fill the GPU.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn split_kv_decode_matches_the_reference() {
+    let s = stream();
+    let sms = s.device().sm_count();
+    let mut failures = Vec::new();
+    // (batch, query rows, keys, heads q, heads kv, d), causal
+    let cases = [
+        ((1, 1, 32768, 32, 8, 128), Causal::BottomRight),
+        ((2, 1, 5001, 32, 8, 128), Causal::None),
+        ((7, 1, 3000, 16, 16, 64), Causal::BottomRight),
+        ((64, 1, 2048, 32, 8, 128), Causal::BottomRight),
+        ((1, 1, 9000, 8, 1, 256), Causal::TopLeft), // the one query sees key 0 only
+        ((1, 3, 20000, 4, 4, 128), Causal::BottomRight),
+        ((3, 17, 4100, 2, 1, 72), Causal::TopLeft),
+    ];
+    for (shape, causal) in cases {
+        let (b, sq, sk, hq, hk, _) = shape;
+        let packed = sq == 1 && hq > hk && causal != Causal::TopLeft;
+        let (rows, units) = if packed {
+            (hq / hk, b * hk)
+        } else {
+            (sq, b * hq)
+        };
+        let want = kv_splits(Kernel::Wmma, rows, units, sk, sms);
+        for (dtype, (exec, err, lse_err), tol) in [
+            ("f16", split_case::<f16>(&s, shape, causal), 2e-3),
+            ("bf16", split_case::<bf16>(&s, shape, causal), 1e-2),
+        ] {
+            let what = format!(
+                "{shape:?} {causal:?} {dtype}: {} splits (want {want})",
+                exec.splits
+            );
+            println!("split-KV {what}, rel L2 {err:.2e} lse {lse_err:.2e}");
+            let accurate = err < tol && lse_err < 1e-4; // false for NaN
+            if exec.splits != want || !accurate {
+                failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
+            }
+        }
+    }
+    assert!(
+        kv_splits(Kernel::Wmma, 4, 8, 32768, sms) > 1,
+        "one sequence of 32k keys is split on this GPU"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} case(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
     );
 }

@@ -96,6 +96,11 @@ pub fn shapes() -> Vec<BenchShape> {
     v.push(s("throughput", [4, 8, 8, 4096, 4096, 256], false));
     v.push(s("gqa", [4, 32, 8, 4096, 4096, 128], true));
     v.push(s("decode", [32, 32, 8, 1, 4096, 128], false));
+    // The serving decode shapes of issue 12 (contiguous K/V): one long sequence, a mid batch, a
+    // wide batch.
+    v.push(s("decode", [1, 32, 8, 1, 32768, 128], false));
+    v.push(s("decode", [16, 32, 8, 1, 8192, 128], false));
+    v.push(s("decode", [64, 32, 8, 1, 2048, 128], false));
     v
 }
 

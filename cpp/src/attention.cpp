@@ -48,6 +48,7 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
     a.causal = p.causal;
   }
   a.tile = plan.row->tile;
+  a.splits = plan.splits;
   if (p.varlen) {
     a.cu_seqlens_q = reinterpret_cast<const int32_t*>(r.cu_q.address);
     a.cu_seqlens_k = reinterpret_cast<const int32_t*>(r.cu_k.address);
@@ -155,7 +156,7 @@ Status attention_forward(const AttentionArgs& args, cudaStream_t stream,
     }
     detail::run(r, p, plan, stream);
     if (info != nullptr) {
-      *info = LaunchInfo{plan.kernel, *plan.row};
+      *info = LaunchInfo{plan.kernel, *plan.row, plan.splits};
     }
     return {};
   } catch (const std::exception& e) {

@@ -147,11 +147,12 @@ void copy_device(int32_t ordinal, size_t dst, size_t src, size_t bytes, size_t s
 
 namespace {
 
-LaunchedFfi launched(const Status& s, Kernel kernel, const TileRow* row) {
+LaunchedFfi launched(const Status& s, Kernel kernel, const TileRow* row, int32_t splits) {
   LaunchedFfi out;
   out.status = to_ffi(s);
   out.kernel = static_cast<int32_t>(kernel);
   out.row = row_ref(kernel, s.ok() ? row : nullptr);
+  out.splits = splits;
   return out;
 }
 
@@ -184,21 +185,21 @@ LaunchedFfi attention(const RequestFfi& request, rust::Slice<const int32_t> host
       s = detail::to_status(e);
     }
   }
-  return launched(s, plan.kernel, plan.row);
+  return launched(s, plan.kernel, plan.row, plan.splits);
 }
 
 LaunchedFfi plan_attention(const RequestFfi& request, const CapsFfi& caps) {
   core::Problem p{};
   core::Plan plan{Kernel::CutlassSm80, nullptr};
   const Status s = prepare(from_ffi(request), caps, &p, &plan);
-  return launched(s, plan.kernel, plan.row);
+  return launched(s, plan.kernel, plan.row, plan.splits);
 }
 
 StatusFfi attention_planned(const RequestFfi& request, const ProblemFfi& problem, int32_t kernel,
-                            const RowRef& row, int32_t ordinal, size_t stream) {
+                            const RowRef& row, int32_t splits, int32_t ordinal, size_t stream) {
   const bool known = kernel >= 0 && kernel < kKernelCount;
   const core::Plan plan{static_cast<Kernel>(kernel),
-                        known ? row_of(static_cast<Kernel>(kernel), row) : nullptr};
+                        known ? row_of(static_cast<Kernel>(kernel), row) : nullptr, splits};
   Status s;
   if (plan.row == nullptr) {
     s = core::fail(Code::Launch, Operand::None, Field::None, 0, 0, 0, "the plan names no row");
@@ -299,7 +300,8 @@ LaunchedFfi cpp_attention_forward(const RequestFfi& request, rust::Slice<const i
   } catch (const std::exception& e) {
     s = detail::to_status(e);
   }
-  return launched(s, info.kernel, s.ok() ? find_row(info.kernel, info.row) : nullptr);
+  return launched(s, info.kernel, s.ok() ? find_row(info.kernel, info.row) : nullptr,
+                  info.splits);
 }
 
 StatusFfi merge_states(int32_t dtype, rust::Slice<const DescFfi> outs,

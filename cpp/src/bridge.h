@@ -37,6 +37,8 @@ int32_t arch_class(int32_t major, int32_t minor);
 int64_t arch_smem(int32_t arch, bool per_sm);
 int64_t wmma_smem_bytes(int32_t queries, int32_t keys, int32_t head_dim);
 int32_t auto_kernel(int32_t arch, int64_t query_rows, int64_t batch_heads, int32_t multiprocessors);
+int32_t kv_splits(int32_t kernel, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
+                  int32_t multiprocessors);
 LimitsFfi limits();
 
 // ---- CUDA (bridge.cpp) ----
@@ -71,7 +73,7 @@ LaunchedFfi plan_attention(const RequestFfi& request, const CapsFfi& caps);
 // Launches a call planned by plan_attention, whose operands the caller matched to the plan
 // (shapes, strides, locations; addresses aligned): no validation, no planning.
 StatusFfi attention_planned(const RequestFfi& request, const ProblemFfi& problem, int32_t kernel,
-                            const RowRef& row, int32_t ordinal, size_t stream);
+                            const RowRef& row, int32_t splits, int32_t ordinal, size_t stream);
 StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
                             size_t stream, int32_t iters, double& ns);
 LaunchedFfi cpp_attention_forward(const RequestFfi& request, rust::Slice<const int32_t> host_q,

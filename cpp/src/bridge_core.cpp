@@ -111,6 +111,12 @@ int32_t auto_kernel(int32_t arch, int64_t query_rows, int64_t batch_heads, int32
                                                      batch_heads, multiprocessors));
 }
 
+int32_t kv_splits(int32_t kernel, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
+                  int32_t multiprocessors) {
+  return flashcore::kv_splits(static_cast<Kernel>(kernel), query_rows, batch_heads, seq_k,
+                              multiprocessors);
+}
+
 LimitsFfi limits() {
   LimitsFfi l;
   l.max_head_dim = kMaxHeadDim;

@@ -62,6 +62,9 @@ struct FmhaArgs {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   int64_t total_q = 0, total_k = 0;
+  // Split-KV (only the WMMA kernel, dense batches): the keys of each (batch, head) are split
+  // over this many blocks, whose partial states the launcher combines (kv_splits; 1: none).
+  int32_t splits = 1;
 };
 
 // Launches `kernel`'s instantiation for `args.tile` and `args.dtype` on `stream` (of the current

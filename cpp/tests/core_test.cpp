@@ -457,6 +457,37 @@ void variable_lengths() {
          "the Hopper kernel forced on a variable-length batch: " + s.message);
 }
 
+// Split-KV decoding: which problems split their keys, into how many blocks, and that the plan
+// carries the count (WMMA, dense) and never for a variable-length batch.
+void key_splits() {
+  using flashcore::kv_splits;
+  expect(kv_splits(Kernel::Wmma, 4, 8, 32768, 132) == 33, "1 x 8 kv heads x 32k keys: 33 splits");
+  expect(kv_splits(Kernel::Wmma, 4, 128, 8192, 132) == 3, "16 x 8 kv heads x 8k keys: 3 splits");
+  expect(kv_splits(Kernel::Wmma, 4, 512, 2048, 132) == 1, "units that fill the SMs: no split");
+  expect(kv_splits(Kernel::Wmma, 4, 8, 1500, 132) == 2, "each split streams >= 512 keys");
+  expect(kv_splits(Kernel::Wmma, 4, 8, 511, 132) == 1, "too few keys to split");
+  expect(kv_splits(Kernel::Wmma, 4, 1, 1 << 30, 132) == flashcore::kMaxKvSplits, "at most 64");
+  expect(kv_splits(Kernel::Wmma, 33, 8, 32768, 132) == 1, "more rows than decode: no split");
+  expect(kv_splits(Kernel::CutlassSm80, 4, 8, 32768, 132) == 1, "only WMMA splits");
+  expect(kv_splits(Kernel::Wmma, 4, 0, 32768, 132) == 1, "no units");
+
+  Request r;  // one query, 32 heads on 8 kv heads, 32k keys: packed into 4 rows of 8 units
+  r.q = r.out = bshd(1, 1, 32, 128);
+  r.k = r.v = bshd(1, 32768, 8, 128);
+  r.options.backend = flashcore::Backend::Wmma;
+  Problem p{};
+  expect(flashcore::core::validate(r, &p).ok(), "a decode problem validates");
+  const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
+  flashcore::core::Plan plan{};
+  Status s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 33,
+         "WMMA plans 33 splits: " + std::to_string(plan.splits));
+  r.options.backend = flashcore::Backend::Auto;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm80 && plan.splits == 1,
+         "Auto keeps CUTLASS's decode row, unsplit");
+}
+
 int main() {
   valid_call_passes();
   negative_sizes_and_strides();
@@ -468,6 +499,7 @@ int main() {
   planning_sm90();
   merging();
   variable_lengths();
+  key_splits();
   if (failures != 0) {
     std::printf("core_test: %d check(s) FAILED\n", failures);
     return 1;

@@ -29,11 +29,7 @@ pub fn cpp_attention_forward<T: AttentionElement>(
     let entry = Entry::PublicCpp {
         host_offsets: false,
     };
-    let (kernel, row) = run(entry, &request, q, k, v, out, lse, None)?;
-    Ok(Execution {
-        backend: kernel.into(),
-        tile: Some(*row),
-    })
+    run(entry, &request, q, k, v, out, lse, None)
 }
 
 /// [`cpp_attention_forward`] for a variable-length batch (`flashcore::Sequences`), whose device
@@ -52,9 +48,5 @@ pub fn cpp_attention_varlen<T: AttentionElement>(
 ) -> Result<Execution> {
     let request = crate::varlen::request(q, k, v, batch, out, lse.as_deref(), opts)?;
     let entry = Entry::PublicCpp { host_offsets };
-    let (kernel, row) = run(entry, &request, q, k, v, out, lse, Some(batch))?;
-    Ok(Execution {
-        backend: kernel.into(),
-        tile: Some(*row),
-    })
+    run(entry, &request, q, k, v, out, lse, Some(batch))
 }

@@ -2,12 +2,12 @@
 //! planning and the launch arguments are the C++ library's).
 
 use super::stream::Stream;
+use crate::dispatch::Execution;
 use crate::element::{AttentionElement, Element};
 use crate::error::{Error, Result};
 use crate::ffi::cuda::{self as ffi, MergeOperands, OffsetBuffers, Operands, RawBuffer, RawEvent};
 use crate::ffi::RequestFfi;
 use crate::merge::AttentionState;
-use crate::plan::{Kernel, TileRow};
 use crate::tensor::{Storage, Tensor};
 use crate::validate::desc;
 use crate::varlen::VarlenBatch;
@@ -41,12 +41,13 @@ pub(crate) enum Entry<'a> {
     /// The public C++ API, exactly as a C++ program calls it (interop); a variable-length
     /// batch's host offsets are handed over only with `host_offsets`.
     PublicCpp { host_offsets: bool },
-    /// A call planned once ([`crate::AttentionPlan`]): only the launch.
-    Planned(&'a ffi::Planned),
+    /// A call planned once ([`crate::AttentionPlan`]): only the launch; what the plan runs.
+    Planned(&'a ffi::Planned, Execution),
 }
 
 /// Validates, plans and enqueues a call on the output's stream (a variable-length batch with
-/// `seqs`, whose device offsets are ordered like the inputs); returns what ran.
+/// `seqs`, whose device offsets are ordered like the inputs); returns what ran (a planned call:
+/// what the plan names).
 #[allow(clippy::too_many_arguments)] // the operands of one call, as the public entries take them
 pub(crate) fn run<T: AttentionElement>(
     entry: Entry<'_>,
@@ -57,7 +58,7 @@ pub(crate) fn run<T: AttentionElement>(
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
     seqs: Option<&VarlenBatch>,
-) -> Result<(Kernel, &'static TileRow)> {
+) -> Result<Execution> {
     let stream = device_stream(out)?.clone();
     let lse_stream = match lse.as_deref() {
         Some(l) => Some(device_stream(l)?.clone()),
@@ -100,11 +101,9 @@ pub(crate) fn run<T: AttentionElement>(
     let ran = match entry {
         Entry::Rust => ffi::attention(request, stream.device(), stream.raw(), operands)?,
         Entry::PublicCpp { .. } => ffi::cpp_attention_forward(request, stream.raw(), operands)?,
-        Entry::Planned(planned) => {
+        Entry::Planned(planned, execution) => {
             ffi::attention_planned(request, planned, stream.raw(), operands)?;
-            let row = crate::plan::row(planned.kernel, planned.row)
-                .ok_or_else(|| Error::Launch("the plan names no row".into()))?;
-            (planned.kernel, row)
+            execution
         }
     };
     // Frees and copies later enqueued on the inputs' streams must follow the kernel.

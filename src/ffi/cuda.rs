@@ -12,7 +12,8 @@ use crate::tensor::{Shape, Tensor};
 
 use super::{map_err, sys, CapsFfi, DescFfi, ProblemFfi, RequestFfi, RowRef};
 use crate::cuda::Device;
-use crate::plan::{Kernel, TileRow};
+use crate::dispatch::Execution;
+use crate::plan::Kernel;
 pub(crate) use sys::DeviceInfo;
 
 fn ordinal_i32(ordinal: usize) -> Result<i32> {
@@ -300,13 +301,18 @@ fn caps(device: &Device) -> CapsFfi {
     }
 }
 
-fn launched(l: sys::LaunchedFfi, request: &RequestFfi) -> Result<(Kernel, &'static TileRow)> {
+/// What a launch ran (or a plan will run).
+fn launched(l: sys::LaunchedFfi, request: &RequestFfi) -> Result<Execution> {
     super::check(l.status, &super::Described::Attention(request))?;
     let kernel = super::kernel_of(i64::from(l.kernel))
         .ok_or_else(|| Error::Launch("the C++ planner named no kernel".into()))?;
-    crate::plan::row(kernel, l.row)
-        .map(|r| (kernel, r))
-        .ok_or_else(|| Error::Launch("the C++ planner named no row".into()))
+    let row = crate::plan::row(kernel, l.row)
+        .ok_or_else(|| Error::Launch("the C++ planner named no row".into()))?;
+    Ok(Execution {
+        backend: kernel.into(),
+        tile: Some(*row),
+        splits: usize::try_from(l.splits).unwrap_or(1).max(1),
+    })
 }
 
 /// Validates and plans `request` for `device` and enqueues it on `stream` (one bridge crossing).
@@ -318,7 +324,7 @@ pub(crate) fn attention(
     device: &Device,
     stream: &RawStream,
     b: Operands<'_>,
-) -> Result<(Kernel, &'static TileRow)> {
+) -> Result<Execution> {
     let (r, host_q, host_k) = with_addresses(request, b);
     // SAFETY: the addresses are live allocations of `stream`'s device, large enough for the
     // validated shapes and strides, borrowed (out and lse exclusively) until we return; the
@@ -338,11 +344,11 @@ pub(crate) fn attention(
     launched(l, &r)
 }
 
-/// Validates and plans `request` for `device` once: the kernel and row a planned call runs.
-pub(crate) fn plan(request: &RequestFfi, device: &Device) -> Result<(Kernel, RowRef)> {
+/// Validates and plans `request` for `device` once: what a planned call runs, and its row.
+pub(crate) fn plan(request: &RequestFfi, device: &Device) -> Result<(Execution, RowRef)> {
     let l = sys::plan_attention(request, &caps(device));
     let row = l.row;
-    launched(l, request).map(|(kernel, _)| (kernel, row))
+    launched(l, request).map(|e| (e, row))
 }
 
 /// A planned call: what [`plan`] returned, and the validated problem.
@@ -351,6 +357,7 @@ pub(crate) struct Planned {
     pub problem: ProblemFfi,
     pub kernel: Kernel,
     pub row: RowRef,
+    pub splits: i32,
 }
 
 /// Launches a planned call on `stream`; its operands match the plan (the caller checked).
@@ -370,6 +377,7 @@ pub(crate) fn attention_planned(
             &planned.problem,
             super::kernel_id(planned.kernel),
             &planned.row,
+            planned.splits,
             stream.ordinal,
             stream.handle,
         )
@@ -409,7 +417,7 @@ pub(crate) fn cpp_attention_forward(
     request: &RequestFfi,
     stream: &RawStream,
     b: Operands<'_>,
-) -> Result<(Kernel, &'static TileRow)> {
+) -> Result<Execution> {
     let (r, host_q, host_k) = with_addresses(request, b);
     // SAFETY: as for `attention`; the C++ API validates again from the raw values.
     let l =

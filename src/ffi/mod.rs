@@ -127,6 +127,7 @@ pub(crate) mod sys {
         status: StatusFfi,
         kernel: i32,
         row: RowRef,
+        splits: i32,
     }
 
     /// Device properties read once when a device is opened.
@@ -176,6 +177,13 @@ pub(crate) mod sys {
         fn arch_smem(arch: i32, per_sm: bool) -> i64;
         fn wmma_smem_bytes(queries: i32, keys: i32, head_dim: i32) -> i64;
         fn auto_kernel(arch: i32, query_rows: i64, batch_heads: i64, multiprocessors: i32) -> i32;
+        fn kv_splits(
+            kernel: i32,
+            query_rows: i64,
+            batch_heads: i64,
+            seq_k: i64,
+            multiprocessors: i32,
+        ) -> i32;
         fn limits() -> LimitsFfi;
 
         #[cfg(feature = "cuda")]
@@ -250,6 +258,7 @@ pub(crate) mod sys {
             problem: &ProblemFfi,
             kernel: i32,
             row: &RowRef,
+            splits: i32,
             ordinal: i32,
             stream: usize,
         ) -> StatusFfi;

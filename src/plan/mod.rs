@@ -226,6 +226,37 @@ pub fn auto_kernel(
     ffi::kernel_of(i64::from(id)).unwrap_or(Kernel::Wmma)
 }
 
+/// Into how many blocks per (batch, head) `kernel` splits the keys of a problem of `query_rows`
+/// query rows per head (after one-query GQA heads are packed into rows), `batch_heads` (batch x
+/// heads, as packed) and `seq_k` keys on a GPU with `multiprocessors` SMs (split-KV decoding,
+/// combined through the partial states' logsumexps; [`Execution::splits`](crate::Execution)
+/// reports it). 1 unless the kernel is WMMA, the rows are at most [`decode_max_query_rows`] and
+/// the units leave SMs idle; then enough splits for two blocks per SM, at most 64, each of at
+/// least 512 keys (the C++ library's `flashcore::kv_splits`).
+///
+/// ```
+/// use flashcore::plan::{kv_splits, Kernel};
+/// assert_eq!(kv_splits(Kernel::Wmma, 4, 8, 32768, 132), 33); // one sequence, 8 kv heads
+/// assert_eq!(kv_splits(Kernel::Wmma, 4, 512, 2048, 132), 1); // the SMs are full
+/// assert_eq!(kv_splits(Kernel::CutlassSm80, 4, 8, 32768, 132), 1);
+/// ```
+pub fn kv_splits(
+    kernel: Kernel,
+    query_rows: usize,
+    batch_heads: usize,
+    seq_k: usize,
+    multiprocessors: usize,
+) -> usize {
+    let n = sys::kv_splits(
+        ffi::kernel_id(kernel),
+        i64::try_from(query_rows).unwrap_or(i64::MAX),
+        i64::try_from(batch_heads).unwrap_or(i64::MAX),
+        i64::try_from(seq_k).unwrap_or(i64::MAX),
+        i32::try_from(multiprocessors).unwrap_or(i32::MAX),
+    );
+    usize::try_from(n).unwrap_or(1)
+}
+
 /// `kernel`'s main table, or (for CUTLASS) its decode table, read from C++ once per process.
 fn table(kernel: Kernel, decode: bool) -> &'static [TileRow] {
     // One slot per family's main table, then the decode table.

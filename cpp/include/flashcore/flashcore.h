@@ -47,10 +47,12 @@ struct AttentionArgs {
   std::optional<Sequences> sequences;
 };
 
-// What a successful call ran.
+// What a successful call ran: the kernel family, its table row, and into how many blocks per
+// (batch, head) the keys were split (kv_splits; 1: none).
 struct LaunchInfo {
   Kernel kernel;
   TileRow row;
+  int32_t splits = 1;
 };
 
 // Validates `args`, picks the kernel and tile for the current device, and enqueues the attention

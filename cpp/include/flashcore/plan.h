@@ -17,6 +17,11 @@ constexpr int64_t kHeadDimMultiple = 8;
 // Problems with at most this many query rows per head (after one-query GQA heads are packed
 // into rows) use the CUTLASS decode table.
 constexpr int64_t kDecodeMaxQueryRows = 32;
+// Split-KV decoding (the WMMA kernel): a problem of at most kDecodeMaxQueryRows query rows per
+// head whose (batch x head) units leave SMs idle splits its keys over up to kMaxKvSplits blocks
+// per unit, each streaming at least kMinKeysPerSplit keys, and combines their partial states.
+constexpr int32_t kMaxKvSplits = 64;
+constexpr int64_t kMinKeysPerSplit = 512;
 // merge_states combines at most this many states in one call (the merge kernel takes their
 // addresses as launch parameters); merge more by merging merged states.
 constexpr int64_t kMaxMergeStates = 64;
@@ -85,6 +90,14 @@ int64_t smem_per_sm(ArchClass arch) noexcept;
 // head, or nullptr above the largest tier.
 const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
                           int64_t query_rows) noexcept;
+
+// How many key splits `kernel` runs a problem of `query_rows` query rows per head (after packing),
+// `batch_heads` (batch x heads) units and `seq_k` keys with on `multiprocessors` SMs: 1 (no
+// split) unless the kernel is WMMA, the rows are few (decode) and the units leave SMs idle; then
+// enough splits for two blocks per SM, at most kMaxKvSplits, each of at least kMinKeysPerSplit
+// keys (see its definition in cpp/src/core/plan.cpp).
+int32_t kv_splits(Kernel kernel, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
+                  int32_t multiprocessors) noexcept;
 
 // Query rows per block of the Hopper kernel's smallest tile (every sm90 row has at least this
 // many, tables.cpp checks): Auto's test that the work units fill the SMs and the bound on the

@@ -68,6 +68,17 @@ Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int3
   return hopper && fills ? Kernel::CutlassSm90 : Kernel::Wmma;
 }
 
+int32_t kv_splits(Kernel kernel, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
+                  int32_t multiprocessors) noexcept {
+  if (kernel != Kernel::Wmma || query_rows > kDecodeMaxQueryRows || batch_heads <= 0 ||
+      batch_heads >= multiprocessors) {
+    return 1;
+  }
+  const int64_t fill = ceil_div(2 * int64_t{multiprocessors}, batch_heads);
+  const int64_t most = std::min<int64_t>(kMaxKvSplits, seq_k / kMinKeysPerSplit);
+  return static_cast<int32_t>(std::max<int64_t>(1, std::min(fill, most)));
+}
+
 namespace core {
 namespace {
 
@@ -258,7 +269,10 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     if (!s.ok()) {
       return s;
     }
-    *out = Plan{kernel, row};
+    const int32_t splits =
+        p.varlen ? 1
+                 : kv_splits(kernel, p.query_rows(), p.batch_heads(), p.seq_k, caps.multiprocessors);
+    *out = Plan{kernel, row, splits};
     return {};
   } catch (...) {
     return out_of_host_memory();

@@ -88,10 +88,11 @@ struct DeviceCaps {
   int32_t multiprocessors = 0;  // 0: unknown (Auto then takes the Hopper kernel where it may)
 };
 
-// The kernel and tile that will run a validated problem.
+// The kernel and tile that will run a validated problem, and its key splits (kv_splits).
 struct Plan {
   Kernel kernel;
   const TileRow* row;
+  int32_t splits = 1;
 };
 
 // `kernel`'s row for `head_dim` and `query_rows` query rows per head on a device with `caps`,

@@ -53,6 +53,13 @@ struct Params {
   const int32_t* cu_q;
   const int32_t* cu_k;
   int32_t total_q, total_k;
+  // Split-KV: blockIdx.x runs over (query block, split), split s taking keys
+  // [s * split_keys, (s + 1) * split_keys); with splits > 1 each block writes its normalised f32
+  // partial output and logsumexp to part_out / part_lse ([split][batch][head][row], split.cuh
+  // combines them). One split: split_keys covers every sequence.
+  int32_t splits, split_keys;
+  float* part_out;
+  float* part_lse;
 };
 
 // One block's sequence: element offsets of its token 0 in q, k, v and out, its lengths and
@@ -107,6 +114,8 @@ struct Config {
   static constexpr int kQElems = BR * kLd;
   static constexpr int kKVElems = BC * kLd;  // one stage of K or of V
   static constexpr size_t kSmemBytes = size_t(kQElems + 2 * kStages * kKVElems) * sizeof(T);
+  // A split's f32 partial output is staged over the whole buffer once the loop is done.
+  static_assert(size_t(BR) * D * sizeof(float) <= kSmemBytes, "f32 staging of a block's rows");
   // The layout check at block start borrows 1.5 KB per warp of the K/V buffers.
   static_assert(size_t(kWarps) * 1536 <= size_t(2 * kStages * kKVElems) * sizeof(T),
                 "layout-check scratch must fit");
@@ -164,11 +173,11 @@ __device__ inline void pv_tile(FragAcc (&o)[WM][D / 16], const FragAcc (&s)[WM][
   }
 }
 
-// Sets the scores of keys >= seq_k, or past each row's causal limit, to -inf.
-// `row0`: the warp's first query row; `key0`: the tile's first key.
+// Sets the scores of keys >= key_limit (the sequence's or the split's end), or past each row's
+// causal limit, to -inf. `row0`: the warp's first query row; `key0`: the tile's first key.
 template <int WM, int NF>
 __device__ inline void mask_tile(FragAcc (&s)[WM][NF], const Params& p, const Sequence& seq,
-                                 int row0, int key0, int lane) {
+                                 int key_limit, int row0, int key0, int lane) {
 #pragma unroll
   for (int mt = 0; mt < WM; ++mt) {
 #pragma unroll
@@ -177,11 +186,57 @@ __device__ inline void mask_tile(FragAcc (&s)[WM][NF], const Params& p, const Se
       for (int i = 0; i < 8; ++i) {
         const int key = key0 + n * 16 + acc_col(lane, i);
         const int limit =
-            p.causal ? row0 + mt * 16 + acc_row(lane, i) + seq.causal_offset : seq.seq_k;
-        if (key >= seq.seq_k || key > limit) {
+            p.causal ? row0 + mt * 16 + acc_row(lane, i) + seq.causal_offset : key_limit;
+        if (key >= key_limit || key > limit) {
           s[mt][n].x[i] = -INFINITY;
         }
       }
+    }
+  }
+}
+
+// A split's partial state: the warp's output rows normalised by l, in f32, and their logsumexps,
+// at rows `part` + query row of p.part_out (rows of head_dim) and p.part_lse. The rows are staged
+// in `stage` (the warp's ROWS x D floats of shared memory, free once the loop is done) and leave
+// as 16-byte vectors, as the dense epilogue does (computing global addresses per fragment element
+// instead needs registers the loop's accumulators leave none of).
+template <int WM, int NJ, int D>
+__device__ inline void store_partial(const FragAcc (&o)[WM][NJ], RowState (&rows)[WM],
+                                     float* stage, const Params& p, int seq_q, int warp_row0,
+                                     int64_t part, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < WM; ++mt) {
+    rows[mt].reduce_sums();
+    const float inv_l[2] = {rows[mt].l[0] > 0.0f ? 1.0f / rows[mt].l[0] : 0.0f,
+                            rows[mt].l[1] > 0.0f ? 1.0f / rows[mt].l[1] : 0.0f};
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const float f = inv_l[row_half(i)];
+        *reinterpret_cast<float2*>(stage + (mt * 16 + acc_row(lane, i)) * D + j * 16 +
+                                   acc_col(lane, i)) =
+            make_float2(o[mt][j].x[i] * f, o[mt][j].x[i + 1] * f);
+      }
+    }
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp_row0 + mt * 16 + lane / 4 + 8 * r;
+        if (row < seq_q) {
+          p.part_lse[part + row] = rows[mt].lse(r);
+        }
+      }
+    }
+  }
+  __syncwarp();
+  const int chunks = p.head_dim / 4;  // 16-byte chunks per row
+  for (int i = lane; i < 16 * WM * chunks; i += 32) {
+    const int r = i / chunks;
+    const int c = (i % chunks) * 4;
+    if (warp_row0 + r < seq_q) {
+      *reinterpret_cast<float4*>(p.part_out + (part + warp_row0 + r) * p.head_dim + c) =
+          *reinterpret_cast<const float4*>(stage + r * D + c);
     }
   }
 }
@@ -197,7 +252,9 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
   const int64_t b = blockIdx.z;
   const int64_t h = blockIdx.y;
   const Sequence seq = sequence(p, b, gridDim.y);
-  const int row0 = blockIdx.x * BR;
+  const int m_blocks = gridDim.x / p.splits;
+  const int split = blockIdx.x / m_blocks;
+  const int row0 = (blockIdx.x % m_blocks) * BR;
   if (row0 >= seq.seq_q) {
     return;  // a sequence shorter than the batch's longest: the whole block is idle
   }
@@ -220,19 +277,25 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
   const T* k = static_cast<const T*>(p.k) + seq.k + kvh * p.k_stride[2];
   const T* v = static_cast<const T*>(p.v) + seq.v + kvh * p.v_stride[2];
 
-  // Keys any row of this block may see. Validation gives every row key 0 (n_tiles >= 1); only a
-  // variable-length batch whose device offsets break their contract has rows that see none
-  // (n_tiles may then be 0 or less): they end with l = 0, written as 0 and lse -inf.
-  const int key_end = p.causal ? min(seq.seq_k, row0 + BR + seq.causal_offset) : seq.seq_k;
-  const int n_tiles = (key_end + BC - 1) / BC;
-  // The last key the warp's last row may see (causal); the warp skips tiles past it.
-  const int warp_key_end = p.causal ? warp_row0 + 16 * WM - 1 + seq.causal_offset : seq.seq_k;
+  // Keys any row of this block may see: its split's, up to the causal limit. Validation gives
+  // every row key 0, so without splits n_tiles >= 1; a later split may hold no visible key, and
+  // a variable-length batch whose device offsets break their contract may have rows that see
+  // none (n_tiles 0 or less): they end with l = 0, written as 0 and lse -inf.
+  // (The loop holds only key_limit: keys past it are zero-filled by the copies and masked.)
+  const int key_begin = split * p.split_keys;
+  const int key_limit = min(seq.seq_k, key_begin + p.split_keys);
+  const int key_end = p.causal ? min(key_limit, row0 + BR + seq.causal_offset) : key_limit;
+  // The last key the warp's last row may see (causal); the warp skips tiles past it, and every
+  // tile when it has no query row (decode fills few of a block's rows).
+  const int warp_key_end = warp_row0 >= seq.seq_q ? -1
+                           : p.causal             ? warp_row0 + 16 * WM - 1 + seq.causal_offset
+                                                  : key_limit;
 
-  const TileCopy<BC, D, C::kLd, C::kThreads, T> k_copy(k, p.k_stride[1], seq.seq_k, p.head_dim);
-  const TileCopy<BC, D, C::kLd, C::kThreads, T> v_copy(v, p.v_stride[1], seq.seq_k, p.head_dim);
+  const TileCopy<BC, D, C::kLd, C::kThreads, T> k_copy(k, p.k_stride[1], key_limit, p.head_dim);
+  const TileCopy<BC, D, C::kLd, C::kThreads, T> v_copy(v, p.v_stride[1], key_limit, p.head_dim);
   TileCopy<BR, D, C::kLd, C::kThreads, T>(q, p.q_stride[1], seq.seq_q, p.head_dim).start(s_q, row0);
-  k_copy.start(s_k, 0);
-  v_copy.start(s_v, 0);
+  k_copy.start(s_k, key_begin);
+  v_copy.start(s_v, key_begin);
   __pipeline_commit();
 
   FragAcc o[WM][NJ];
@@ -246,10 +309,8 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
   RowState rows[WM];
   T* s_qw = s_q + (warp * 16 * WM) * C::kLd;  // the warp's Q rows, its output rows at the end
 
-  for (int t = 0; t < n_tiles; ++t) {
-    const int stage = t % 2;
-    const int key0 = t * BC;
-    if (t + 1 < n_tiles) {
+  for (int key0 = key_begin, stage = 0; key0 < key_end; key0 += BC, stage ^= 1) {
+    if (key0 + BC < key_end) {
       k_copy.start(s_k + (1 - stage) * C::kKVElems, key0 + BC);
       v_copy.start(s_v + (1 - stage) * C::kKVElems, key0 + BC);
     }
@@ -260,9 +321,8 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
     if (key0 <= warp_key_end) {  // else no row of this warp sees a key of the tile
       FragAcc s[WM][NF];
       qk_tile<T, WM, NF, D, C::kLd>(s, s_qw, s_k + stage * C::kKVElems, lane);
-      if (key0 + BC > seq.seq_k ||
-          (p.causal && key0 + BC - 1 > warp_row0 + seq.causal_offset)) {
-        mask_tile(s, p, seq, warp_row0, key0, lane);
+      if (key0 + BC > key_limit || (p.causal && key0 + BC - 1 > warp_row0 + seq.causal_offset)) {
+        mask_tile(s, p, seq, key_limit, warp_row0, key0, lane);
       }
 #pragma unroll
       for (int mt = 0; mt < WM; ++mt) {
@@ -278,6 +338,16 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
   // Every thread's copies have landed before a warp stages its output over its Q rows (without
   // a key tile the loop's barriers never ran, and other threads' Q copies may be in flight).
   __syncthreads();
+
+  // The sequence's output offsets are read again rather than held through the loop, whose
+  // accumulators take every register.
+  const Sequence out_seq = sequence(p, blockIdx.z, gridDim.y);
+  if (p.splits > 1) {  // one split of the keys: its f32 partial state (split.cuh combines)
+    const int64_t part = ((int64_t(split) * gridDim.z + b) * gridDim.y + h) * p.seq_q;
+    float* stage = reinterpret_cast<float*>(smem) + warp * 16 * WM * D;
+    store_partial<WM, NJ, D>(o, rows, stage, p, out_seq.seq_q, warp_row0, part, lane);
+    return;
+  }
 
   // Epilogue: normalise by l, stage the warp's rows as T over its own (now unused) Q rows, then
   // write 16-byte vectors; the log-sum-exp (natural log) when asked.
@@ -298,25 +368,23 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
       }
     }
     if (p.lse != nullptr && lane % 4 == 0) {
-      constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int q_row = warp_row0 + mt * 16 + lane / 4 + 8 * r;
-        if (q_row < seq.seq_q) {
-          p.lse[seq.lse0 + h * seq.lse_head + q_row] =
-              (rows[mt].m[r] + log2f(rows[mt].l[r])) * kLn2;
+        if (q_row < out_seq.seq_q) {
+          p.lse[out_seq.lse0 + int64_t(blockIdx.y) * out_seq.lse_head + q_row] = rows[mt].lse(r);
         }
       }
     }
   }
   __syncwarp();
-  T* out = static_cast<T*>(p.out) + seq.o + h * p.o_stride[2];
+  T* out = static_cast<T*>(p.out) + out_seq.o + int64_t(blockIdx.y) * p.o_stride[2];
   const int chunks = p.head_dim / 8;  // 16-byte chunks per row
   for (int i = lane; i < 16 * WM * chunks; i += 32) {
     const int r = i / chunks;
     const int c = (i % chunks) * 8;
     const int q_row = warp_row0 + r;
-    if (q_row < seq.seq_q) {
+    if (q_row < out_seq.seq_q) {
       *reinterpret_cast<uint4*>(out + int64_t(q_row) * p.o_stride[1] + c) =
           *reinterpret_cast<const uint4*>(s_qw + r * C::kLd + c);
     }

@@ -1,4 +1,5 @@
-// Launcher for flashcore's WMMA kernel (kernel.cuh): FmhaArgs -> Params, grid, shared memory.
+// Launcher for flashcore's WMMA kernel (kernel.cuh): FmhaArgs -> Params, grid, shared memory;
+// with key splits (FmhaArgs::splits), the workspace and the combine kernel (split.cuh).
 //
 // Each file in instances/ (one per dtype x tile of instances.inc) instantiates
 // `launch_wmma<T, BR, BC, D>` once and checks that the table's shared-memory figure matches.
@@ -8,12 +9,14 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "../check.h"
 #include "../smem.h"
 #include "../launcher.h"
 #include "kernel.cuh"
+#include "split.cuh"
 
 namespace flashcore::wmma_fa {
 
@@ -51,13 +54,47 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
                 "up to " + std::to_string(D));
   }
 
-  const dim3 grid(static_cast<unsigned>((a.seq_q + BR - 1) / BR), static_cast<unsigned>(a.heads_q),
+  // Keys per split: a whole number of key tiles; the split count follows (the last split is
+  // never empty). One split covers every sequence.
+  const int64_t per_split = a.splits > 1 ? ((a.seq_k + a.splits - 1) / a.splits + BC - 1) / BC * BC
+                                         : int64_t{INT32_MAX};
+  p.split_keys = static_cast<int32_t>(per_split);
+  p.splits = a.splits > 1 ? static_cast<int32_t>((a.seq_k + per_split - 1) / per_split) : 1;
+
+  const int64_t m_blocks = (a.seq_q + BR - 1) / BR;
+  const dim3 grid(static_cast<unsigned>(m_blocks * p.splits), static_cast<unsigned>(a.heads_q),
                   static_cast<unsigned>(a.batch));
   constexpr auto kernel = fmha_wmma_kernel<T, BR, BC, D>;
   const int smem_bytes = static_cast<int>(C::kSmemBytes);
   ensure_smem_limit<kernel>(smem_bytes);
+  if (p.splits == 1) {
+    kernel<<<grid, C::kThreads, smem_bytes, stream>>>(p);
+    check_cuda(cudaGetLastError(), "launch fmha_wmma_kernel");
+    return;
+  }
+  CombineParams c{};
+  c.rows = a.batch * a.heads_q * a.seq_q;
+  const Workspace ws(sizeof(float) * size_t(p.splits) * size_t(c.rows) * size_t(a.head_dim + 1),
+                     stream);
+  p.part_out = ws.floats();
+  p.part_lse = p.part_out + int64_t(p.splits) * c.rows * a.head_dim;
   kernel<<<grid, C::kThreads, smem_bytes, stream>>>(p);
-  check_cuda(cudaGetLastError(), "launch fmha_wmma_kernel");
+  check_cuda(cudaGetLastError(), "launch fmha_wmma_kernel (split keys)");
+  c.part_out = p.part_out;
+  c.part_lse = p.part_lse;
+  c.out = a.out;
+  c.lse = a.lse;
+  for (int i = 0; i < 3; ++i) {
+    c.o_stride[i] = a.o_stride[i];
+  }
+  c.seq_q = static_cast<int32_t>(a.seq_q);
+  c.heads = static_cast<int32_t>(a.heads_q);
+  c.head_dim = static_cast<int32_t>(a.head_dim);
+  c.splits = p.splits;
+  const int64_t per_block = kCombineThreads / (a.head_dim / kCombineVector);
+  const auto blocks = static_cast<unsigned>((c.rows + per_block - 1) / per_block);
+  combine_kernel<T><<<blocks, kCombineThreads, 0, stream>>>(c);
+  check_cuda(cudaGetLastError(), "launch the split-KV combine kernel");
 }
 
 }  // namespace flashcore::wmma_fa

@@ -68,6 +68,13 @@ struct RowState {
     }
   }
 
+  // Natural-log logsumexp of row g (r = 0) or g + 8 (r = 1), after reduce_sums: -inf for a row
+  // that saw no key.
+  __device__ float lse(int r) const {
+    constexpr float kLn2 = 0.6931471805599453f;
+    return (m[r] + log2f(l[r])) * kLn2;
+  }
+
   // The quad's total sums (call once, after the last tile).
   __device__ void reduce_sums() {
 #pragma unroll

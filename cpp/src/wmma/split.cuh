@@ -1,0 +1,106 @@
+// Split-KV for the WMMA kernel: the workspace of the splits' partial states and the kernel that
+// combines them. Each split of a (batch, head) wrote its normalised f32 output rows and their
+// logsumexps (kernel.cuh); per query row the combine computes
+//
+//   m = max_s lse_s,  w_s = exp(lse_s - m),  out = sum_s w_s out_s / sum_s w_s,
+//   lse = m + log(sum_s w_s),
+//
+// as merge_states does (a split without visible keys has lse -inf: weight 0, never read), and
+// writes the output at its strides and, when asked, the logsumexp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "../check.h"
+#include "fragments.cuh"
+
+namespace flashcore::wmma_fa {
+
+struct CombineParams {
+  const float* part_out;  // [split][row][head_dim], rows ordered (batch, head, query row)
+  const float* part_lse;  // [split][row]
+  void* out;
+  float* lse;             // dense [batch, heads, seq_q] or null
+  int64_t o_stride[3];    // batch, seq, head (elements)
+  int64_t rows;           // batch x heads x seq_q
+  int32_t seq_q, heads, head_dim, splits;
+};
+
+constexpr int kCombineThreads = 128;
+constexpr int kCombineVector = 8;  // columns per thread: one 16-byte store
+
+// Rows of head_dim / 8 threads each, kCombineThreads / (head_dim / 8) rows per block.
+template <typename T>
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineParams p) {
+  const int vectors = p.head_dim / kCombineVector;
+  const int per_block = kCombineThreads / vectors;
+  const int local = static_cast<int>(threadIdx.x) / vectors;
+  const int column = static_cast<int>(threadIdx.x) % vectors * kCombineVector;
+  const int64_t row = int64_t(blockIdx.x) * per_block + local;
+  if (local >= per_block || row >= p.rows) {
+    return;
+  }
+  float m = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) {
+    const float l = p.part_lse[s * p.rows + row];
+    m = l > m || l != l ? l : m;  // NaN wins
+  }
+  float acc[kCombineVector] = {};
+  float total = 0.f;
+  if (m != -INFINITY) {
+    for (int s = 0; s < p.splits; ++s) {
+      const float w = ::expf(p.part_lse[s * p.rows + row] - m);
+      total += w;
+      if (w != 0.f) {  // a split without keys is never read
+        const float4* src =
+            reinterpret_cast<const float4*>(p.part_out + (s * p.rows + row) * p.head_dim + column);
+        const float4 a = src[0], b = src[1];
+        const float x[kCombineVector] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int e = 0; e < kCombineVector; ++e) {
+          acc[e] += w * x[e];
+        }
+      }
+    }
+  }
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  alignas(16) T packed[kCombineVector];
+#pragma unroll
+  for (int e = 0; e < kCombineVector; e += 2) {
+    *reinterpret_cast<uint32_t*>(&packed[e]) = pack2(T(), acc[e] * inv, acc[e + 1] * inv);
+  }
+  const int64_t i = row % p.seq_q, bh = row / p.seq_q;
+  const int64_t h = bh % p.heads, b = bh / p.heads;
+  T* dst = static_cast<T*>(p.out) + b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] +
+           column;
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(packed);
+  if (p.lse != nullptr && column == 0) {
+    p.lse[row] = m == -INFINITY ? -INFINITY : m + ::logf(total);
+  }
+}
+
+// Stream-ordered scratch memory (cudaMallocAsync on the launch's stream), freed after the work
+// enqueued on that stream when it goes out of scope.
+class Workspace {
+ public:
+  Workspace(size_t bytes, cudaStream_t stream) : stream_(stream) {
+    check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (split-KV workspace)");
+  }
+  ~Workspace() {
+    if (ptr_ != nullptr) {
+      (void)cudaFreeAsync(ptr_, stream_);  // a failure here surfaces at the next CUDA call
+    }
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  float* floats() const { return static_cast<float*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+
+}  // namespace flashcore::wmma_fa
