@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a bundle built by scripts/bundle.sh on a GPU host: the GPU test suite, the example at the
 # mission shape, the SASS listing, and (unless SKIP_BENCH=1) the benchmarks side by side with
-# torch SDPA. Logs go to ${1:-.}/ as well as stdout (at most 11 files).
+# torch SDPA. Logs go to ${1:-.}/ as well as stdout (at most 13 files).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-.}"
@@ -43,22 +43,22 @@ rm -f "$marker"
           "$here/example-attention" $shape --backend cutlass-sm90 || touch "$marker"
       done
     done
+    # memcheck and racecheck over the GPU tests whose names contain $1 (log: $out/$1-TOOL.log).
+    sanitize_tests() {
+      for tool in memcheck racecheck; do
+        "$sanitizer" --tool $tool --error-exitcode 3 \
+          "$here/test-gpu" --include-ignored --test-threads=1 "$1" >"$out/$1-$tool.log" 2>&1
+        rc=$?
+        grep -E "test result|SUMMARY" "$out/$1-$tool.log"
+        [ "$rc" = 0 ] || touch "$marker"
+      done
+    }
     echo "== compute-sanitizer memcheck and racecheck: the merge kernel (its GPU tests, in place too)"
-    for tool in memcheck racecheck; do
-      "$sanitizer" --tool $tool --error-exitcode 3 \
-        "$here/test-gpu" --include-ignored --test-threads=1 merge_ >"$out/merge-$tool.log" 2>&1
-      rc=$?
-      grep -E "test result|SUMMARY" "$out/merge-$tool.log"
-      [ "$rc" = 0 ] || touch "$marker"
-    done
+    sanitize_tests merge_
     echo "== compute-sanitizer memcheck and racecheck: variable-length batches (WMMA; bad device offsets too)"
-    for tool in memcheck racecheck; do
-      "$sanitizer" --tool $tool --error-exitcode 3 \
-        "$here/test-gpu" --include-ignored --test-threads=1 varlen_ >"$out/varlen-$tool.log" 2>&1
-      rc=$?
-      grep -E "test result|SUMMARY" "$out/varlen-$tool.log"
-      [ "$rc" = 0 ] || touch "$marker"
-    done
+    sanitize_tests varlen_
+    echo "== compute-sanitizer memcheck and racecheck: split-KV decoding (WMMA and its combine)"
+    sanitize_tests split_kv
   fi
 } 2>&1 | tee "$out/example.log"
 [ -e "$marker" ] && { echo "== example or racecheck FAILED"; status=1; }

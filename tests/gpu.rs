@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{dims, logical, lse_values, naive, naive_varlen, randn, random_lengths, rel_l2, Rng};
+use common::{dims, logical, lse_values, naive, naive_varlen, randn, random_varlen, rel_l2, Rng};
 use flashcore::interop::{cpp_attention_forward, cpp_attention_varlen, CppDeviceBuffer};
 use flashcore::plan::{auto_kernel, decode_table, kv_splits, tile_table, ArchClass, Kernel};
 use flashcore::{
@@ -972,24 +972,17 @@ fn varlen_case<T: AttentionElement>(
     layout: Layout,
 ) -> (f64, f64) {
     let mut rng = Rng::fresh();
-    let (lq, lk) = random_lengths(&mut rng, n, max_len, max_len, causal == Causal::BottomRight);
-    let batch = VarlenBatch::from_lengths(&lq, &lk).unwrap();
-    let (tq, tk) = (lq.iter().sum::<usize>(), lk.iter().sum::<usize>());
-    let q: Tensor<T> = randn(
+    let bottom_right = causal == Causal::BottomRight;
+    let (batch, q, k, v) = random_varlen::<T>(
         &mut rng,
-        &dims(Shape::new(1, tq, heads.0, d), layout),
+        n,
+        (max_len, max_len),
+        heads,
+        d,
+        bottom_right,
         layout,
     );
-    let k: Tensor<T> = randn(
-        &mut rng,
-        &dims(Shape::new(1, tk, heads.1, d), layout),
-        layout,
-    );
-    let v: Tensor<T> = randn(
-        &mut rng,
-        &dims(Shape::new(1, tk, heads.1, d), layout),
-        layout,
-    );
+    let tq = q.shape().seq;
     let out_dims = dims(Shape::new(1, tq, heads.0, d), layout);
     let mut out = Tensor::full(T::from_f64(f64::NAN), &out_dims, layout)
         .unwrap()
@@ -1010,7 +1003,13 @@ fn varlen_case<T: AttentionElement>(
         Some(&mut lse),
         &opts,
     )
-    .unwrap_or_else(|e| panic!("{lq:?} x {lk:?}: {e}"));
+    .unwrap_or_else(|e| {
+        panic!(
+            "{:?} x {:?}: {e}",
+            batch.cu_seqlens_q(),
+            batch.cu_seqlens_k()
+        )
+    });
     assert_eq!(exec.backend, BackendKind::Kernel(Kernel::Wmma));
     let (want, want_lse) = naive_varlen(
         &q,

@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::{dims, lse_values, naive_varlen, randn, random_lengths, rel_l2, Rng};
+use common::{lse_values, naive_varlen, randn, random_varlen, rel_l2, Rng};
 use flashcore::{
     attention, attention_varlen, attention_varlen_into, AttentionElement, AttentionOptions, Causal,
-    Error, Layout, OffsetRule, Operand, Shape, Tensor, VarlenBatch,
+    Error, Layout, OffsetRule, Operand, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 
@@ -37,24 +37,9 @@ fn random_batch<T: AttentionElement>(
     layout: Layout,
 ) {
     let mut rng = Rng::fresh();
-    let (lq, lk) = random_lengths(&mut rng, n, 40, 50, causal == Causal::BottomRight);
-    let batch = VarlenBatch::from_lengths(&lq, &lk).unwrap();
-    let (tq, tk) = (lq.iter().sum::<usize>(), lk.iter().sum::<usize>());
-    let q: Tensor<T> = randn(
-        &mut rng,
-        &dims(Shape::new(1, tq, heads.0, d), layout),
-        layout,
-    );
-    let k: Tensor<T> = randn(
-        &mut rng,
-        &dims(Shape::new(1, tk, heads.1, d), layout),
-        layout,
-    );
-    let v: Tensor<T> = randn(
-        &mut rng,
-        &dims(Shape::new(1, tk, heads.1, d), layout),
-        layout,
-    );
+    let bottom_right = causal == Causal::BottomRight;
+    let (batch, q, k, v) =
+        random_varlen::<T>(&mut rng, n, (40, 50), heads, d, bottom_right, layout);
     let opts = AttentionOptions::default().causal(causal).with_lse();
     let res = attention_varlen(&q, &k, &v, &batch, &opts).unwrap();
     let scale = 1.0 / (d as f64).sqrt();
@@ -67,8 +52,11 @@ fn random_batch<T: AttentionElement>(
         scale,
         causal,
     );
-    let what =
-        format!("{n} sequences {lq:?} x {lk:?}, heads {heads:?}, d {d}, {causal:?}, {layout:?}");
+    let what = format!(
+        "offsets {:?} x {:?}, heads {heads:?}, d {d}, {causal:?}, {layout:?}",
+        batch.cu_seqlens_q(),
+        batch.cu_seqlens_k()
+    );
     let err = rel_l2(&values(&res.out), &want);
     assert!(err < tolerance::<T>(), "{what}: rel L2 {err:.2e}");
     let lse_err = rel_l2(&lse_of(res.lse.as_ref().unwrap()), &want_lse);

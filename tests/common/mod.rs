@@ -1,7 +1,7 @@
 //! Test helpers: seeded normal inputs, an independent naive attention in f64, relative L2 error.
 #![allow(dead_code)]
 
-use flashcore::{Causal, Element, Layout, Shape, Tensor};
+use flashcore::{Causal, Element, Layout, Shape, Tensor, VarlenBatch};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// splitmix64: a small deterministic generator, freshly seeded per call site.
@@ -238,4 +238,27 @@ pub fn random_lengths(
         lk.push(k);
     }
     (lq, lk)
+}
+
+/// A random variable-length batch of `n` sequences ([`random_lengths`]) and its packed host
+/// Q, K and V (`heads` = (query, key/value) heads, head dim `d`, in `layout`), normal values.
+#[allow(clippy::too_many_arguments)]
+pub fn random_varlen<T: Element>(
+    rng: &mut Rng,
+    n: usize,
+    (max_q, max_k): (usize, usize),
+    heads: (usize, usize),
+    d: usize,
+    bottom_right: bool,
+    layout: Layout,
+) -> (VarlenBatch, Tensor<T>, Tensor<T>, Tensor<T>) {
+    let (lq, lk) = random_lengths(rng, n, max_q, max_k, bottom_right);
+    let batch = VarlenBatch::from_lengths(&lq, &lk).unwrap();
+    let (tq, tk) = (lq.iter().sum::<usize>(), lk.iter().sum::<usize>());
+    let mut packed =
+        |tokens: usize, h: usize| randn(rng, &dims(Shape::new(1, tokens, h, d), layout), layout);
+    let q = packed(tq, heads.0);
+    let k = packed(tk, heads.1);
+    let v = packed(tk, heads.1);
+    (batch, q, k, v)
 }

@@ -207,8 +207,7 @@ __device__ inline void store_partial(const FragAcc (&o)[WM][NJ], RowState (&rows
 #pragma unroll
   for (int mt = 0; mt < WM; ++mt) {
     rows[mt].reduce_sums();
-    const float inv_l[2] = {rows[mt].l[0] > 0.0f ? 1.0f / rows[mt].l[0] : 0.0f,
-                            rows[mt].l[1] > 0.0f ? 1.0f / rows[mt].l[1] : 0.0f};
+    const float inv_l[2] = {rows[mt].inv_sum(0), rows[mt].inv_sum(1)};
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
 #pragma unroll
@@ -278,9 +277,9 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
   const T* v = static_cast<const T*>(p.v) + seq.v + kvh * p.v_stride[2];
 
   // Keys any row of this block may see: its split's, up to the causal limit. Validation gives
-  // every row key 0, so without splits n_tiles >= 1; a later split may hold no visible key, and
-  // a variable-length batch whose device offsets break their contract may have rows that see
-  // none (n_tiles 0 or less): they end with l = 0, written as 0 and lse -inf.
+  // every row key 0, so without splits the loop runs at least once; a later split may hold no
+  // visible key, and a variable-length batch whose device offsets break their contract may have
+  // rows that see none (key_end <= key_begin): they end with l = 0, written as 0 and lse -inf.
   // (The loop holds only key_limit: keys past it are zero-filled by the copies and masked.)
   const int key_begin = split * p.split_keys;
   const int key_limit = min(seq.seq_k, key_begin + p.split_keys);
@@ -354,9 +353,7 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
 #pragma unroll
   for (int mt = 0; mt < WM; ++mt) {
     rows[mt].reduce_sums();
-    // l = 0: a row that saw no key (see n_tiles); its output is 0, not 0 * inf.
-    const float inv_l[2] = {rows[mt].l[0] > 0.0f ? 1.0f / rows[mt].l[0] : 0.0f,
-                            rows[mt].l[1] > 0.0f ? 1.0f / rows[mt].l[1] : 0.0f};
+    const float inv_l[2] = {rows[mt].inv_sum(0), rows[mt].inv_sum(1)};
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
 #pragma unroll

@@ -68,6 +68,10 @@ struct RowState {
     }
   }
 
+  // 1 / l of row g (r = 0) or g + 8 (r = 1), after reduce_sums; 0 for a row that saw no key
+  // (its output is then 0, not 0 * inf).
+  __device__ float inv_sum(int r) const { return l[r] > 0.0f ? 1.0f / l[r] : 0.0f; }
+
   // Natural-log logsumexp of row g (r = 0) or g + 8 (r = 1), after reduce_sums: -inf for a row
   // that saw no key.
   __device__ float lse(int r) const {
