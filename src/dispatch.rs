@@ -114,7 +114,7 @@ pub(crate) fn run<T: AttentionElement>(
         Route::Gpu => run_gpu(request, q, k, v, out, lse, None),
         Route::Cpu(problem) => {
             if !problem.is_empty() {
-                crate::cpu::attention(&problem, q, k, v, out, lse);
+                crate::cpu::attention(&problem, q, k, v, out, lse)?;
             }
             Ok(CPU)
         }

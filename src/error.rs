@@ -220,6 +220,13 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A host allocation could not be satisfied (a tensor, a copy to the host, or the CPU
+    /// backend's buffers): returned instead of aborting the process.
+    #[error("out of host memory: could not allocate {bytes} bytes")]
+    OutOfHostMemory {
+        /// The bytes asked for.
+        bytes: usize,
+    },
     /// This build has no CUDA support (the `cuda` feature is off).
     #[error("flashcore was built without the `cuda` feature")]
     CudaNotBuilt,

@@ -139,7 +139,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
         match self.target {
             Target::Cpu(problem) => {
                 if !problem.is_empty() {
-                    crate::cpu::attention(&problem, q, k, v, out, lse);
+                    crate::cpu::attention(&problem, q, k, v, out, lse)?;
                 }
             }
             #[cfg(feature = "cuda")]

@@ -128,6 +128,17 @@ pub struct Tensor<T: Element> {
     strides: [usize; 4],
 }
 
+/// `n` copies of `value` on the host, or [`Error::OutOfHostMemory`] when the allocator cannot
+/// provide them (never an abort).
+pub(crate) fn host_vec<T: Clone>(value: T, n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::OutOfHostMemory {
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+    })?;
+    v.resize(n, value);
+    Ok(v)
+}
+
 /// Elements a view addresses: 1 + the largest offset, 0 when empty.
 fn addressed_len(shape: Shape, strides: [usize; 4]) -> Result<usize> {
     let dims = shape.as_array();
@@ -169,10 +180,19 @@ impl<T: Element> Tensor<T> {
         })
     }
 
-    /// A dense host tensor filled with `value`.
+    /// A dense host tensor filled with `value`; [`Error::OutOfHostMemory`] when the host cannot
+    /// hold it.
+    ///
+    /// ```
+    /// use flashcore::{Error, Layout, Tensor};
+    /// use half::f16;
+    /// // 2^48 bytes: more than any host can give; an error, not an abort.
+    /// let huge = Tensor::full(f16::ZERO, &[1 << 24, 1 << 20, 1, 8], Layout::Bshd);
+    /// assert!(matches!(huge, Err(Error::OutOfHostMemory { .. })));
+    /// ```
     pub fn full(value: T, dims: &[usize], layout: Layout) -> Result<Self> {
         let shape = Shape::from_dims(dims, layout)?;
-        Self::from_vec(vec![value; shape.numel()?], dims, layout)
+        Self::from_vec(host_vec(value, shape.numel()?)?, dims, layout)
     }
 
     #[cfg(feature = "cuda")]

@@ -315,7 +315,7 @@ pub fn attention_varlen_into<T: AttentionElement>(
         Route::Gpu => dispatch::run_gpu(&request, q, k, v, out, lse, Some(batch)),
         Route::Cpu(problem) => {
             if !problem.is_empty() {
-                crate::cpu::attention_varlen(&problem, batch, q, k, v, out, lse);
+                crate::cpu::attention_varlen(&problem, batch, q, k, v, out, lse)?;
             }
             Ok(CPU)
         }

@@ -570,3 +570,28 @@ fn device_discovery_never_panics() {
     }
     let _ = n;
 }
+
+/// Host allocations that cannot be satisfied are typed errors, never an abort: a tensor too
+/// large for any host, and the CPU backend's per-row scores for 2^59 keys (a broadcast key
+/// tensor: every key row is the same 8 values).
+#[test]
+fn host_out_of_memory_is_an_error() {
+    let huge = Tensor::full(half::f16::ZERO, &[1 << 24, 1 << 20, 1, 8], Layout::Bshd);
+    assert!(
+        matches!(huge, Err(Error::OutOfHostMemory { bytes }) if bytes == 1 << 48),
+        "{huge:?}"
+    );
+    let q = Tensor::full(half::f16::ONE, &[1, 1, 1, 8], Layout::Bshd).unwrap();
+    let keys = 1usize << 59;
+    let k = Tensor::from_vec_strided(
+        vec![half::f16::ONE; 8],
+        flashcore::Shape::new(1, keys, 1, 8),
+        [0, 0, 0, 1],
+    )
+    .unwrap();
+    let err = attention(&q, &k, &k, &AttentionOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, Error::OutOfHostMemory { bytes } if bytes == keys * 8),
+        "{err}"
+    );
+}

@@ -5,6 +5,8 @@ mod merge;
 pub(crate) use merge::{merge, merge_in_place};
 
 use crate::element::Element;
+use crate::error::Result;
+use crate::tensor::host_vec;
 use crate::tensor::Tensor;
 use crate::validate::Problem;
 use crate::varlen::VarlenBatch;
@@ -18,6 +20,7 @@ struct At {
 }
 
 /// Computes attention for host tensors. `lse` receives `max + ln(sum exp)` per query row.
+/// Fails only when the host cannot hold the scores of one row.
 pub(crate) fn attention<T: Element>(
     p: &Problem,
     q: &Tensor<T>,
@@ -25,10 +28,27 @@ pub(crate) fn attention<T: Element>(
     v: &Tensor<T>,
     out: &mut Tensor<T>,
     mut lse: Option<&mut Tensor<f32>>,
-) {
+) -> Result<()> {
+    let mut rows = RowBuffers::new(p.seq_k, p.head_dim)?;
     for b in 0..p.batch {
         let at = At { b, q0: 0, k0: 0 };
-        sequence(p, at, q, k, v, out, lse.as_deref_mut());
+        sequence(p, at, q, k, v, out, lse.as_deref_mut(), &mut rows);
+    }
+    Ok(())
+}
+
+/// One query row's scores (one per key) and output accumulator, allocated once per call.
+struct RowBuffers {
+    scores: Vec<f64>,
+    acc: Vec<f64>,
+}
+
+impl RowBuffers {
+    fn new(keys: usize, head_dim: usize) -> Result<Self> {
+        Ok(RowBuffers {
+            scores: host_vec(0.0, keys)?,
+            acc: host_vec(0.0, head_dim)?,
+        })
     }
 }
 
@@ -42,8 +62,9 @@ pub(crate) fn attention_varlen<T: Element>(
     v: &Tensor<T>,
     out: &mut Tensor<T>,
     mut lse: Option<&mut Tensor<f32>>,
-) {
+) -> Result<()> {
     let (cu_q, cu_k) = batch.host();
+    let mut rows = RowBuffers::new(p.seq_k, p.head_dim)?; // seq_k: the longest sequence's
     let token = |x: i32| x as usize; // validated: non-negative
     for (qs, ks) in cu_q.windows(2).zip(cu_k.windows(2)) {
         let one = Problem {
@@ -57,11 +78,13 @@ pub(crate) fn attention_varlen<T: Element>(
             q0: token(qs[0]),
             k0: token(ks[0]),
         };
-        sequence(&one, at, q, k, v, out, lse.as_deref_mut());
+        sequence(&one, at, q, k, v, out, lse.as_deref_mut(), &mut rows);
     }
+    Ok(())
 }
 
 /// One sequence of `p.seq_q` queries on `p.seq_k` keys, starting at `at`.
+#[allow(clippy::too_many_arguments)] // the operands of one call, where to start, the buffers
 fn sequence<T: Element>(
     p: &Problem,
     at: At,
@@ -70,6 +93,7 @@ fn sequence<T: Element>(
     v: &Tensor<T>,
     out: &mut Tensor<T>,
     mut lse: Option<&mut Tensor<f32>>,
+    rows: &mut RowBuffers,
 ) {
     let (Some(qd), Some(kd), Some(vd)) = (q.host_data(), k.host_data(), v.host_data()) else {
         unreachable!("validate() checked that all operands are on the host");
@@ -77,8 +101,7 @@ fn sequence<T: Element>(
     let group = p.heads_q / p.heads_kv.max(1);
     let d = p.head_dim;
     let scale = f64::from(p.scale);
-    let mut scores = vec![0f64; p.seq_k];
-    let mut acc = vec![0f64; d];
+    let RowBuffers { scores, acc } = rows;
     let b = at.b;
     for h in 0..p.heads_q {
         let kvh = h / group;

@@ -102,7 +102,7 @@ impl<T: Element> Tensor<T> {
         let data = match &self.storage {
             Storage::Host(data) => data.clone(),
             Storage::Device(src) => {
-                let mut data = vec![T::default(); src.len];
+                let mut data = crate::tensor::host_vec(T::default(), src.len)?;
                 src.raw.copy_to_host(bytemuck::cast_slice_mut(&mut data))?;
                 data
             }
