@@ -49,6 +49,33 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Threads: every public type is `Send` and `Sync`, and none implements either by hand (no
+//! `unsafe impl`): each gets them from its parts, and `tests/thread_safety.rs` fails to compile if
+//! one stops. Why that is sound:
+//! * [`Tensor`]: host storage is a `Vec`; device storage is an address and a length (plain
+//!   integers) plus its `Stream`. Shared (`&Tensor`) use only reads; every call that writes takes
+//!   `&mut Tensor`, so two threads can never write one output at once (the borrow checker refuses
+//!   it, as the example below shows), and each GPU call orders itself after the streams of the
+//!   tensors it reads.
+//! * `Stream`, `Event`, `Device`: CUDA handles and properties held as integers; the CUDA
+//!   runtime is thread-safe for every operation flashcore performs on them (each call selects its
+//!   device first), and work from several threads on one stream runs in the order it was enqueued.
+//!   A stream borrowed from cudarc keeps its owner alive through a `Send + Sync` box.
+//! * [`AttentionPlan`], [`VarlenBatch`], [`Execution`], [`Error`] and the options: immutable
+//!   values once built (a plan's run takes the output by `&mut`).
+//!
+//! ```compile_fail,E0499
+//! use flashcore::{attention_into, AttentionOptions, Layout, Tensor};
+//! use half::f16;
+//! let x = Tensor::full(f16::ONE, &[1, 4, 1, 8], Layout::Bshd).unwrap();
+//! let mut out = Tensor::full(f16::ZERO, &[1, 4, 1, 8], Layout::Bshd).unwrap();
+//! let opts = AttentionOptions::default();
+//! std::thread::scope(|s| {
+//!     s.spawn(|| attention_into(&x, &x, &x, &mut out, None, &opts)); // one writer...
+//!     s.spawn(|| attention_into(&x, &x, &x, &mut out, None, &opts)); // ...a second: refused
+//! });
+//! ```
+//!
 //! Errors: every bad input is its own [`Error`] variant, returned before anything is launched;
 //! CUDA failures (including asynchronous kernel faults, at the next synchronisation) are
 //! [`Error::Cuda`] with CUDA's error name and message. No panic crosses the API.
