@@ -21,7 +21,7 @@ pub struct AttentionOutput<T: Element> {
 
 /// A tensor shaped `dims` (in `layout`'s order) where `like` lives; host tensors are zeroed,
 /// device contents are unspecified (the kernel writes every element).
-pub(crate) fn alloc_like<U: Element, T: Element>(
+fn alloc_like<U: Element, T: Element>(
     like: &Tensor<T>,
     dims: &[usize],
     layout: Layout,
@@ -65,6 +65,16 @@ pub fn attention<T: AttentionElement>(
     v: &Tensor<T>,
     opts: &AttentionOptions,
 ) -> Result<AttentionOutput<T>> {
+    with_outputs(q, opts, |out, lse| attention_into(q, k, v, out, lse, opts))
+}
+
+/// Allocates an output shaped like `q` (dense BSHD) and, with `opts.return_lse`, its logsumexp
+/// (dense BHSD, head dim 1) where `q` lives, and fills them with `run`.
+pub(crate) fn with_outputs<T: AttentionElement>(
+    q: &Tensor<T>,
+    opts: &AttentionOptions,
+    run: impl FnOnce(&mut Tensor<T>, Option<&mut Tensor<f32>>) -> Result<Execution>,
+) -> Result<AttentionOutput<T>> {
     let s = q.shape();
     let mut out = alloc_like(q, &[s.batch, s.seq, s.heads, s.head_dim], Layout::Bshd)?;
     let mut lse = if opts.return_lse {
@@ -72,7 +82,7 @@ pub fn attention<T: AttentionElement>(
     } else {
         None
     };
-    let execution = attention_into(q, k, v, &mut out, lse.as_mut(), opts)?;
+    let execution = run(&mut out, lse.as_mut())?;
     Ok(AttentionOutput {
         out,
         lse,

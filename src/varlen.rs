@@ -6,7 +6,7 @@ use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
 use crate::ffi::OffsetsFfi;
 use crate::options::AttentionOptions;
-use crate::tensor::{Layout, Location, Tensor};
+use crate::tensor::{Location, Tensor};
 
 /// One offsets array (`cu_seqlens`): `batch + 1` int32 offsets into a packed token axis, always
 /// with a host copy (checked against the tensors before every launch), and a device copy after
@@ -270,23 +270,8 @@ pub fn attention_varlen<T: AttentionElement>(
     batch: &VarlenBatch,
     opts: &AttentionOptions,
 ) -> Result<crate::AttentionOutput<T>> {
-    let s = q.shape();
-    let mut out =
-        crate::attention::alloc_like(q, &[s.batch, s.seq, s.heads, s.head_dim], Layout::Bshd)?;
-    let mut lse = if opts.return_lse {
-        Some(crate::attention::alloc_like(
-            q,
-            &[s.batch, s.heads, s.seq, 1],
-            Layout::Bhsd,
-        )?)
-    } else {
-        None
-    };
-    let execution = attention_varlen_into(q, k, v, batch, &mut out, lse.as_mut(), opts)?;
-    Ok(crate::AttentionOutput {
-        out,
-        lse,
-        execution,
+    crate::attention::with_outputs(q, opts, |out, lse| {
+        attention_varlen_into(q, k, v, batch, out, lse, opts)
     })
 }
 

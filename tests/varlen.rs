@@ -3,22 +3,12 @@
 
 mod common;
 
-use common::{lse_values, naive_varlen, randn, random_varlen, rel_l2, Rng};
+use common::{logical, lse_values, naive_varlen, randn, random_varlen, rel_l2, Rng};
 use flashcore::{
     attention, attention_varlen, attention_varlen_into, AttentionElement, AttentionOptions, Causal,
     Error, Layout, OffsetRule, Operand, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
-
-/// Values of a packed batch-1 tensor in `[token][head][dim]` order.
-fn values<T: AttentionElement>(t: &Tensor<T>) -> Vec<f64> {
-    common::logical(t)
-}
-
-/// Per-token logsumexps of a `[1, heads, tokens]` tensor in `[head][token]` order.
-fn lse_of(t: &Tensor<f32>) -> Vec<f64> {
-    lse_values(t)
-}
 
 fn tolerance<T: AttentionElement>() -> f64 {
     if T::DTYPE == flashcore::DType::BF16 {
@@ -57,9 +47,9 @@ fn random_batch<T: AttentionElement>(
         batch.cu_seqlens_q(),
         batch.cu_seqlens_k()
     );
-    let err = rel_l2(&values(&res.out), &want);
+    let err = rel_l2(&logical(&res.out), &want);
     assert!(err < tolerance::<T>(), "{what}: rel L2 {err:.2e}");
-    let lse_err = rel_l2(&lse_of(res.lse.as_ref().unwrap()), &want_lse);
+    let lse_err = rel_l2(&lse_values(res.lse.as_ref().unwrap()), &want_lse);
     assert!(lse_err < 1e-6, "{what}: lse rel L2 {lse_err:.2e}");
 }
 
@@ -110,8 +100,8 @@ fn equal_lengths_equal_a_dense_batch() {
         );
         // Dense lse is [b][h][s]; packed lse is [h][b*s + i].
         let (dl, vl) = (
-            lse_of(dense.lse.as_ref().unwrap()),
-            lse_of(res.lse.as_ref().unwrap()),
+            lse_values(dense.lse.as_ref().unwrap()),
+            lse_values(res.lse.as_ref().unwrap()),
         );
         for bi in 0..b {
             for hi in 0..h {
@@ -142,7 +132,7 @@ fn empty_sequences() {
         1.0 / 8f64.sqrt(),
         opts.causal,
     );
-    assert!(rel_l2(&values(&res.out), &want) < 8e-3);
+    assert!(rel_l2(&logical(&res.out), &want) < 8e-3);
     // No sequences at all: nothing to do.
     let none = VarlenBatch::from_lengths(&[], &[]).unwrap();
     let q0: Tensor<bf16> = Tensor::full(bf16::ZERO, &[1, 0, 2, 8], Layout::Bshd).unwrap();
