@@ -105,5 +105,13 @@ pub fn attention_into<T: AttentionElement>(
     opts: &AttentionOptions,
 ) -> Result<Execution> {
     let request = request(q, k, v, out, lse.as_deref(), opts)?;
-    dispatch::run(&request, opts, q, k, v, out, lse)
+    let call = dispatch::Call {
+        q,
+        k,
+        v,
+        out,
+        lse,
+        seqs: None,
+    };
+    dispatch::run(&request, opts, call)
 }

@@ -88,6 +88,24 @@ pub(crate) fn locations<'a, T: AttentionElement>(
         .chain(lse.map(Tensor::location))
 }
 
+/// The tensors of one attention call: a dense batch, or a variable-length one with `seqs`.
+pub(crate) struct Call<'a, T: AttentionElement> {
+    pub q: &'a Tensor<T>,
+    pub k: &'a Tensor<T>,
+    pub v: &'a Tensor<T>,
+    pub out: &'a mut Tensor<T>,
+    pub lse: Option<&'a mut Tensor<f32>>,
+    pub seqs: Option<&'a VarlenBatch>,
+}
+
+impl<T: AttentionElement> Call<'_, T> {
+    /// The operands' locations, q's first (a variable-length batch's offsets last).
+    fn locations(&self) -> impl Iterator<Item = Location> + '_ {
+        locations(self.q, self.k, self.v, self.out, self.lse.as_deref())
+            .chain(self.seqs.map(VarlenBatch::location))
+    }
+}
+
 /// What the CPU reference runs.
 pub(crate) const CPU: Execution = Execution {
     backend: BackendKind::Cpu,
@@ -99,53 +117,41 @@ pub(crate) const CPU: Execution = Execution {
 pub(crate) fn run<T: AttentionElement>(
     request: &RequestFfi,
     opts: &AttentionOptions,
-    q: &Tensor<T>,
-    k: &Tensor<T>,
-    v: &Tensor<T>,
-    out: &mut Tensor<T>,
-    lse: Option<&mut Tensor<f32>>,
+    call: Call<'_, T>,
 ) -> Result<Execution> {
-    match route(
-        request,
-        DENSE,
-        opts.backend,
-        locations(q, k, v, out, lse.as_deref()),
-    )? {
-        Route::Gpu => run_gpu(request, q, k, v, out, lse, None),
+    let hosts = call.seqs.map_or(DENSE, VarlenBatch::host);
+    match route(request, hosts, opts.backend, call.locations())? {
+        Route::Gpu => run_gpu(request, call),
         Route::Cpu(problem) => {
             if !problem.is_empty() {
-                crate::cpu::attention(&problem, q, k, v, out, lse)?;
+                let Call {
+                    q,
+                    k,
+                    v,
+                    out,
+                    lse,
+                    seqs,
+                } = call;
+                match seqs {
+                    Some(batch) => {
+                        crate::cpu::attention_varlen(&problem, batch, q, k, v, out, lse)?
+                    }
+                    None => crate::cpu::attention(&problem, q, k, v, out, lse)?,
+                }
             }
             Ok(CPU)
         }
     }
 }
 
-/// Validates, plans and launches on the GPU (a variable-length batch with `seqs`).
+/// Validates, plans and launches on the GPU.
 #[cfg(feature = "cuda")]
-pub(crate) fn run_gpu<T: AttentionElement>(
-    request: &RequestFfi,
-    q: &Tensor<T>,
-    k: &Tensor<T>,
-    v: &Tensor<T>,
-    out: &mut Tensor<T>,
-    lse: Option<&mut Tensor<f32>>,
-    seqs: Option<&VarlenBatch>,
-) -> Result<Execution> {
-    let entry = crate::cuda::launch::Entry::Rust;
-    crate::cuda::launch::run(entry, request, q, k, v, out, lse, seqs)
+fn run_gpu<T: AttentionElement>(request: &RequestFfi, call: Call<'_, T>) -> Result<Execution> {
+    crate::cuda::launch::run(crate::cuda::launch::Entry::Rust, request, call)
 }
 
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn run_gpu<T: AttentionElement>(
-    _: &RequestFfi,
-    _: &Tensor<T>,
-    _: &Tensor<T>,
-    _: &Tensor<T>,
-    _: &mut Tensor<T>,
-    _: Option<&mut Tensor<f32>>,
-    _: Option<&VarlenBatch>,
-) -> Result<Execution> {
+fn run_gpu<T: AttentionElement>(_: &RequestFfi, _: Call<'_, T>) -> Result<Execution> {
     Err(Error::CudaNotBuilt)
 }
 

@@ -149,7 +149,15 @@ impl<T: AttentionElement> AttentionPlan<T> {
                 }
                 aligned(Operand::Out, out.address())?;
                 let entry = crate::cuda::launch::Entry::Planned(&planned, self.execution);
-                crate::cuda::launch::run(entry, r, q, k, v, out, lse, None)?;
+                let call = crate::dispatch::Call {
+                    q,
+                    k,
+                    v,
+                    out,
+                    lse,
+                    seqs: None,
+                };
+                crate::cuda::launch::run(entry, r, call)?;
             }
         }
         Ok(self.execution)

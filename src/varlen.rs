@@ -1,7 +1,7 @@
 //! Variable-length batches: sequences of different lengths packed along the token axis, each
 //! attended on its own (FlashAttention's `cu_seqlens`).
 
-use crate::dispatch::{self, locations, Execution, Route, CPU};
+use crate::dispatch::{self, Execution};
 use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
 use crate::ffi::OffsetsFfi;
@@ -294,15 +294,13 @@ pub fn attention_varlen_into<T: AttentionElement>(
     opts: &AttentionOptions,
 ) -> Result<Execution> {
     let request = request(q, k, v, batch, out, lse.as_deref(), opts)?;
-    let (host_q, host_k) = batch.host();
-    let places = locations(q, k, v, out, lse.as_deref()).chain([batch.location()]);
-    match dispatch::route(&request, (host_q, host_k), opts.backend, places)? {
-        Route::Gpu => dispatch::run_gpu(&request, q, k, v, out, lse, Some(batch)),
-        Route::Cpu(problem) => {
-            if !problem.is_empty() {
-                crate::cpu::attention_varlen(&problem, batch, q, k, v, out, lse)?;
-            }
-            Ok(CPU)
-        }
-    }
+    let call = dispatch::Call {
+        q,
+        k,
+        v,
+        out,
+        lse,
+        seqs: Some(batch),
+    };
+    dispatch::run(&request, opts, call)
 }

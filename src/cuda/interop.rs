@@ -4,7 +4,7 @@
 //! [`crate::Tensor::from_raw_device`] and [`crate::Stream::from_raw`] for foreign memory.
 
 use super::launch::{run, Entry};
-use crate::dispatch::Execution;
+use crate::dispatch::{Call, Execution};
 use crate::element::AttentionElement;
 use crate::error::Result;
 use crate::options::AttentionOptions;
@@ -29,7 +29,15 @@ pub fn cpp_attention_forward<T: AttentionElement>(
     let entry = Entry::PublicCpp {
         host_offsets: false,
     };
-    run(entry, &request, q, k, v, out, lse, None)
+    let call = Call {
+        q,
+        k,
+        v,
+        out,
+        lse,
+        seqs: None,
+    };
+    run(entry, &request, call)
 }
 
 /// [`cpp_attention_forward`] for a variable-length batch (`flashcore::Sequences`), whose device
@@ -48,5 +56,13 @@ pub fn cpp_attention_varlen<T: AttentionElement>(
 ) -> Result<Execution> {
     let request = crate::varlen::request(q, k, v, batch, out, lse.as_deref(), opts)?;
     let entry = Entry::PublicCpp { host_offsets };
-    run(entry, &request, q, k, v, out, lse, Some(batch))
+    let call = Call {
+        q,
+        k,
+        v,
+        out,
+        lse,
+        seqs: Some(batch),
+    };
+    run(entry, &request, call)
 }

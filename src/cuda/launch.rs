@@ -2,7 +2,7 @@
 //! planning and the launch arguments are the C++ library's).
 
 use super::stream::Stream;
-use crate::dispatch::Execution;
+use crate::dispatch::{Call, Execution};
 use crate::element::{AttentionElement, Element};
 use crate::error::{Error, Result};
 use crate::ffi::cuda::{self as ffi, MergeOperands, OffsetBuffers, Operands, RawBuffer, RawEvent};
@@ -52,13 +52,16 @@ pub(crate) enum Entry<'a> {
 pub(crate) fn run<T: AttentionElement>(
     entry: Entry<'_>,
     request: &RequestFfi,
-    q: &Tensor<T>,
-    k: &Tensor<T>,
-    v: &Tensor<T>,
-    out: &mut Tensor<T>,
-    lse: Option<&mut Tensor<f32>>,
-    seqs: Option<&VarlenBatch>,
+    call: Call<'_, T>,
 ) -> Result<Execution> {
+    let Call {
+        q,
+        k,
+        v,
+        out,
+        lse,
+        seqs,
+    } = call;
     let stream = device_stream(out)?.clone();
     let lse_stream = match lse.as_deref() {
         Some(l) => Some(device_stream(l)?.clone()),
