@@ -2,7 +2,9 @@
 //! backend, shape, time and error against the float64 CPU reference.
 //!
 //! `cargo run --release --example attention -- [B H S D] [--causal] [--bf16]
-//! [--backend auto|cutlass|cutlass-sm80|wmma|cutlass-sm90]` (default: the mission shape 1 x 8 x 512 x 64, f16, `Auto`).
+//! [--backend auto|cutlass|cutlass-sm80|wmma|cutlass-sm90] [--kv-heads HK] [--seq-k SK]
+//! [--iters N]` (default: the mission shape 1 x 8 x 512 x 64, f16, `Auto`; K and V have H heads
+//! and S keys unless given; N timed calls, 20 by default).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -16,6 +18,9 @@ use half::{bf16, f16};
 
 struct Args {
     dims: [usize; 4],
+    kv_heads: Option<usize>,
+    seq_k: Option<usize>,
+    iters: usize,
     causal: bool,
     bf16: bool,
     backend: Backend,
@@ -24,9 +29,18 @@ struct Args {
 fn parse() -> Result<Args, String> {
     let mut dims = Vec::new();
     let (mut causal, mut bf16, mut backend) = (false, false, Backend::Auto);
+    let (mut kv_heads, mut seq_k, mut iters) = (None, None, 20);
     let mut args = std::env::args().skip(1);
+    let count = |name: &str, value: Option<String>| {
+        value
+            .and_then(|v| v.parse::<usize>().ok())
+            .ok_or_else(|| format!("{name} needs a count"))
+    };
     while let Some(a) = args.next() {
         match a.as_str() {
+            "--kv-heads" => kv_heads = Some(count("--kv-heads", args.next())?),
+            "--seq-k" => seq_k = Some(count("--seq-k", args.next())?),
+            "--iters" => iters = count("--iters", args.next())?.max(1),
             "--causal" => causal = true,
             "--bf16" => bf16 = true,
             "--backend" => {
@@ -52,6 +66,9 @@ fn parse() -> Result<Args, String> {
     };
     Ok(Args {
         dims,
+        kv_heads,
+        seq_k,
+        iters,
         causal,
         bf16,
         backend,
@@ -60,11 +77,12 @@ fn parse() -> Result<Args, String> {
 
 fn run<T: AttentionElement>(args: &Args) -> flashcore::Result<()> {
     let [b, h, s, d] = args.dims;
-    let dims = [b, h, s, d]; // BHSD, as PyTorch lays it out
+    let (hk, sk) = (args.kv_heads.unwrap_or(h), args.seq_k.unwrap_or(s));
     let mut rng = Rng::fresh();
-    let q = randn::<T>(&mut rng, &dims, Layout::Bhsd);
-    let k = randn::<T>(&mut rng, &dims, Layout::Bhsd);
-    let v = randn::<T>(&mut rng, &dims, Layout::Bhsd);
+    // BHSD, as PyTorch lays it out.
+    let q = randn::<T>(&mut rng, &[b, h, s, d], Layout::Bhsd);
+    let k = randn::<T>(&mut rng, &[b, hk, sk, d], Layout::Bhsd);
+    let v = randn::<T>(&mut rng, &[b, hk, sk, d], Layout::Bhsd);
     let causal = if args.causal {
         Causal::BottomRight
     } else {
@@ -72,11 +90,11 @@ fn run<T: AttentionElement>(args: &Args) -> flashcore::Result<()> {
     };
     let opts = AttentionOptions::default().causal(causal);
 
-    let (result, ms, backend) = run_best(&q, &k, &v, &opts.backend(args.backend))?;
+    let (result, ms, backend) = run_best(&q, &k, &v, &opts.backend(args.backend), args.iters)?;
     let reference = attention(&q, &k, &v, &opts.backend(Backend::Cpu))?;
     let err = rel_l2(&logical(&result), &logical(&reference.out));
     println!(
-        "backend={} dtype={:?} shape=B{b}xH{h}xS{s}xD{d} causal={} time={ms:.4} ms rel_l2_vs_cpu_f64={err:.3e}",
+        "backend={} dtype={:?} shape=B{b}xH{h}(kv {hk})xS{s}(keys {sk})xD{d} causal={} time={ms:.4} ms rel_l2_vs_cpu_f64={err:.3e}",
         backend,
         T::DTYPE,
         args.causal,
@@ -87,14 +105,15 @@ fn run<T: AttentionElement>(args: &Args) -> flashcore::Result<()> {
     Ok(())
 }
 
-/// Runs on the GPU when one is present (median of 20 timed calls, CUDA events), else on the CPU
-/// (one call, wall clock). Returns the output on the host, the time per call and the backend.
+/// Runs on the GPU when one is present (median of `iters` timed calls, CUDA events), else on the
+/// CPU (one call, wall clock). Returns the output on the host, the time per call and the backend.
 #[cfg(feature = "cuda")]
 fn run_best<T: AttentionElement>(
     q: &Tensor<T>,
     k: &Tensor<T>,
     v: &Tensor<T>,
     opts: &AttentionOptions,
+    iters: usize,
 ) -> flashcore::Result<(Tensor<T>, f64, &'static str)> {
     use flashcore::{Device, Event, Stream};
     if Device::count() == 0 {
@@ -110,7 +129,7 @@ fn run_best<T: AttentionElement>(
     let warm = attention(&dq, &dk, &dv, opts)?;
     let (start, end) = (Event::new(&device)?, Event::new(&device)?);
     let mut times = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..iters {
         start.record(&stream)?;
         let r = attention(&dq, &dk, &dv, opts)?;
         end.record(&stream)?;
@@ -128,6 +147,7 @@ fn run_best<T: AttentionElement>(
     k: &Tensor<T>,
     v: &Tensor<T>,
     opts: &AttentionOptions,
+    _iters: usize,
 ) -> flashcore::Result<(Tensor<T>, f64, &'static str)> {
     run_cpu(q, k, v, opts)
 }

@@ -5,7 +5,7 @@ mod common;
 
 use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
 use flashcore::plan::{
-    auto_kernel, choose_row, decode_table, select_row, tile_table, ArchClass, Kernel,
+    auto_kernel, choose_row, decode_table, kv_splits, select_row, tile_table, ArchClass, Kernel,
 };
 use flashcore::{
     attention, attention_into, AttentionOptions, BackendKind, Causal, Error, Layout, Operand,
@@ -509,16 +509,64 @@ fn decode_rows_serve_few_query_rows() {
         for rows in [1, 4, limit] {
             for d in [8, 64, 128] {
                 let row = choose_row(Kernel::CutlassSm80, d, rows, cc, smem, None).unwrap();
-                assert!(decode_table().contains(row), "{class:?} rows={rows} d={d}");
+                let table = decode_table(Kernel::CutlassSm80);
+                assert!(table.contains(row), "{class:?} rows={rows} d={d}");
                 assert_eq!(row.tile.queries_per_block as usize, 32);
             }
-            // Above the decode rows' head dims, the main table serves.
+            // Above the CUTLASS decode rows' head dims, the main table serves.
             let row = choose_row(Kernel::CutlassSm80, 256, rows, cc, smem, None).unwrap();
             assert!(tile_table(Kernel::CutlassSm80).contains(row));
+            // WMMA's decode rows serve every head dim with one warp of 16 query rows.
+            for d in [8, 64, 72, 128, 136, 256] {
+                let row = choose_row(Kernel::Wmma, d, rows, cc, smem, None).unwrap();
+                assert!(decode_table(Kernel::Wmma).contains(row), "{class:?} d={d}");
+                assert_eq!(row.tile.queries_per_block, 16);
+                assert_eq!(row.smem_bytes, flashcore::plan::wmma_smem_bytes(row.tile));
+            }
+            // The Hopper kernel has no decode rows.
+            if class == ArchClass::Sm90 {
+                let row = choose_row(Kernel::CutlassSm90, 128, rows, cc, smem, None).unwrap();
+                assert!(tile_table(Kernel::CutlassSm90).contains(row));
+            }
         }
-        let row = choose_row(Kernel::CutlassSm80, 64, limit + 1, cc, smem, None).unwrap();
-        assert!(tile_table(Kernel::CutlassSm80).contains(row));
+        for kernel in [Kernel::CutlassSm80, Kernel::Wmma] {
+            let row = choose_row(kernel, 64, limit + 1, cc, smem, None).unwrap();
+            assert!(tile_table(kernel).contains(row), "{kernel:?} {class:?}");
+        }
     }
+    assert!(decode_table(Kernel::CutlassSm90).is_empty());
+}
+
+#[test]
+fn decode_splits_fill_the_resident_blocks() {
+    let row = |class| {
+        decode_table(Kernel::Wmma)
+            .iter()
+            .find(|r| r.arch == class && r.max_head_dim == 128)
+            .unwrap()
+    };
+    // H200: 5 blocks of 39 KB per SM x 132 SMs = 660 resident blocks.
+    let h200 = row(ArchClass::Sm90);
+    for (units, keys, want) in [
+        (8, 32768, 64),
+        (128, 8192, 5),
+        (256, 4096, 2),
+        (512, 2048, 1),
+    ] {
+        assert_eq!(
+            kv_splits(Kernel::Wmma, h200, 4, units, keys, 132),
+            want,
+            "{units}x{keys}"
+        );
+    }
+    assert_eq!(kv_splits(Kernel::Wmma, h200, 4, 8, 1024, 132), 2); // >= 512 keys per split
+    assert_eq!(kv_splits(Kernel::Wmma, h200, 33, 8, 32768, 132), 1); // not decode
+    assert_eq!(kv_splits(Kernel::CutlassSm90, h200, 4, 8, 32768, 132), 1); // only WMMA
+                                                                           // L4: 2 per SM x 58 SMs = 116 resident blocks.
+    assert_eq!(
+        kv_splits(Kernel::Wmma, row(ArchClass::Sm86Sm89), 4, 8, 32768, 58),
+        14
+    );
 }
 
 #[test]

@@ -241,7 +241,7 @@ namespace {
 
 // The table entry equal to `copy` (LaunchInfo holds the row by value).
 const TileRow* find_row(Kernel kernel, const TileRow& copy) {
-  for (const Table t : {tile_table(kernel), decode_table()}) {
+  for (const Table t : {tile_table(kernel), decode_table(kernel)}) {
     for (const TileRow& r : t) {
       if (r.arch == copy.arch && r.max_head_dim == copy.max_head_dim && r.tile == copy.tile &&
           r.reason == copy.reason) {

@@ -109,7 +109,7 @@ inline core::DeviceCaps from_ffi(const CapsFfi& c) {
 
 // The row `ref` names in `kernel`'s tables, or nullptr.
 inline const TileRow* row_of(Kernel kernel, const RowRef& ref) {
-  const Table t = ref.decode ? decode_table() : tile_table(kernel);
+  const Table t = ref.decode ? decode_table(kernel) : tile_table(kernel);
   return ref.index >= 0 && static_cast<size_t>(ref.index) < t.count ? t.begin() + ref.index
                                                                      : nullptr;
 }
@@ -123,7 +123,7 @@ inline RowRef row_ref(Kernel kernel, const TileRow* row) {
     return ref;
   }
   for (const bool decode : {false, true}) {
-    const Table t = decode ? decode_table() : tile_table(kernel);
+    const Table t = decode ? decode_table(kernel) : tile_table(kernel);
     if (row >= t.begin() && row < t.end()) {
       ref.decode = decode;
       ref.index = static_cast<int32_t>(row - t.begin());

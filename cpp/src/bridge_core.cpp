@@ -60,7 +60,8 @@ StatusFfi validate_merge(int32_t dtype, rust::Slice<const DescFfi> outs,
 
 rust::Vec<TileRowFfi> table_rows(int32_t kernel, bool decode) {
   rust::Vec<TileRowFfi> out;
-  for (const TileRow& r : decode ? decode_table() : tile_table(static_cast<Kernel>(kernel))) {
+  const Kernel k = static_cast<Kernel>(kernel);
+  for (const TileRow& r : decode ? decode_table(k) : tile_table(k)) {
     TileRowFfi row;
     row.arch = static_cast<int32_t>(r.arch);
     row.max_head_dim = r.max_head_dim;
@@ -111,9 +112,14 @@ int32_t auto_kernel(int32_t arch, int64_t query_rows, int64_t batch_heads, int32
                                                      batch_heads, multiprocessors));
 }
 
-int32_t kv_splits(int32_t kernel, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
-                  int32_t multiprocessors) {
-  return flashcore::kv_splits(static_cast<Kernel>(kernel), query_rows, batch_heads, seq_k,
+int32_t kv_splits(int32_t kernel, const TileRowFfi& row, int64_t query_rows, int64_t batch_heads,
+                  int64_t seq_k, int32_t multiprocessors) {
+  TileRow r{};
+  r.arch = static_cast<ArchClass>(row.arch);
+  r.max_head_dim = row.max_head_dim;
+  r.tile = Tile{row.queries_per_block, row.keys_per_block, row.tile_max_head_dim};
+  r.smem_bytes = row.smem_bytes;
+  return flashcore::kv_splits(static_cast<Kernel>(kernel), r, query_rows, batch_heads, seq_k,
                               multiprocessors);
 }
 

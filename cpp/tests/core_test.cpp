@@ -461,15 +461,37 @@ void variable_lengths() {
 // carries the count (WMMA, dense) and never for a variable-length batch.
 void key_splits() {
   using flashcore::kv_splits;
-  expect(kv_splits(Kernel::Wmma, 4, 8, 32768, 132) == 33, "1 x 8 kv heads x 32k keys: 33 splits");
-  expect(kv_splits(Kernel::Wmma, 4, 128, 8192, 132) == 3, "16 x 8 kv heads x 8k keys: 3 splits");
-  expect(kv_splits(Kernel::Wmma, 4, 512, 2048, 132) == 1, "units that fill the SMs: no split");
-  expect(kv_splits(Kernel::Wmma, 4, 8, 1500, 132) == 2, "each split streams >= 512 keys");
-  expect(kv_splits(Kernel::Wmma, 4, 8, 511, 132) == 1, "too few keys to split");
-  expect(kv_splits(Kernel::Wmma, 4, 1, 1 << 30, 132) == flashcore::kMaxKvSplits, "at most 64");
-  expect(kv_splits(Kernel::Wmma, 33, 8, 32768, 132) == 1, "more rows than decode: no split");
-  expect(kv_splits(Kernel::CutlassSm80, 4, 8, 32768, 132) == 1, "only WMMA splits");
-  expect(kv_splits(Kernel::Wmma, 4, 0, 32768, 132) == 1, "no units");
+  using flashcore::wmma_blocks_per_sm;
+  // The sm_90 decode row at d = 128: 16 x 32 keys, 39,168 bytes: 5 blocks per SM by shared
+  // memory (228 KB), 8 by registers (one warp).
+  const flashcore::TileRow* row =
+      flashcore::select_row(Kernel::Wmma, flashcore::ArchClass::Sm90, 128, 4);
+  expect(row != nullptr && row->tile.queries_per_block == 16 && row->smem_bytes == 39168,
+         "WMMA's sm_90 decode row at d = 128");
+  expect(wmma_blocks_per_sm(*row) == 5, "5 decode blocks per SM");
+  const flashcore::TileRow& r128 = *row;
+  expect(kv_splits(Kernel::Wmma, r128, 4, 8, 32768, 132) == 64, "1 x 8 kv heads x 32k keys: 64");
+  expect(kv_splits(Kernel::Wmma, r128, 4, 128, 8192, 132) == 5, "16 x 8 kv heads x 8k keys: 5");
+  expect(kv_splits(Kernel::Wmma, r128, 4, 256, 4096, 132) == 2, "32 x 8 kv heads x 4k keys: 2");
+  expect(kv_splits(Kernel::Wmma, r128, 4, 512, 2048, 132) == 1, "units that fill the SMs: 1");
+  expect(kv_splits(Kernel::Wmma, r128, 17, 64, 8192, 132) == 5, "two query blocks per unit");
+  expect(kv_splits(Kernel::Wmma, r128, 4, 8, 1500, 132) == 2, "each split streams >= 512 keys");
+  expect(kv_splits(Kernel::Wmma, r128, 4, 8, 511, 132) == 1, "too few keys to split");
+  expect(kv_splits(Kernel::Wmma, r128, 4, 1, 1 << 30, 132) == flashcore::kMaxKvSplits, "<= 64");
+  expect(kv_splits(Kernel::Wmma, r128, 33, 8, 32768, 132) == 1, "more rows than decode: 1");
+  expect(kv_splits(Kernel::CutlassSm80, r128, 4, 8, 32768, 132) == 1, "only WMMA splits");
+  expect(kv_splits(Kernel::Wmma, r128, 4, 0, 32768, 132) == 1, "no units");
+  expect(kv_splits(Kernel::Wmma, r128, 4, int64_t{1} << 40, 32768, 132) == 1, "huge batch: 1");
+  // The main d = 128 row (128 x 32, four warps): 2 blocks per SM by registers.
+  const flashcore::TileRow* main128 =
+      flashcore::select_row(Kernel::Wmma, flashcore::ArchClass::Sm90, 128, 4096);
+  expect(main128 != nullptr && wmma_blocks_per_sm(*main128) == 2, "2 main-row blocks per SM");
+  // An L4 (sm_89, 100 KB per SM, 58 SMs) holds 2 decode blocks per SM.
+  const flashcore::TileRow* l4 =
+      flashcore::select_row(Kernel::Wmma, flashcore::ArchClass::Sm86Sm89, 128, 4);
+  expect(l4 != nullptr && wmma_blocks_per_sm(*l4) == 2 &&
+             kv_splits(Kernel::Wmma, *l4, 4, 8, 32768, 58) == 14,
+         "L4: 2 decode blocks per SM, 116 / 8 = 14 splits");
 
   Request r;  // one query, 32 heads on 8 kv heads, 32k keys: packed into 4 rows of 8 units
   r.q = r.out = bshd(1, 1, 32, 128);
@@ -480,8 +502,8 @@ void key_splits() {
   const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
   flashcore::core::Plan plan{};
   Status s = flashcore::core::plan(r, p, h200, &plan);
-  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 33,
-         "WMMA plans 33 splits: " + std::to_string(plan.splits));
+  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 64 && plan.row == row,
+         "WMMA plans its decode row, 64 splits: " + std::to_string(plan.splits));
   r.options.backend = flashcore::Backend::Auto;
   s = flashcore::core::plan(r, p, h200, &plan);
   expect(s.ok() && plan.kernel == Kernel::CutlassSm80 && plan.splits == 1,

@@ -98,7 +98,7 @@ pub(crate) mod sys {
         reason: String,
     }
 
-    /// A row of the tables: `decode_table()` or `tile_table(kernel)`, index (-1: none).
+    /// A row of the tables: `decode_table(kernel)` or `tile_table(kernel)`, index (-1: none).
     #[derive(Clone, Copy, Default)]
     struct RowRef {
         decode: bool,
@@ -179,6 +179,7 @@ pub(crate) mod sys {
         fn auto_kernel(arch: i32, query_rows: i64, batch_heads: i64, multiprocessors: i32) -> i32;
         fn kv_splits(
             kernel: i32,
+            row: &TileRowFfi,
             query_rows: i64,
             batch_heads: i64,
             seq_k: i64,

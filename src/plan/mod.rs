@@ -108,7 +108,7 @@ pub struct TileRow {
     pub reason: &'static str,
 }
 
-/// `kernel`'s main table (for CUTLASS, every problem [`decode_table`] does not serve).
+/// `kernel`'s main table: every problem its [`decode_table`] does not serve.
 ///
 /// ```
 /// use flashcore::plan::{tile_table, ArchClass, Kernel};
@@ -119,10 +119,18 @@ pub fn tile_table(kernel: Kernel) -> &'static [TileRow] {
     table(kernel, false)
 }
 
-/// CUTLASS's rows for problems of at most [`decode_max_query_rows`] query rows per head (after
-/// one-query GQA heads are packed into rows). Head dims above its rows use [`tile_table`].
-pub fn decode_table() -> &'static [TileRow] {
-    table(Kernel::CutlassSm80, true)
+/// `kernel`'s rows for problems of at most [`decode_max_query_rows`] query rows per head (after
+/// one-query GQA heads are packed into rows): CUTLASS example 41's and WMMA's (empty for the
+/// Hopper kernel). Head dims above its rows use [`tile_table`].
+///
+/// ```
+/// use flashcore::plan::{decode_table, ArchClass, Kernel};
+/// let h200 = decode_table(Kernel::Wmma).iter().filter(|r| r.arch == ArchClass::Sm90);
+/// assert!(h200.map(|r| r.tile.queries_per_block).all(|rows| rows == 16));
+/// assert!(decode_table(Kernel::CutlassSm90).is_empty());
+/// ```
+pub fn decode_table(kernel: Kernel) -> &'static [TileRow] {
+    table(kernel, true)
 }
 
 /// The query-row limit of [`decode_table`].
@@ -228,27 +236,44 @@ pub fn auto_kernel(
 
 /// Into how many blocks per (batch, head) `kernel` splits the keys of a problem of `query_rows`
 /// query rows per head (after one-query GQA heads are packed into rows), `batch_heads` (batch x
-/// heads, as packed) and `seq_k` keys on a GPU with `multiprocessors` SMs (split-KV decoding,
-/// combined through the partial states' logsumexps; [`Execution::splits`](crate::Execution)
-/// reports it). 1 unless the kernel is WMMA, the rows are at most [`decode_max_query_rows`] and
-/// the units leave SMs idle; then enough splits for two blocks per SM, at most 64, each of at
-/// least 512 keys (the C++ library's `flashcore::kv_splits`).
+/// heads, as packed) and `seq_k` keys at tile-table `row` on a GPU with `multiprocessors` SMs
+/// (split-KV decoding, combined through the partial states' logsumexps;
+/// [`Execution::splits`](crate::Execution) reports it). 1 unless the kernel is WMMA and the rows
+/// are at most [`decode_max_query_rows`]; then as many splits as the SMs hold resident blocks of
+/// `row` beyond the unsplit ones, at most 64, each of at least 512 keys (the C++ library's
+/// `flashcore::kv_splits`).
 ///
 /// ```
-/// use flashcore::plan::{kv_splits, Kernel};
-/// assert_eq!(kv_splits(Kernel::Wmma, 4, 8, 32768, 132), 33); // one sequence, 8 kv heads
-/// assert_eq!(kv_splits(Kernel::Wmma, 4, 512, 2048, 132), 1); // the SMs are full
-/// assert_eq!(kv_splits(Kernel::CutlassSm80, 4, 8, 32768, 132), 1);
+/// use flashcore::plan::{decode_table, kv_splits, ArchClass, Kernel};
+/// let row = decode_table(Kernel::Wmma)
+///     .iter()
+///     .find(|r| r.arch == ArchClass::Sm90 && r.max_head_dim >= 128)
+///     .unwrap();
+/// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 8, 32768, 132), 64); // one sequence, 8 kv heads
+/// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 128, 8192, 132), 5); // 16 sequences
+/// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 1024, 2048, 132), 1); // the SMs are full
+/// assert_eq!(kv_splits(Kernel::CutlassSm80, row, 4, 8, 32768, 132), 1);
 /// ```
 pub fn kv_splits(
     kernel: Kernel,
+    row: &TileRow,
     query_rows: usize,
     batch_heads: usize,
     seq_k: usize,
     multiprocessors: usize,
 ) -> usize {
+    let row = sys::TileRowFfi {
+        arch: ffi::arch_id(row.arch),
+        max_head_dim: row.max_head_dim as i32,
+        queries_per_block: row.tile.queries_per_block as i32,
+        keys_per_block: row.tile.keys_per_block as i32,
+        tile_max_head_dim: row.tile.max_head_dim as i32,
+        smem_bytes: i64::try_from(row.smem_bytes).unwrap_or(i64::MAX),
+        reason: String::new(),
+    };
     let n = sys::kv_splits(
         ffi::kernel_id(kernel),
+        &row,
         i64::try_from(query_rows).unwrap_or(i64::MAX),
         i64::try_from(batch_heads).unwrap_or(i64::MAX),
         i64::try_from(seq_k).unwrap_or(i64::MAX),
@@ -257,16 +282,12 @@ pub fn kv_splits(
     usize::try_from(n).unwrap_or(1)
 }
 
-/// `kernel`'s main table, or (for CUTLASS) its decode table, read from C++ once per process.
+/// `kernel`'s main table, or its decode table, read from C++ once per process.
 fn table(kernel: Kernel, decode: bool) -> &'static [TileRow] {
-    // One slot per family's main table, then the decode table.
-    static TABLES: [OnceLock<Vec<TileRow>>; Kernel::ALL.len() + 1] =
-        [const { OnceLock::new() }; Kernel::ALL.len() + 1];
-    let slot = if decode {
-        Kernel::ALL.len()
-    } else {
-        kernel as usize
-    };
+    // One slot per family's main table, then one per family's decode table.
+    const SLOTS: usize = 2 * Kernel::ALL.len();
+    static TABLES: [OnceLock<Vec<TileRow>>; SLOTS] = [const { OnceLock::new() }; SLOTS];
+    let slot = kernel as usize + if decode { Kernel::ALL.len() } else { 0 };
     TABLES[slot].get_or_init(|| {
         sys::table_rows(ffi::kernel_id(kernel), decode)
             .into_iter()

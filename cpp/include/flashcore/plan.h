@@ -15,11 +15,11 @@ namespace flashcore {
 constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kHeadDimMultiple = 8;
 // Problems with at most this many query rows per head (after one-query GQA heads are packed
-// into rows) use the CUTLASS decode table.
+// into rows) use their kernel's decode table (decode_table), where it has one.
 constexpr int64_t kDecodeMaxQueryRows = 32;
 // Split-KV decoding (the WMMA kernel): a problem of at most kDecodeMaxQueryRows query rows per
-// head whose (batch x head) units leave SMs idle splits its keys over up to kMaxKvSplits blocks
-// per unit, each streaming at least kMinKeysPerSplit keys, and combines their partial states.
+// head whose blocks leave room on the SMs splits its keys over up to kMaxKvSplits blocks per
+// unit, each streaming at least kMinKeysPerSplit keys, and combines their partial states.
 constexpr int32_t kMaxKvSplits = 64;
 constexpr int64_t kMinKeysPerSplit = 512;
 // merge_states combines at most this many states in one call (the merge kernel takes their
@@ -56,10 +56,11 @@ struct Table {
   const TileRow* end() const { return rows + count; }
 };
 
-// The main table of `kernel` (CUTLASS: every problem not served by decode_table()).
+// The main table of `kernel`: every problem its decode table does not serve.
 Table tile_table(Kernel kernel) noexcept;
-// CUTLASS's rows for problems of at most kDecodeMaxQueryRows query rows per head.
-Table decode_table() noexcept;
+// `kernel`'s rows for problems of at most kDecodeMaxQueryRows query rows per head (CUTLASS
+// example 41 and WMMA; empty for the Hopper kernel). Head dims above its rows use tile_table.
+Table decode_table(Kernel kernel) noexcept;
 
 // Shared memory of the WMMA kernel at `tile` for 2-byte elements: the query tile, two stages of
 // K and of V, rows padded by 8 elements (scores and probabilities stay in registers).
@@ -92,12 +93,17 @@ const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
                           int64_t query_rows) noexcept;
 
 // How many key splits `kernel` runs a problem of `query_rows` query rows per head (after packing),
-// `batch_heads` (batch x heads) units and `seq_k` keys with on `multiprocessors` SMs: 1 (no
-// split) unless the kernel is WMMA, the rows are few (decode) and the units leave SMs idle; then
-// enough splits for two blocks per SM, at most kMaxKvSplits, each of at least kMinKeysPerSplit
-// keys (see its definition in cpp/src/core/plan.cpp).
-int32_t kv_splits(Kernel kernel, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
-                  int32_t multiprocessors) noexcept;
+// `batch_heads` (batch x heads) heads and `seq_k` keys with at tile-table `row` on
+// `multiprocessors` SMs: 1 (no split) unless the kernel is WMMA and the rows are few (decode);
+// then as many splits as the GPU holds resident blocks of `row` (wmma_blocks_per_sm) over the
+// unsplit blocks, at most kMaxKvSplits, each of at least kMinKeysPerSplit keys.
+int32_t kv_splits(Kernel kernel, const TileRow& row, int64_t query_rows, int64_t batch_heads,
+                  int64_t seq_k, int32_t multiprocessors) noexcept;
+
+// Blocks of the WMMA kernel at `row` one SM holds at once: by shared memory (1 KB of it reserved
+// per block) and by registers (32 threads per warp, up to 4 warps of 16 query rows, at most 255
+// registers a thread).
+int64_t wmma_blocks_per_sm(const TileRow& row) noexcept;
 
 // Query rows per block of the Hopper kernel's smallest tile (every sm90 row has at least this
 // many, tables.cpp checks): Auto's test that the work units fill the SMs and the bound on the

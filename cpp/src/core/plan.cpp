@@ -29,8 +29,8 @@ const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
     }
     return nullptr;
   };
-  if (kernel == Kernel::CutlassSm80 && query_rows <= kDecodeMaxQueryRows) {
-    if (const TileRow* row = find(decode_table())) {
+  if (query_rows <= kDecodeMaxQueryRows) {
+    if (const TileRow* row = find(decode_table(kernel))) {
       return row;
     }
   }
@@ -68,13 +68,25 @@ Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int3
   return hopper && fills ? Kernel::CutlassSm90 : Kernel::Wmma;
 }
 
-int32_t kv_splits(Kernel kernel, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
-                  int32_t multiprocessors) noexcept {
-  if (kernel != Kernel::Wmma || query_rows > kDecodeMaxQueryRows || batch_heads <= 0 ||
-      batch_heads >= multiprocessors) {
+int64_t wmma_blocks_per_sm(const TileRow& row) noexcept {
+  const int64_t warps = std::clamp<int64_t>(row.tile.queries_per_block / 16, 1, 4);
+  const int64_t by_registers = 65536 / (warps * 32 * 256);
+  const int64_t by_smem = smem_per_sm(row.arch) / (row.smem_bytes + 1024);
+  return std::max<int64_t>(1, std::min(by_registers, by_smem));
+}
+
+// Split-KV fills the GPU with one wave of resident blocks: the unsplit blocks (query blocks x
+// batch x heads) times the splits stay within what the SMs hold at once, so no split waits
+// for another to finish.
+int32_t kv_splits(Kernel kernel, const TileRow& row, int64_t query_rows, int64_t batch_heads,
+                  int64_t seq_k, int32_t multiprocessors) noexcept {
+  if (kernel != Kernel::Wmma || query_rows > kDecodeMaxQueryRows || query_rows <= 0 ||
+      batch_heads <= 0 || multiprocessors <= 0) {
     return 1;
   }
-  const int64_t fill = ceil_div(2 * int64_t{multiprocessors}, batch_heads);
+  const int64_t blocks = ceil_div(query_rows, row.tile.queries_per_block);
+  const int64_t resident = wmma_blocks_per_sm(row) * multiprocessors;
+  const int64_t fill = batch_heads > resident / blocks ? 1 : resident / (blocks * batch_heads);
   const int64_t most = std::min<int64_t>(kMaxKvSplits, seq_k / kMinKeysPerSplit);
   return static_cast<int32_t>(std::max<int64_t>(1, std::min(fill, most)));
 }
@@ -269,9 +281,9 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     if (!s.ok()) {
       return s;
     }
-    const int32_t splits =
-        p.varlen ? 1
-                 : kv_splits(kernel, p.query_rows(), p.batch_heads(), p.seq_k, caps.multiprocessors);
+    const int32_t splits = p.varlen ? 1
+                                    : kv_splits(kernel, *row, p.query_rows(), p.batch_heads(),
+                                                p.seq_k, caps.multiprocessors);
     *out = Plan{kernel, row, splits};
     return {};
   } catch (...) {

@@ -53,7 +53,7 @@ constexpr const char* kDecodeReason =
     "fits every class";
 
 // Head dims above the last decode row use kCutlassRows.
-constexpr TileRow kDecodeRows[] = {
+constexpr TileRow kCutlassDecodeRows[] = {
     {ArchClass::Sm80, 128, tile(32, 128, 128), 42496, kDecodeReason},
     {ArchClass::Sm86Sm89, 128, tile(32, 128, 128), 42496, kDecodeReason},
     {ArchClass::Sm90, 128, tile(32, 128, 128), 42496, kDecodeReason},
@@ -94,6 +94,27 @@ constexpr TileRow kWmmaRows[] = {
     wmma_row(ArchClass::Sm90, 64, tile(64, 64, 64), kWmma64),
     wmma_row(ArchClass::Sm90, 128, tile(128, 32, 128), kWmma128),
     wmma_row(ArchClass::Sm90, 256, tile(64, 32, 256), kWmma256),
+};
+
+// Decode on WMMA (at most kDecodeMaxQueryRows query rows per head: one-query GQA heads packed
+// into rows, or a few speculative queries): one warp of 16 query rows per block, which split-KV
+// (kv_splits) multiplies by the key splits until the SMs hold no more resident blocks. Each stage
+// of K and V is 16 KB at every head dim, so five blocks per SM on sm_90 (two on sm_86/89, four on
+// sm_80) keep 32-80 KB of loads in flight where the 128-row tile kept 2 x 8 KB and computed 32 rows
+// per working warp for 4 real ones.
+constexpr const char* kWmmaDecode =
+    "decode: 16 query rows (one warp), 16 KB of K and V per stage; ~40 KB per block";
+
+constexpr TileRow kWmmaDecodeRows[] = {
+    wmma_row(ArchClass::Sm80, 64, tile(16, 64, 64), kWmmaDecode),
+    wmma_row(ArchClass::Sm80, 128, tile(16, 32, 128), kWmmaDecode),
+    wmma_row(ArchClass::Sm80, 256, tile(16, 16, 256), kWmmaDecode),
+    wmma_row(ArchClass::Sm86Sm89, 64, tile(16, 64, 64), kWmmaDecode),
+    wmma_row(ArchClass::Sm86Sm89, 128, tile(16, 32, 128), kWmmaDecode),
+    wmma_row(ArchClass::Sm86Sm89, 256, tile(16, 16, 256), kWmmaDecode),
+    wmma_row(ArchClass::Sm90, 64, tile(16, 64, 64), kWmmaDecode),
+    wmma_row(ArchClass::Sm90, 128, tile(16, 32, 128), kWmmaDecode),
+    wmma_row(ArchClass::Sm90, 256, tile(16, 16, 256), kWmmaDecode),
 };
 
 // CUTLASS example 88's warp-specialized mainloop under flashcore's kernel layer (cpp/src/sm90/):
@@ -158,7 +179,9 @@ constexpr bool well_formed(const TileRow (&rows)[N], const Tile (&instances)[M])
 
 static_assert(well_formed(kCutlassRows, kSm80Instances), "a CUTLASS row is not instantiated "
               "(sm80/instances.inc), exceeds its class's shared memory, or is out of order");
-static_assert(well_formed(kDecodeRows, kSm80Instances), "a decode row is not instantiated");
+static_assert(well_formed(kCutlassDecodeRows, kSm80Instances), "a decode row is not instantiated");
+static_assert(well_formed(kWmmaDecodeRows, kWmmaInstances), "a WMMA decode row is not "
+              "instantiated, exceeds its class's shared memory, or is out of order");
 static_assert(well_formed(kWmmaRows, kWmmaInstances), "a WMMA row is not instantiated "
               "(wmma/instances.inc), exceeds its class's shared memory, or is out of order");
 static_assert(well_formed(kSm90Rows, kSm90Instances), "an sm90 row is not instantiated "
@@ -175,11 +198,16 @@ constexpr bool sm90_blocks_at_least_counted() {
 static_assert(sm90_blocks_at_least_counted(),
               "an sm90 row has fewer query rows per block than plan.h's kSm90QueriesPerBlock");
 
-// Each family's main table, indexed by Kernel.
+// Each family's main and decode tables, indexed by Kernel.
 constexpr Table kTables[kKernelCount] = {
     {kCutlassRows, std::size(kCutlassRows)},
     {kWmmaRows, std::size(kWmmaRows)},
     {kSm90Rows, std::size(kSm90Rows)},
+};
+constexpr Table kDecodeTables[kKernelCount] = {
+    {kCutlassDecodeRows, std::size(kCutlassDecodeRows)},
+    {kWmmaDecodeRows, std::size(kWmmaDecodeRows)},
+    {nullptr, 0},
 };
 
 }  // namespace
@@ -189,7 +217,10 @@ Table tile_table(Kernel kernel) noexcept {
   return k < std::size(kTables) ? kTables[k] : Table{nullptr, 0};
 }
 
-Table decode_table() noexcept { return Table{kDecodeRows, std::size(kDecodeRows)}; }
+Table decode_table(Kernel kernel) noexcept {
+  const auto k = static_cast<size_t>(kernel);
+  return k < std::size(kDecodeTables) ? kDecodeTables[k] : Table{nullptr, 0};
+}
 
 int64_t smem_per_block_optin(ArchClass arch) noexcept { return optin(arch); }
 
