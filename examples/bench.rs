@@ -94,13 +94,31 @@ fn gpu<T: AttentionElement>(
                 .collect()
         }
     };
-    Kernel::ALL
+    let runs = Kernel::ALL
         .iter()
         .map(|&kernel| {
             inputs.set_backend(kernel.into());
             (kernel.name(), time_calls(stream, &mut inputs, 10, iters))
         })
-        .collect()
+        .collect();
+    // Which of them Auto runs, with its row and key splits.
+    inputs.set_backend(Backend::Auto);
+    match inputs.call(0) {
+        Ok(e) => {
+            let tile = e.tile.map(|r| r.tile);
+            let t = tile.map_or(String::from("-"), |t| {
+                format!(
+                    "{}x{}x{}",
+                    t.queries_per_block, t.keys_per_block, t.max_head_dim
+                )
+            });
+            let (name, dtype) = (shape.name(), T::DTYPE);
+            let (backend, splits) = (e.backend.name(), e.splits);
+            eprintln!("  auto {name} {dtype:?}: {backend}, tile {t}, {splits} split(s)");
+        }
+        Err(e) => eprintln!("  auto: {e}"),
+    }
+    runs
 }
 
 /// The CPU reference, wall clock, on host tensors (tiny shapes only).

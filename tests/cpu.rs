@@ -538,19 +538,19 @@ fn decode_rows_serve_few_query_rows() {
 }
 
 #[test]
-fn decode_splits_fill_the_resident_blocks() {
+fn decode_splits_aim_at_two_blocks_per_sm() {
     let row = |class| {
         decode_table(Kernel::Wmma)
             .iter()
             .find(|r| r.arch == class && r.max_head_dim == 128)
             .unwrap()
     };
-    // H200: 5 blocks of 39 KB per SM x 132 SMs = 660 resident blocks.
+    // H200: two blocks per SM x 132 SMs (5 of 39 KB would fit).
     let h200 = row(ArchClass::Sm90);
     for (units, keys, want) in [
-        (8, 32768, 64),
-        (128, 8192, 5),
-        (256, 4096, 2),
+        (8, 32768, 33),
+        (128, 8192, 2),
+        (256, 4096, 1),
         (512, 2048, 1),
     ] {
         assert_eq!(
@@ -574,12 +574,24 @@ fn auto_picks_by_arch_rows_and_work() {
     let limit = flashcore::plan::decode_max_query_rows();
     for arch in ArchClass::ALL {
         for rows in [1, 4, limit] {
-            // Decode: CUTLASS's decode row on every GPU.
-            assert_eq!(
-                auto_kernel(arch, rows, 4096, 132),
-                Kernel::CutlassSm80,
-                "{rows}"
-            );
+            // Decode: split-KV WMMA on few units, the Hopper kernel (compute capability 9.0)
+            // from 7/8 of a unit per SM, or WMMA, up to two per SM, CUTLASS's decode row beyond.
+            let middle = if arch == ArchClass::Sm90 {
+                Kernel::CutlassSm90
+            } else {
+                Kernel::Wmma
+            };
+            for (units, want) in [
+                (1, Kernel::Wmma),
+                (115, Kernel::Wmma),
+                (116, middle),
+                (132, middle),
+                (263, middle),
+                (265, Kernel::CutlassSm80),
+                (4096, Kernel::CutlassSm80),
+            ] {
+                assert_eq!(auto_kernel(arch, rows, units, 132), want, "{rows} {units}");
+            }
         }
         for rows in [limit + 1, 64, 4096, usize::MAX] {
             let want = if arch == ArchClass::Sm90 {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "core/merge.h"
 #include "core/validate.h"
@@ -154,7 +155,25 @@ void planning() {
   using flashcore::ArchClass;
   using flashcore::auto_kernel;
   expect(auto_kernel(ArchClass::Sm90, 1, 4096, 132) == Kernel::CutlassSm80,
-         "Auto: one query runs CUTLASS");
+         "Auto: one query on many units runs CUTLASS's decode row");
+  // Decode by units on 132 SMs: split-KV WMMA below 7/8 of one per SM, then the Hopper kernel
+  // up to two per SM (without it, WMMA below two per SM), CUTLASS's decode row beyond.
+  const uint32_t without_sm90 = ~(1u << int(Kernel::CutlassSm90));
+  const std::tuple<int64_t, Kernel, Kernel> decode[] = {
+      {1, Kernel::Wmma, Kernel::Wmma},
+      {115, Kernel::Wmma, Kernel::Wmma},
+      {116, Kernel::CutlassSm90, Kernel::Wmma},
+      {132, Kernel::CutlassSm90, Kernel::Wmma},
+      {263, Kernel::CutlassSm90, Kernel::Wmma},
+      {264, Kernel::CutlassSm90, Kernel::CutlassSm80},
+      {265, Kernel::CutlassSm80, Kernel::CutlassSm80},
+  };
+  for (const auto& [units, with, without] : decode) {
+    expect(auto_kernel(ArchClass::Sm90, 4, units, 132) == with &&
+               auto_kernel(ArchClass::Sm90, 4, units, 132, without_sm90) == without &&
+               auto_kernel(ArchClass::Sm80, limit, units, 132) == without,
+           "Auto: decode on " + std::to_string(units) + " units");
+  }
   expect(auto_kernel(ArchClass::Sm86Sm89, limit, 4096, 58) == Kernel::CutlassSm80,
          "Auto: the decode limit");
   expect(auto_kernel(ArchClass::Sm86Sm89, limit + 1, 4096, 58) == Kernel::Wmma,
@@ -470,11 +489,11 @@ void key_splits() {
          "WMMA's sm_90 decode row at d = 128");
   expect(wmma_blocks_per_sm(*row) == 5, "5 decode blocks per SM");
   const flashcore::TileRow& r128 = *row;
-  expect(kv_splits(Kernel::Wmma, r128, 4, 8, 32768, 132) == 64, "1 x 8 kv heads x 32k keys: 64");
-  expect(kv_splits(Kernel::Wmma, r128, 4, 128, 8192, 132) == 5, "16 x 8 kv heads x 8k keys: 5");
-  expect(kv_splits(Kernel::Wmma, r128, 4, 256, 4096, 132) == 2, "32 x 8 kv heads x 4k keys: 2");
+  expect(kv_splits(Kernel::Wmma, r128, 4, 8, 32768, 132) == 33, "1 x 8 kv heads x 32k keys: 33");
+  expect(kv_splits(Kernel::Wmma, r128, 4, 128, 8192, 132) == 2, "16 x 8 kv heads x 8k keys: 2");
+  expect(kv_splits(Kernel::Wmma, r128, 4, 256, 4096, 132) == 1, "32 x 8 kv heads x 4k keys: 1");
   expect(kv_splits(Kernel::Wmma, r128, 4, 512, 2048, 132) == 1, "units that fill the SMs: 1");
-  expect(kv_splits(Kernel::Wmma, r128, 17, 64, 8192, 132) == 5, "two query blocks per unit");
+  expect(kv_splits(Kernel::Wmma, r128, 17, 64, 8192, 132) == 2, "two query blocks per unit");
   expect(kv_splits(Kernel::Wmma, r128, 4, 8, 1500, 132) == 2, "each split streams >= 512 keys");
   expect(kv_splits(Kernel::Wmma, r128, 4, 8, 511, 132) == 1, "too few keys to split");
   expect(kv_splits(Kernel::Wmma, r128, 4, 1, 1 << 30, 132) == flashcore::kMaxKvSplits, "<= 64");
@@ -502,12 +521,18 @@ void key_splits() {
   const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
   flashcore::core::Plan plan{};
   Status s = flashcore::core::plan(r, p, h200, &plan);
-  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 64 && plan.row == row,
-         "WMMA plans its decode row, 64 splits: " + std::to_string(plan.splits));
+  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 33 && plan.row == row,
+         "WMMA plans its decode row, 33 splits: " + std::to_string(plan.splits));
   r.options.backend = flashcore::Backend::Auto;
   s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 33 && plan.row == row,
+         "Auto splits 8 units on WMMA's decode row");
+  r.q = r.out = bshd(64, 1, 32, 128);  // 512 units: CUTLASS's decode row, unsplit
+  r.k = r.v = bshd(64, 2048, 8, 128);
+  expect(flashcore::core::validate(r, &p).ok(), "a wide decode batch validates");
+  s = flashcore::core::plan(r, p, h200, &plan);
   expect(s.ok() && plan.kernel == Kernel::CutlassSm80 && plan.splits == 1,
-         "Auto keeps CUTLASS's decode row, unsplit");
+         "Auto runs 512 decode units on CUTLASS's decode row, unsplit");
 }
 
 int main() {

@@ -208,13 +208,17 @@ pub fn wmma_smem_bytes(tile: Tile) -> usize {
 /// for a problem of `query_rows` query rows per head on `batch_heads` (batch x heads) heads (a
 /// one-query GQA problem counts its packed heads as rows and its kv heads as heads: see
 /// [`decode_max_query_rows`]), in a build with every kernel family. Measured, the reasons are
-/// beside `flashcore::auto_kernel` in `cpp/src/core/plan.cpp`: CUTLASS's decode row up to
-/// [`decode_max_query_rows`] query rows; on compute capability 9.0 the Hopper kernel once its
+/// beside `flashcore::auto_kernel` in `cpp/src/core/plan.cpp`. Decode (up to
+/// [`decode_max_query_rows`] query rows): on compute capability 9.0, split-KV on WMMA below 7/8
+/// of a unit per SM, the Hopper kernel up to two per SM; elsewhere WMMA (split where it helps)
+/// below two units per SM; CUTLASS's decode row beyond. Otherwise, on compute capability 9.0 the Hopper kernel once its
 /// 128-row work units fill the SMs; WMMA otherwise.
 ///
 /// ```
 /// use flashcore::plan::{auto_kernel, ArchClass, Kernel};
-/// assert_eq!(auto_kernel(ArchClass::Sm90, 1, 256, 132), Kernel::CutlassSm80); // decode
+/// assert_eq!(auto_kernel(ArchClass::Sm90, 4, 8, 132), Kernel::Wmma); // one long sequence
+/// assert_eq!(auto_kernel(ArchClass::Sm90, 4, 128, 132), Kernel::CutlassSm90); // 16 sequences
+/// assert_eq!(auto_kernel(ArchClass::Sm90, 4, 512, 132), Kernel::CutlassSm80); // 64 sequences
 /// assert_eq!(auto_kernel(ArchClass::Sm90, 4096, 64, 132), Kernel::CutlassSm90); // 2048 units
 /// assert_eq!(auto_kernel(ArchClass::Sm90, 512, 8, 132), Kernel::Wmma); // 32 units
 /// assert_eq!(auto_kernel(ArchClass::Sm86Sm89, 4096, 64, 58), Kernel::Wmma); // an L4
@@ -239,9 +243,9 @@ pub fn auto_kernel(
 /// heads, as packed) and `seq_k` keys at tile-table `row` on a GPU with `multiprocessors` SMs
 /// (split-KV decoding, combined through the partial states' logsumexps;
 /// [`Execution::splits`](crate::Execution) reports it). 1 unless the kernel is WMMA and the rows
-/// are at most [`decode_max_query_rows`]; then as many splits as the SMs hold resident blocks of
-/// `row` beyond the unsplit ones, at most 64, each of at least 512 keys (the C++ library's
-/// `flashcore::kv_splits`).
+/// are at most [`decode_max_query_rows`]; then enough splits for two blocks of `row` per SM (as
+/// measured on the H200; fewer where `row` fits fewer), at most 64, each of at least 512 keys (the
+/// C++ library's `flashcore::kv_splits`).
 ///
 /// ```
 /// use flashcore::plan::{decode_table, kv_splits, ArchClass, Kernel};
@@ -249,9 +253,9 @@ pub fn auto_kernel(
 ///     .iter()
 ///     .find(|r| r.arch == ArchClass::Sm90 && r.max_head_dim >= 128)
 ///     .unwrap();
-/// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 8, 32768, 132), 64); // one sequence, 8 kv heads
-/// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 128, 8192, 132), 5); // 16 sequences
-/// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 1024, 2048, 132), 1); // the SMs are full
+/// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 8, 32768, 132), 33); // one sequence, 8 kv heads
+/// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 128, 8192, 132), 2); // 16 sequences
+/// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 512, 2048, 132), 1); // the SMs are full
 /// assert_eq!(kv_splits(Kernel::CutlassSm80, row, 4, 8, 32768, 132), 1);
 /// ```
 pub fn kv_splits(

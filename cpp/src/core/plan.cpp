@@ -52,18 +52,30 @@ int64_t sm90_work_units(int64_t query_rows, int64_t batch_heads) {
 }  // namespace
 
 // Measured on the H200 (2026-11-23, docs/PERFORMANCE.md, f16 and bf16):
-// - decode (at most kDecodeMaxQueryRows query rows per head): CUTLASS's 32-query decode row, at
-//   the memory roofline (135-137 us at 32x32(kv 8)x1x4096 d=128; the Hopper kernel is within 2%);
+// - decode (at most kDecodeMaxQueryRows query rows per head), by (batch x heads) units, d = 128,
+//   GQA 32:8: few units, split-KV on WMMA (one sequence of 32k keys, 8 units: 56 us against 378
+//   on the Hopper kernel and 764 on CUTLASS's decode row); the Hopper kernel from 7/8 of a unit
+//   per SM to two (129 us at 128 units against 144 split on WMMA; 135 at 256 units against 138
+//   on CUTLASS; it streams at ~97% of the roofline once every SM has a unit, and in proportion
+//   below, where split WMMA streams at ~85%), or without it WMMA below two units per SM (144
+//   against 211 on CUTLASS at 128 units, a tie at 256); beyond, CUTLASS's decode row (133 us at
+//   512 units against 141 on WMMA and 143 on Hopper);
 // - on compute capability 9.0, the Hopper kernel once its 128-row work units fill the SMs: it ran
 //   every throughput shape of the bench list 1.2-2.6x faster than WMMA;
 // - elsewhere WMMA, faster than CUTLASS everywhere but decode (2026-11-21), and than the Hopper
 //   kernel on the seeds' small problems (32-64 work units: 12.7 vs 13.4 us at 1x8x512x64).
 Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int32_t multiprocessors,
                    uint32_t kernels) noexcept {
-  if (query_rows <= kDecodeMaxQueryRows) {
-    return Kernel::CutlassSm80;
-  }
   const bool hopper = arch == ArchClass::Sm90 && (kernels >> int32_t(Kernel::CutlassSm90) & 1u);
+  if (query_rows <= kDecodeMaxQueryRows) {
+    const int64_t sms = multiprocessors;
+    if (hopper) {
+      return 8 * batch_heads < 7 * sms ? Kernel::Wmma
+             : batch_heads <= 2 * sms  ? Kernel::CutlassSm90
+                                       : Kernel::CutlassSm80;
+    }
+    return batch_heads < 2 * sms ? Kernel::Wmma : Kernel::CutlassSm80;
+  }
   const bool fills = sm90_work_units(query_rows, batch_heads) >= multiprocessors;
   return hopper && fills ? Kernel::CutlassSm90 : Kernel::Wmma;
 }
@@ -75,18 +87,22 @@ int64_t wmma_blocks_per_sm(const TileRow& row) noexcept {
   return std::max<int64_t>(1, std::min(by_registers, by_smem));
 }
 
-// Split-KV fills the GPU with one wave of resident blocks: the unsplit blocks (query blocks x
-// batch x heads) times the splits stay within what the SMs hold at once, so no split waits
-// for another to finish.
+// Split-KV aims at kSplitBlocksPerSm blocks per SM, within one wave of resident blocks (so no
+// split waits for another to finish). Measured on the H200 (2026-11-23, GQA 32:8, d = 128, the
+// 16-row decode tile): two blocks per SM beat five (filling every slot) at one sequence of 32k
+// keys (56 vs 68 us: 33 vs 64 splits), 16 x 8k keys (144 vs 150 us: 2 vs 5) and 32 x 4k keys
+// (138 vs 147 us: 1 vs 2); each split's start and the combine cost more than the extra loads in
+// flight gain.
 int32_t kv_splits(Kernel kernel, const TileRow& row, int64_t query_rows, int64_t batch_heads,
                   int64_t seq_k, int32_t multiprocessors) noexcept {
+  constexpr int64_t kSplitBlocksPerSm = 2;
   if (kernel != Kernel::Wmma || query_rows > kDecodeMaxQueryRows || query_rows <= 0 ||
       batch_heads <= 0 || multiprocessors <= 0) {
     return 1;
   }
   const int64_t blocks = ceil_div(query_rows, row.tile.queries_per_block);
-  const int64_t resident = wmma_blocks_per_sm(row) * multiprocessors;
-  const int64_t fill = batch_heads > resident / blocks ? 1 : resident / (blocks * batch_heads);
+  const int64_t target = std::min(kSplitBlocksPerSm, wmma_blocks_per_sm(row)) * multiprocessors;
+  const int64_t fill = batch_heads > target / blocks ? 1 : target / (blocks * batch_heads);
   const int64_t most = std::min<int64_t>(kMaxKvSplits, seq_k / kMinKeysPerSplit);
   return static_cast<int32_t>(std::max<int64_t>(1, std::min(fill, most)));
 }
