@@ -272,6 +272,20 @@ pub enum Error {
         /// What it is checked against.
         bound: i64,
     },
+    /// An output shares memory with itself (`other` is `None`: two of its elements have one
+    /// address, as a stride of 0 makes them), with an input, or with the other output: the
+    /// kernel's writes would race with each other or with its reads. An output's strides,
+    /// ordered, must each exceed the span of the smaller dimensions; an output and an input may
+    /// share a buffer (interleaved views of a packed one) but no element. Where they have other
+    /// element sizes or strides, any intersection of their address ranges counts. A merge may
+    /// write in place: its output may be one of the states exactly.
+    #[error("{operand} overlaps {}", match other { Some(o) => format!("the memory of {o}"), None => "itself (two elements share an address)".into() })]
+    OverlappingOutput {
+        /// The output: [`Operand::Out`] or [`Operand::Lse`].
+        operand: Operand,
+        /// What it overlaps; `None`: itself.
+        other: Option<Operand>,
+    },
 }
 
 /// `Result` with [`Error`].

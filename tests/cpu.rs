@@ -655,3 +655,35 @@ fn host_out_of_memory_is_an_error() {
         "{err}"
     );
 }
+
+/// An output whose rows share addresses (seq stride 0, the report) is refused before
+/// anything runs, by the C++ core's validation that every backend goes through.
+#[test]
+fn overlapping_outputs_are_refused() {
+    let mut rng = Rng::fresh();
+    let q = randn::<f16>(&mut rng, &[1, 4, 2, 8], Layout::Bshd);
+    let shape = Shape::new(1, 4, 2, 8);
+    let mut out = Tensor::from_vec_strided(vec![f16::ZERO; 16], shape, [16, 0, 8, 1]).unwrap();
+    let e = attention_into(&q, &q, &q, &mut out, None, &Default::default()).unwrap_err();
+    assert_eq!(
+        e,
+        Error::OverlappingOutput {
+            operand: Operand::Out,
+            other: None
+        }
+    );
+    assert!(e.to_string().contains("itself"), "{e}");
+    assert!(out.host_data().unwrap().iter().all(|x| *x == f16::ZERO));
+    // Heads 8 elements apart in rows of 16: neighbours share half a row.
+    let q = randn::<f16>(&mut rng, &[1, 4, 2, 16], Layout::Bshd);
+    let shape = Shape::new(1, 4, 2, 16);
+    let mut out = Tensor::from_vec_strided(vec![f16::ZERO; 128], shape, [128, 32, 8, 1]).unwrap();
+    let e = attention_into(&q, &q, &q, &mut out, None, &Default::default()).unwrap_err();
+    assert!(
+        matches!(e, Error::OverlappingOutput { other: None, .. }),
+        "{e:?}"
+    );
+    // Padded rows that never collide are fine.
+    let mut out = Tensor::from_vec_strided(vec![f16::ZERO; 256], shape, [256, 64, 16, 1]).unwrap();
+    attention_into(&q, &q, &q, &mut out, None, &Default::default()).unwrap();
+}

@@ -1329,3 +1329,40 @@ fn split_kv_decode_matches_the_reference() {
         failures.join("\n")
     );
 }
+
+/// An output whose rows share addresses, copied to the device, is refused before any launch
+/// (the report: it was accepted and the kernel's writes raced), on every GPU family.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn overlapping_outputs_launch_nothing() {
+    let s = stream();
+    let mut rng = Rng::fresh();
+    let q = randn::<f16>(&mut rng, &[1, 64, 2, 64], Layout::Bshd)
+        .to_device(&s)
+        .unwrap();
+    let poison = vec![f16::from_f32(7.0); 128];
+    let host = Tensor::from_vec_strided(poison, Shape::new(1, 64, 2, 64), [128, 0, 64, 1]).unwrap();
+    let mut out = host.to_device(&s).unwrap();
+    for backend in [
+        Backend::Auto,
+        Kernel::Wmma.into(),
+        Kernel::CutlassSm80.into(),
+    ] {
+        let opts = AttentionOptions::default().backend(backend);
+        let e = attention_into(&q, &q, &q, &mut out, None, &opts).unwrap_err();
+        assert_eq!(
+            e,
+            Error::OverlappingOutput {
+                operand: Operand::Out,
+                other: None
+            },
+            "{backend:?}"
+        );
+    }
+    let after = out.to_host().unwrap();
+    assert!(after
+        .host_data()
+        .unwrap()
+        .iter()
+        .all(|x| *x == f16::from_f32(7.0)));
+}

@@ -205,9 +205,14 @@ StatusFfi attention_planned(const RequestFfi& request, const ProblemFfi& problem
     s = core::fail(Code::Launch, Operand::None, Field::None, 0, 0, 0, "the plan names no row");
     return to_ffi(s);
   }
+  const core::Request r = from_ffi(request);
+  s = core::check_addresses(r);  // this run's tensors: the plan checked only its first ones
+  if (!s.ok()) {
+    return to_ffi(s);
+  }
   try {
     use_device(ordinal);
-    detail::run(from_ffi(request), from_ffi(problem), plan, as_stream(stream));
+    detail::run(r, from_ffi(problem), plan, as_stream(stream));
   } catch (const std::exception& e) {
     s = detail::to_status(e);
   }

@@ -34,10 +34,12 @@ void expect(bool ok, const std::string& what) {
   }
 }
 
-// A dense BSHD operand [b, s, h, d] on device 0 at a 16-byte aligned address.
-TensorDesc bshd(int64_t b, int64_t s, int64_t h, int64_t d, uint64_t address = 0x10000) {
+// A dense BSHD operand [b, s, h, d] on device 0 at a 16-byte aligned address: `address`, or
+// (0) one 2^36 bytes past the last operand made so, so that operands never overlap.
+TensorDesc bshd(int64_t b, int64_t s, int64_t h, int64_t d, uint64_t address = 0) {
+  static uint64_t next = uint64_t{1} << 36;
   TensorDesc t;
-  t.address = address;
+  t.address = address != 0 ? address : (next += uint64_t{1} << 36);
   t.shape[0] = b, t.shape[1] = s, t.shape[2] = h, t.shape[3] = d;
   flashcore::bshd_strides(t.shape, t.stride);
   t.location = 0;
@@ -107,7 +109,7 @@ void extents_that_overflow() {
 
 void addresses_and_locations() {
   Request r = valid();
-  r.v.address = 0x10008;  // 8-byte aligned only
+  r.v.address += 8;  // 8-byte aligned only
   expect_code(r, Code::MisalignedPointer, Operand::V, "misaligned v");
   Request host_k = valid();
   host_k.k.location = kHost;
@@ -116,9 +118,10 @@ void addresses_and_locations() {
   other.out.location = 1;
   expect_code(other, Code::DeviceMismatch, Operand::Out, "out on device 1");
   Request on_host = valid();
+  uint64_t address = 0x10002;  // host tensors have no alignment rule
   for (TensorDesc* t : {&on_host.q, &on_host.k, &on_host.v, &on_host.out}) {
     t->location = kHost;
-    t->address = 0x10002;  // host tensors have no alignment rule
+    t->address = (address += 0x1000000);
   }
   expect(check(on_host).ok(), "host operands at any address validate");
 }
@@ -200,7 +203,8 @@ void planning() {
   expect(flashcore::core::plan(r, p, volta, &plan).code == Code::UnsupportedDevice,
          "compute capability 7.0 is refused");
   r.options.causal = Causal::BottomRight;
-  r.q = r.out = bshd(2, 200, 8, 64);  // 70 rows would see no key
+  r.q = bshd(2, 200, 8, 64);
+  r.out = bshd(2, 200, 8, 64);  // 70 rows would see no key
   expect_code(r, Code::NoVisibleKeys, Operand::None, "bottom-right with seq_q > seq_k");
 }
 
@@ -223,7 +227,8 @@ void planning_sm90() {
   const DeviceCaps h200_sms{9, 0, 227 * 1024, ~0u, 132};
   expect(flashcore::core::plan(autos, p, h200_sms, &plan).ok() && plan.kernel == Kernel::Wmma,
          "Auto on a small problem on an H200 runs WMMA");
-  autos.q = autos.out = autos.k = autos.v = bshd(4, 1024, 16, 64);
+  autos.q = autos.k = autos.v = bshd(4, 1024, 16, 64);
+  autos.out = bshd(4, 1024, 16, 64);
   Problem big_p{};
   expect(flashcore::core::validate(autos, &big_p).ok(), "a 4x16x1024 problem validates");
   expect(flashcore::core::plan(autos, big_p, h200_sms, &plan).ok() &&
@@ -271,15 +276,15 @@ void planning_sm90() {
          "the sm90 kernel refuses a stride-0 K: " + s.message);
   broadcast.options.backend = Backend::Wmma;
   expect(flashcore::core::plan(broadcast, p, h200, &plan).ok(), "WMMA takes a stride-0 K");
-  // 2^16 heads x 2^15 batches x 2 query blocks: more work units than an int counts (K and V
-  // with stride 0 describe it without memory).
+  // 2^16 heads x 2^15 batches x 2 query blocks: more work units than an int counts (Q with
+  // stride 0 describes it without memory; the output, which may not overlap itself, is dense
+  // far above the other operands).
   Request big;
   big.options.backend = Backend::CutlassSm90;
-  big.q = big.out = bshd(32768, 129, 65535, 64);
+  big.q = bshd(32768, 129, 65535, 64);
+  big.q.stride[0] = big.q.stride[1] = big.q.stride[2] = 0;
+  big.out = bshd(32768, 129, 65535, 64, uint64_t{1} << 56);
   big.k = big.v = bshd(32768, 1, 1, 64);
-  for (TensorDesc* t : {&big.q, &big.out}) {
-    t->stride[0] = t->stride[1] = t->stride[2] = 0;
-  }
   expect(flashcore::core::validate(big, &p).ok(), "the big problem validates");
   s = flashcore::core::plan(big, p, h200, &plan);
   expect(s.code == Code::IndexOverflow && s.field == Field::WorkUnits,
@@ -369,6 +374,28 @@ void merging() {
            "a negative state stride: " + s.message);
   }
   {
+    MergeRequest in_place = r;
+    in_place.out = outs[1];
+    in_place.lse = lses[1];
+    expect(run(in_place).first.ok(), "merging in place into state 1");
+    MergeRequest bad = r;
+    bad.out.address = outs[1].address + 128;  // over part of state 1
+    Status s = run(bad).first;
+    expect(s.code == Code::OverlappingOutput && s.operand == Operand::Out &&
+               s.values[0] == int64_t(Operand::State) && s.values[1] == 1,
+           "an output over part of state 1: " + s.message);
+    bad = r;
+    bad.lse.address = lses[2].address + 4;
+    s = run(bad).first;
+    expect(s.code == Code::OverlappingOutput && s.operand == Operand::Lse &&
+               s.values[0] == int64_t(Operand::StateLse) && s.values[1] == 2,
+           "a logsumexp over part of state 2's: " + s.message);
+    bad = r;
+    bad.out.stride[1] = 0;
+    s = run(bad).first;
+    expect(s.code == Code::OverlappingOutput && s.values[0] == 0, "a self-overlapping output");
+  }
+  {
     MergeRequest bad = r;
     bad.out.address = 0x70008;
     const Status s = run(bad).first;
@@ -388,7 +415,8 @@ void merging() {
 // into batch-1 tensors, offsets on device 0 with host copies of `q_host` / `k_host`.
 Request varlen(const int32_t* q_host, const int32_t* k_host) {
   Request r;
-  r.q = r.out = bshd(1, 12, 8, 64);
+  r.q = bshd(1, 12, 8, 64);
+  r.out = bshd(1, 12, 8, 64);
   r.k = r.v = bshd(1, 20, 2, 64);
   r.varlen = true;
   r.cu_q = {0x20000, 0, 3, q_host, 7};
@@ -513,7 +541,8 @@ void key_splits() {
          "L4: 2 decode blocks per SM, 116 / 8 = 14 splits");
 
   Request r;  // one query, 32 heads on 8 kv heads, 32k keys: packed into 4 rows of 8 units
-  r.q = r.out = bshd(1, 1, 32, 128);
+  r.q = bshd(1, 1, 32, 128);
+  r.out = bshd(1, 1, 32, 128);
   r.k = r.v = bshd(1, 32768, 8, 128);
   r.options.backend = flashcore::Backend::Wmma;
   Problem p{};
@@ -527,7 +556,8 @@ void key_splits() {
   s = flashcore::core::plan(r, p, h200, &plan);
   expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 33 && plan.row == row,
          "Auto splits 8 units on WMMA's decode row");
-  r.q = r.out = bshd(64, 1, 32, 128);  // 512 units: CUTLASS's decode row, unsplit
+  r.q = bshd(64, 1, 32, 128);
+  r.out = bshd(64, 1, 32, 128);  // 512 units: CUTLASS's decode row, unsplit
   r.k = r.v = bshd(64, 2048, 8, 128);
   expect(flashcore::core::validate(r, &p).ok(), "a wide decode batch validates");
   s = flashcore::core::plan(r, p, h200, &plan);
@@ -535,11 +565,79 @@ void key_splits() {
          "Auto runs 512 decode units on CUTLASS's decode row, unsplit");
 }
 
+// Outputs that share memory with themselves, each other or an input are refused; interleaved
+// views of one buffer that share no element are not.
+void overlapping_outputs() {
+  auto overlap = [](const Status& s, Operand op, Operand other, const std::string& what) {
+    expect(s.code == Code::OverlappingOutput && s.operand == op &&
+               s.values[0] == static_cast<int64_t>(other),
+           what + ": " + (s.ok() ? std::string("accepted") : s.message));
+  };
+  Request r = valid();
+  r.out.stride[1] = 0;  // every query row of a head at one address (the report)
+  overlap(check(r), Operand::Out, Operand::None, "an output with seq stride 0");
+  r = valid();
+  r.out.stride[2] = 32;  // heads 32 elements apart, rows of 64: neighbours share half a row
+  overlap(check(r), Operand::Out, Operand::None, "interleaved heads");
+  r = valid();
+  r.out.stride[1] = 16, r.out.stride[2] = 24;  // injective, but not nested: refused too
+  r.out.shape[1] = 3, r.out.shape[2] = 2, r.out.shape[3] = 8;
+  r.q.shape[1] = 3, r.q.shape[2] = 2, r.q.shape[3] = 8;
+  r.k.shape[2] = r.v.shape[2] = 1, r.k.shape[3] = r.v.shape[3] = 8;
+  overlap(check(r), Operand::Out, Operand::None, "interleaved seq and heads");
+  r = valid();
+  flashcore::bhsd_strides(r.out.shape, r.out.stride);
+  expect(check(r).ok(), "a BHSD output beside BSHD inputs");
+
+  r = valid();
+  r.out = r.q;
+  overlap(check(r), Operand::Out, Operand::Q, "out is q");
+  r = valid();
+  r.out.address = r.k.address + 64 * 2 * 3;  // over k's fourth head
+  r.out.shape[1] = 1;                         // ... with one query row
+  r.q.shape[1] = 1;
+  overlap(check(r), Operand::Out, Operand::K, "out over part of k");
+  r = valid();
+  r.lse = bshd(2, 100, 8, 1);
+  flashcore::bhsd_strides(r.lse.shape, r.lse.stride);
+  r.lse.element_bytes = 4;
+  r.lse.address = r.out.address + 64;
+  r.has_lse = true;
+  overlap(check(r), Operand::Lse, Operand::Out, "lse inside out");
+
+  // One buffer [batch, seq, 4, heads, d] packing q, k, v and the output at slots 0-3: the views
+  // interleave (their address ranges intersect) but share no element.
+  Request packed;
+  const int64_t b = 2, sq = 50, h = 4, d = 64;
+  const uint64_t base = uint64_t{1} << 40;
+  for (auto [t, slot] : {std::pair{&packed.q, 0}, std::pair{&packed.k, 1}, std::pair{&packed.v, 2},
+                         std::pair{&packed.out, 3}}) {
+    *t = bshd(b, sq, h, d, base + static_cast<uint64_t>(slot * h * d * 2));
+    t->stride[0] = sq * 4 * h * d, t->stride[1] = 4 * h * d, t->stride[2] = d;
+  }
+  expect(check(packed).ok(), "q, k, v and out packed in one buffer: " + check(packed).message);
+  Request shifted = packed;
+  shifted.out.address = base + 2 * h * d * 2 + d * 2;  // slot 2 from its second head: over v
+  overlap(check(shifted), Operand::Out, Operand::V, "out one head into v's slot");
+
+  // A planned run checks each run's addresses again.
+  Request planned = valid();
+  expect(flashcore::core::check_addresses(planned).ok(), "a planned run's fresh tensors");
+  planned.out.address = planned.v.address;
+  overlap(flashcore::core::check_addresses(planned), Operand::Out, Operand::V,
+          "a planned run whose out is v");
+  planned = valid();
+  planned.q.address += 8;
+  expect(flashcore::core::check_addresses(planned).code == Code::MisalignedPointer,
+         "a planned run's misaligned q");
+}
+
 int main() {
   valid_call_passes();
   negative_sizes_and_strides();
   extents_that_overflow();
   addresses_and_locations();
+  overlapping_outputs();
   scales();
   heads_and_head_dims();
   planning();

@@ -369,8 +369,9 @@ pub(crate) fn attention_planned(
 ) -> Result<()> {
     let (r, _, _) = with_addresses(request, b);
     // SAFETY: as for `attention`: the operands have the shapes, strides and locations that
-    // `plan` validated (AttentionPlan::run compared them, and checked the new addresses'
-    // alignment), each a live allocation borrowed until we return.
+    // `plan` validated (AttentionPlan::run compared them; C++ checks the new addresses'
+    // alignment and overlaps before it launches), each a live allocation borrowed until we
+    // return.
     let status = unsafe {
         sys::attention_planned(
             &r,

@@ -330,6 +330,7 @@ const NO_DEVICE: i32 = 16;
 const CUDA: i32 = 17;
 const STATE_COUNT: i32 = 19;
 const INVALID_OFFSETS: i32 = 20;
+const OVERLAPPING_OUTPUT: i32 = 21;
 
 // `flashcore::Field` values of the offsets rules.
 const FIRST_OFFSET: i32 = 12;
@@ -571,6 +572,10 @@ pub(crate) fn to_error(s: StatusFfi, described: &Described<'_>) -> Error {
             index: usize::try_from(a).ok(),
             value: b,
             bound: c,
+        },
+        OVERLAPPING_OUTPUT => Error::OverlappingOutput {
+            operand: op,
+            other: (a != 0).then(|| operand(a as i32, b)),
         },
         _ => Error::Launch(s.message),
     }

@@ -40,6 +40,9 @@ enum class Code : int32_t {
   StateCount,            // merge_states: values[0] states given, allowed values[1] to values[2]
   InvalidOffsets,        // operand's (cu_seqlens_q / _k) rule `field` fails at entry values[0]:
                          // the entry (or the max length) is values[1], the bound values[2]
+  OverlappingOutput,     // operand (an output) shares memory with the Operand values[0], or
+                         // with itself when values[0] is 0 (None): two of its elements would
+                         // share an address; values[1]: that Operand's list position
 };
 
 // Which tensor a Status is about. State and StateLse are the output and the logsumexp of one of

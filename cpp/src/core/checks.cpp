@@ -1,8 +1,10 @@
 // The shared operand checks: see checks.h.
 #include "core/checks.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 namespace flashcore::core {
 namespace {
@@ -91,6 +93,113 @@ Failed check_strides(Operand op, const TensorDesc& t, int64_t index) {
                 index);
   }
   return std::nullopt;
+}
+
+namespace {
+
+// One dimension of a strided tensor, or of two that share strides: its stride (elements), the
+// larger extent n, and the range [lo, hi] of j - i for index i in the first and j in the second.
+struct Dim {
+  int64_t s, n, lo, hi;
+};
+
+// The dimensions longer than 1 of `a` or `b` (strides from `a`), sorted by stride; returns their
+// count.
+int sorted_dims(const TensorDesc& a, const TensorDesc& b, Dim (&dims)[4]) {
+  int count = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int64_t n = std::max(a.shape[i], b.shape[i]);
+    if (n > 1) {
+      dims[count++] = Dim{a.stride[i], n, 1 - a.shape[i], b.shape[i] - 1};
+    }
+  }
+  std::sort(dims, dims + count, [](Dim x, Dim y) { return x.s < y.s; });
+  return count;
+}
+
+// Whether each stride exceeds the largest offset the smaller dimensions reach.
+bool nested(const Dim* dims, int count) {
+  int64_t span = 0;
+  for (int i = 0; i < count; ++i) {
+    if (dims[i].s <= span) {
+      return false;
+    }
+    span += (dims[i].n - 1) * dims[i].s;  // no overflow: within check_extent's bound
+  }
+  return true;
+}
+
+// Whether `delta` = sum of c_i * s_i over dims[0..count) with lo_i <= c_i <= hi_i. The
+// dimensions nest (|c_i| < n_i), so the smaller ones reach less than s_i either way: c_i is the
+// floor or the ceiling of delta / s_i, at most two choices per dimension.
+bool reachable(int64_t delta, const Dim* dims, int count) {
+  if (count == 0) {
+    return delta == 0;
+  }
+  const Dim d = dims[count - 1];
+  const int64_t floor = delta / d.s - (delta % d.s < 0 ? 1 : 0);
+  for (const int64_t c : {floor, floor + 1}) {
+    if (c >= d.lo && c <= d.hi && reachable(delta - c * d.s, dims, count - 1)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The bytes [first, last] that `t` addresses (non-empty; last < 2^63 after check_extent).
+std::pair<uint64_t, uint64_t> byte_range(const TensorDesc& t) {
+  uint64_t last = 0;
+  for (int i = 0; i < 4; ++i) {
+    last += static_cast<uint64_t>((t.shape[i] - 1) * t.stride[i]);
+  }
+  last = (last + 1) * static_cast<uint64_t>(t.element_bytes) - 1;
+  return {t.address, t.address + last};
+}
+
+bool empty(const TensorDesc& t) {
+  return t.shape[0] == 0 || t.shape[1] == 0 || t.shape[2] == 0 || t.shape[3] == 0;
+}
+
+}  // namespace
+
+Failed check_no_self_overlap(Operand op, const TensorDesc& t, int64_t index) {
+  Dim dims[4];
+  const int count = sorted_dims(t, t, dims);
+  if (empty(t) || nested(dims, count)) {
+    return std::nullopt;
+  }
+  return fail(Code::OverlappingOutput, op, Field::None, 0, 0, index);
+}
+
+Failed check_disjoint(Operand out_op, const TensorDesc& out, int64_t out_index, Operand in_op,
+                      const TensorDesc& in, int64_t in_index, bool allow_same) {
+  if (empty(out) || empty(in)) {
+    return std::nullopt;
+  }
+  const auto [a0, a1] = byte_range(out);
+  const auto [b0, b1] = byte_range(in);
+  if (a1 < b0 || b1 < a0) {
+    return std::nullopt;
+  }
+  const bool same_layout = out.element_bytes == in.element_bytes &&
+                           std::memcmp(out.stride, in.stride, sizeof(out.stride)) == 0;
+  if (allow_same && same_layout && out.address == in.address &&
+      std::memcmp(out.shape, in.shape, sizeof(out.shape)) == 0) {
+    return std::nullopt;
+  }
+  // Interleaved views of one buffer (a packed [batch, seq, 4, heads, d] holding q, k, v and the
+  // output, say): with equal strides, element i of out meets element j of in exactly when the
+  // distance between their bases is sum((j - i) * stride).
+  if (same_layout && out.address % out.element_bytes == in.address % in.element_bytes) {
+    Dim dims[4];
+    const int count = sorted_dims(out, in, dims);
+    const int64_t delta = static_cast<int64_t>(a0 - b0) / out.element_bytes;
+    if (nested(dims, count) && !reachable(delta, dims, count)) {
+      return std::nullopt;
+    }
+  }
+  return fail(Code::OverlappingOutput, out_op, Field::None, static_cast<int64_t>(in_op),
+              in_index, out_index);
 }
 
 Failed check_head_dim(int64_t d) {

@@ -30,6 +30,16 @@ Failed check_lse(Operand op, const TensorDesc& t, int64_t batch, int64_t seq, in
 Failed check_strides(Operand op, const TensorDesc& t, int64_t index = 0);
 // A head dim the kernels serve: a multiple of 8 from 8 to kMaxHeadDim.
 Failed check_head_dim(int64_t d);
+// An output's elements each have their own address: ordered by stride, the strides of its
+// dimensions longer than 1 each exceed the span of the smaller ones (a stride-0 or interleaved
+// layout is refused, even one whose elements happen not to collide). After check_extent.
+Failed check_no_self_overlap(Operand op, const TensorDesc& t, int64_t index = 0);
+// The output `out` shares no byte with `in` (both after check_extent), or with `allow_same`
+// is exactly `in` (same address, element size, shape and strides: an in-place merge). Exact
+// when the two have the same element size and strides that nest as check_no_self_overlap
+// asks; otherwise any intersection of their address ranges counts as an overlap.
+Failed check_disjoint(Operand out_op, const TensorDesc& out, int64_t out_index, Operand in_op,
+                      const TensorDesc& in, int64_t in_index, bool allow_same = false);
 
 #define FLASHCORE_TRY(expr)                          \
   do {                                               \

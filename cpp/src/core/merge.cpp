@@ -42,6 +42,20 @@ Status validate_merge(const MergeRequest& r, MergeProblem* problem) noexcept {
     for (int64_t i = 0; i < r.count; ++i) {
       FLASHCORE_TRY(check_strides(Operand::State, r.outs[i], i));
     }
+    // The output may be one of the states exactly (in place: each row is read whole before it
+    // is written) but shares no other address with them, with itself or with its logsumexp.
+    FLASHCORE_TRY(check_no_self_overlap(Operand::Out, r.out));
+    for (int64_t i = 0; i < r.count; ++i) {
+      FLASHCORE_TRY(check_disjoint(Operand::Out, r.out, 0, Operand::State, r.outs[i], i, true));
+      FLASHCORE_TRY(check_disjoint(Operand::Out, r.out, 0, Operand::StateLse, r.lses[i], i));
+      if (r.has_lse) {
+        FLASHCORE_TRY(check_disjoint(Operand::Lse, r.lse, 0, Operand::StateLse, r.lses[i], i, true));
+        FLASHCORE_TRY(check_disjoint(Operand::Lse, r.lse, 0, Operand::State, r.outs[i], i));
+      }
+    }
+    if (r.has_lse) {
+      FLASHCORE_TRY(check_disjoint(Operand::Lse, r.lse, 0, Operand::Out, r.out, 0));
+    }
     // The logsumexps are floats at dense strides: aligned when their base address is.
     for (int64_t i = 0; i <= r.count; ++i) {
       const TensorDesc& l = i < r.count ? r.lses[i] : r.lse;

@@ -29,6 +29,7 @@ const char* name(Code code) noexcept {
     case Code::Launch: return "launch";
     case Code::StateCount: return "state_count";
     case Code::InvalidOffsets: return "invalid_offsets";
+    case Code::OverlappingOutput: return "overlapping_output";
   }
   return "unknown";
 }
@@ -166,6 +167,15 @@ std::string message(const Status& s, const std::string& detail) {
       return "merge_states takes " + v(1) + " to " + v(2) + " states, got " + v(0);
     case Code::InvalidOffsets:
       return op + ": " + offsets_rule(s);
+    case Code::OverlappingOutput:
+      return s.values[0] == 0
+                 ? op + ": two of its elements share an address (its strides, ordered, must each "
+                        "exceed the span of the smaller ones)"
+                 : op + " overlaps the memory of " + name(static_cast<Operand>(s.values[0])) +
+                       (s.values[0] >= int64_t(Operand::State) &&
+                                s.values[0] <= int64_t(Operand::StateLse)
+                            ? " " + v(1)
+                            : std::string());
     case Code::Ok:
     case Code::Cuda:
     case Code::Launch:

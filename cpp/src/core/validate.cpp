@@ -1,16 +1,54 @@
 // Validation: see validate.h. The order of the checks is part of the contract (the first
 // failure is the one reported): sizes, devices, shapes, heads, head dim, strides and alignment,
-// a variable-length batch's offsets, scale, visible keys.
+// overlapping outputs, a variable-length batch's offsets, scale, visible keys.
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <utility>
 
 #include "core/checks.h"
 #include "core/validate.h"
 #include "core/varlen.h"
 
 namespace flashcore::core {
+namespace {
+
+// No output shares an address with an input or with the other output (the kernels' writes
+// would race with their reads or with each other).
+Failed check_overlaps(const Request& r) {
+  const std::pair<Operand, const TensorDesc*> inputs[] = {
+      {Operand::Q, &r.q}, {Operand::K, &r.k}, {Operand::V, &r.v}};
+  for (const auto& [op, in] : inputs) {
+    FLASHCORE_TRY(check_disjoint(Operand::Out, r.out, 0, op, *in, 0));
+  }
+  if (r.has_lse) {
+    for (const auto& [op, in] : inputs) {
+      FLASHCORE_TRY(check_disjoint(Operand::Lse, r.lse, 0, op, *in, 0));
+    }
+    FLASHCORE_TRY(check_disjoint(Operand::Lse, r.lse, 0, Operand::Out, r.out, 0));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Status check_addresses(const Request& r) noexcept {
+  try {
+    const std::pair<Operand, const TensorDesc*> operands[] = {
+        {Operand::Q, &r.q}, {Operand::K, &r.k}, {Operand::V, &r.v}, {Operand::Out, &r.out}};
+    for (const auto& [op, t] : operands) {
+      if (t->location != kHost && t->address % 16 != 0) {
+        return fail(Code::MisalignedPointer, op, Field::None, static_cast<int64_t>(t->address),
+                    16);
+      }
+    }
+    FLASHCORE_TRY(check_overlaps(r));
+    return {};
+  } catch (...) {
+    return out_of_host_memory();
+  }
+}
 
 Status validate(const Request& r, Problem* problem) noexcept {
   try {
@@ -52,6 +90,8 @@ Status validate(const Request& r, Problem* problem) noexcept {
     FLASHCORE_TRY(check_strides(Operand::K, r.k));
     FLASHCORE_TRY(check_strides(Operand::V, r.v));
     FLASHCORE_TRY(check_strides(Operand::Out, r.out));
+    FLASHCORE_TRY(check_no_self_overlap(Operand::Out, r.out));
+    FLASHCORE_TRY(check_overlaps(r));
     if (r.varlen) {
       FLASHCORE_TRY(check_offsets(r));
     }

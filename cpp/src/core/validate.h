@@ -78,6 +78,10 @@ struct Problem {
 
 // Checks `r` and describes the problem in `*problem`.
 Status validate(const Request& r, Problem* problem) noexcept;
+// The checks of validate() that depend on the operands' addresses (16-byte alignment of device
+// operands, outputs that overlap an input): what a planned call (plan once, run many) checks
+// again for each run's new tensors, whose dims and strides match the plan's.
+Status check_addresses(const Request& r) noexcept;
 
 // What the device offers (read once per device by the front ends), and which kernel families
 // this build compiled (one bit per Kernel value; see compiled_kernels() in cpp/src/launcher.h).
