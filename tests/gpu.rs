@@ -17,6 +17,51 @@ use flashcore::{
 };
 use half::{bf16, f16};
 
+/// Counts the heap allocations of each thread (a thread-local counter: the suite's tests run on
+/// several threads at once), for the hot-path test below.
+struct CountingAllocator;
+
+thread_local! {
+    static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn count_allocation() {
+    // try_with: a thread being torn down has no counter left (and allocates nothing we count).
+    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+}
+
+// SAFETY: every method forwards to the system allocator with the caller's arguments unchanged,
+// so System's guarantees hold; counting touches only a const-initialised thread-local Cell,
+// which neither allocates nor unwinds.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count_allocation();
+        // SAFETY: forwarded as received (see the impl).
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count_allocation();
+        // SAFETY: forwarded as received (see the impl).
+        unsafe { std::alloc::System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        count_allocation();
+        // SAFETY: forwarded as received (see the impl).
+        unsafe { std::alloc::System.realloc(ptr, layout, new) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: forwarded as received (see the impl).
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(std::cell::Cell::get)
+}
+
 fn stream() -> Stream {
     let device = Device::open(0).expect("this test needs a CUDA device");
     Stream::new(&device).expect("create stream")
@@ -1365,4 +1410,44 @@ fn overlapping_outputs_launch_nothing() {
         .unwrap()
         .iter()
         .all(|x| *x == f16::from_f32(7.0)));
+}
+
+/// The host hot path allocates nothing on the Rust heap per call, once warm: attention_into
+/// (validation, planning and launch in C++), a planned run, and split-KV decode (its workspace
+/// is stream-ordered device memory). C++'s own validation and planning are checked the same way
+/// by cpp/tests/core_test.cpp (no_allocation_on_the_hot_path).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn hot_path_allocates_nothing_on_the_host() {
+    let s = stream();
+    let mut rng = Rng::fresh();
+    let dev =
+        |rng: &mut Rng, d: &[usize]| randn::<bf16>(rng, d, Layout::Bshd).to_device(&s).unwrap();
+    let (q, k) = (
+        dev(&mut rng, &[2, 256, 8, 64]),
+        dev(&mut rng, &[2, 256, 2, 64]),
+    );
+    let mut out = Tensor::uninit_on(&s, &[2, 256, 8, 64], Layout::Bshd).unwrap();
+    let mut lse = Tensor::<f32>::uninit_on(&s, &[2, 8, 256, 1], Layout::Bhsd).unwrap();
+    let (dq, dk) = (
+        dev(&mut rng, &[1, 1, 32, 128]),
+        dev(&mut rng, &[1, 32768, 8, 128]),
+    );
+    let mut dout = Tensor::uninit_on(&s, &[1, 1, 32, 128], Layout::Bshd).unwrap();
+    let causal = AttentionOptions::default().causal(Causal::BottomRight);
+    let plan = AttentionPlan::new(&q, &k, &k, &out, Some(&lse), &causal).unwrap();
+    let calls = |out: &mut Tensor<bf16>, lse: &mut Tensor<f32>, dout: &mut Tensor<bf16>| {
+        attention_into(&q, &k, &k, out, Some(lse), &causal).unwrap();
+        plan.run(&q, &k, &k, out, Some(lse)).unwrap();
+        attention_into(&dq, &dk, &dk, dout, None, &Default::default()).unwrap()
+    };
+    let warm = calls(&mut out, &mut lse, &mut dout); // fills the tables and the pools once
+    assert!(warm.splits > 1, "the decode call splits its keys: {warm:?}");
+    let before = allocations();
+    for _ in 0..100 {
+        calls(&mut out, &mut lse, &mut dout);
+    }
+    let made = allocations() - before;
+    s.synchronize().unwrap();
+    assert_eq!(made, 0, "300 calls allocated {made} times on the host");
 }

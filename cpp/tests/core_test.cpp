@@ -9,8 +9,26 @@
 #include <string>
 #include <tuple>
 
+#include <cstdlib>
+#include <new>
+
 #include "core/merge.h"
 #include "core/validate.h"
+
+
+// Every allocation through operator new in this process (the test is single-threaded): the
+// host hot path (validation and planning of a valid call) must make none.
+static long g_allocations = 0;
+
+void* operator new(std::size_t n) {
+  ++g_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) {
+    return p;
+  }
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -632,12 +650,44 @@ void overlapping_outputs() {
          "a planned run's misaligned q");
 }
 
+// Validating and planning a valid call, and checking a planned run's addresses, allocate
+// nothing on the host (no Status message, no container): a small dense problem (WMMA), one-query
+// GQA decode (split keys) and a problem that fills an H200 (the Hopper kernel).
+void no_allocation_on_the_hot_path() {
+  const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
+  Request dense = valid();
+  Request decode;
+  decode.q = bshd(1, 1, 32, 128);
+  decode.out = bshd(1, 1, 32, 128);
+  decode.k = decode.v = bshd(1, 32768, 8, 128);
+  Request auto_h200 = valid();
+  auto_h200.q = bshd(8, 2048, 16, 128);
+  auto_h200.out = bshd(8, 2048, 16, 128);
+  auto_h200.k = auto_h200.v = bshd(8, 2048, 16, 128);
+  const long before = g_allocations;
+  bool ok = true;
+  for (int i = 0; i < 100; ++i) {
+    for (const Request* r : {&dense, &decode, &auto_h200}) {
+      Problem p{};
+      flashcore::core::Plan plan{};
+      ok = ok && flashcore::core::validate(*r, &p).ok() &&
+           flashcore::core::plan(*r, p, h200, &plan).ok() &&
+           flashcore::core::check_addresses(*r).ok();
+    }
+  }
+  const long made = g_allocations - before;  // before expect() makes its message strings
+  expect(ok, "the calls validate and plan");
+  expect(made == 0,
+         "validation and planning allocated " + std::to_string(made) + " times");
+}
+
 int main() {
   valid_call_passes();
   negative_sizes_and_strides();
   extents_that_overflow();
   addresses_and_locations();
   overlapping_outputs();
+  no_allocation_on_the_hot_path();
   scales();
   heads_and_head_dims();
   planning();
