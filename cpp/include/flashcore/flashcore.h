@@ -64,8 +64,11 @@ struct LaunchInfo {
 // Requirements, each reported with its own Code: matching shapes; heads_kv dividing heads_q; a
 // head dim that is a multiple of 8 from 8 to 256; a head-dim stride of 1; other strides multiples
 // of 8 elements; 16-byte aligned device pointers; every row seeing at least one key; a finite
-// scale; sizes within the kernels' 32-bit indexing; for a variable-length batch, offsets on the
-// device, 4-byte aligned, and (with host copies) valid (Code::InvalidOffsets). Never throws.
+// scale; sizes within the kernels' 32-bit indexing; outputs that share no address with each
+// other, themselves or an input (Code::OverlappingOutput: an output's strides, ordered, must each
+// exceed the span of the smaller dimensions; views of one packed buffer may interleave if they
+// share no element); for a variable-length batch, offsets on the device, 4-byte aligned, and
+// (with host copies) valid (Code::InvalidOffsets). Never throws.
 Status attention_forward(const AttentionArgs& args, cudaStream_t stream,
                          LaunchInfo* info = nullptr) noexcept;
 
@@ -97,7 +100,7 @@ struct MergeArgs {
 // from 8 to 256, contiguous head dim, strides multiples of 8 elements, 16-byte aligned outputs,
 // dense float logsumexps; all on the current device) and enqueues the merge on `stream`. The
 // output may be one of the states, with the same address and strides (an in-place merge), but
-// must not otherwise overlap them. Nothing is launched when the Status is not ok; problems
+// must not otherwise overlap them, itself or its logsumexp (Code::OverlappingOutput). Nothing is launched when the Status is not ok; problems
 // without rows succeed without launching. Never throws.
 Status merge_states(const MergeArgs& args, cudaStream_t stream) noexcept;
 
