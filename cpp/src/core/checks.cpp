@@ -88,6 +88,10 @@ Failed check_strides(Operand op, const TensorDesc& t, int64_t index) {
       return fail(Code::MisalignedStride, op, kDims[i], t.stride[i], 0, index);
     }
   }
+  return check_aligned(op, t, index);
+}
+
+Failed check_aligned(Operand op, const TensorDesc& t, int64_t index) {
   if (t.location != kHost && t.address % 16 != 0) {
     return fail(Code::MisalignedPointer, op, Field::None, static_cast<int64_t>(t.address), 16,
                 index);

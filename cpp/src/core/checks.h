@@ -26,8 +26,10 @@ Failed expect_shape(Operand op, const TensorDesc& t, const int64_t (&expected)[4
 Failed check_lse(Operand op, const TensorDesc& t, int64_t batch, int64_t seq, int64_t heads,
                  int64_t index = 0);
 // Head-dim stride 1; other strides (of dims longer than 1) multiples of 8 elements; device
-// addresses 16-byte aligned.
+// addresses 16-byte aligned (check_aligned).
 Failed check_strides(Operand op, const TensorDesc& t, int64_t index = 0);
+// A device operand's address is 16-byte aligned (the kernels' vector loads); host: any.
+Failed check_aligned(Operand op, const TensorDesc& t, int64_t index = 0);
 // A head dim the kernels serve: a multiple of 8 from 8 to kMaxHeadDim.
 Failed check_head_dim(int64_t d);
 // An output's elements each have their own address: ordered by stride, the strides of its

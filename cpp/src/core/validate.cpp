@@ -38,10 +38,7 @@ Status check_addresses(const Request& r) noexcept {
     const std::pair<Operand, const TensorDesc*> operands[] = {
         {Operand::Q, &r.q}, {Operand::K, &r.k}, {Operand::V, &r.v}, {Operand::Out, &r.out}};
     for (const auto& [op, t] : operands) {
-      if (t->location != kHost && t->address % 16 != 0) {
-        return fail(Code::MisalignedPointer, op, Field::None, static_cast<int64_t>(t->address),
-                    16);
-      }
+      FLASHCORE_TRY(check_aligned(op, *t));
     }
     FLASHCORE_TRY(check_overlaps(r));
     return {};
