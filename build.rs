@@ -49,6 +49,7 @@ fn main() {
         "src/core/validate.cpp",
         "src/core/merge.cpp",
         "src/core/varlen.cpp",
+        "src/core/paged.cpp",
         "src/core/plan.cpp",
         "src/core/tables.cpp",
         "src/core/status.cpp",

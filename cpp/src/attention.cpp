@@ -140,6 +140,10 @@ Status attention_forward(const AttentionArgs& args, cudaStream_t stream,
                                         args.sequences->host_cu_seqlens_k, *args.sequences,
                                         args.sequences->max_seqlen_k, device);
     }
+    if (args.pages) {
+      r.paged = true;
+      r.pages = detail::describe_pages(*args.pages, device);
+    }
 
     core::Problem p{};
     Status s = core::validate(r, &p);

@@ -52,6 +52,25 @@ inline core::TensorDesc describe(const Ref& t, int32_t element_bytes, int32_t cu
   return d;
 }
 
+// A paged KV cache's block table and key lengths (their placement from CUDA's pointer
+// attributes, as for tensors; an empty array is where the call runs).
+inline core::PagesDesc describe_pages(const Pages& pages, int32_t current) {
+  core::PagesDesc d;
+  d.table = reinterpret_cast<uint64_t>(pages.block_table);
+  d.seqlens = reinterpret_cast<uint64_t>(pages.seqlens_k);
+  const int64_t table_shape[4] = {pages.batch, pages.pages_per_seq, 1, 1};
+  const int64_t seqlens_shape[4] = {pages.batch, 1, 1, 1};
+  d.table_location = location_of(pages.block_table, table_shape, current);
+  d.seqlens_location = location_of(pages.seqlens_k, seqlens_shape, current);
+  d.count = pages.batch;
+  d.page_size = pages.page_size;
+  d.pages_per_seq = pages.pages_per_seq;
+  d.max_seqlen_k = pages.max_seqlen_k;
+  d.host_table = pages.host_block_table;
+  d.host_seqlens = pages.host_seqlens_k;
+  return d;
+}
+
 }  // namespace flashcore::detail
 
 namespace flashcore::detail {

@@ -681,12 +681,98 @@ void no_allocation_on_the_hot_path() {
          "validation and planning allocated " + std::to_string(made) + " times");
 }
 
+// A paged KV cache: each rule, placement and shape, the host copies' contents, visible keys,
+// and planning (no GPU kernel takes one yet).
+void paged_cache() {
+  using flashcore::core::PagesDesc;
+  static const int32_t table[2 * 4] = {3, 0, 9, 1, 5, 2, 7, 8};  // 2 sequences x 4 pages
+  static const int32_t keys[2] = {40, 64};                       // pages 16 keys each
+  auto paged = [] {
+    Request r;
+    r.q = bshd(2, 1, 8, 64);
+    r.out = bshd(2, 1, 8, 64);
+    r.k = bshd(10, 16, 2, 64);  // 10 pages of 16 keys
+    r.v = bshd(10, 16, 2, 64);
+    r.paged = true;
+    PagesDesc& g = r.pages;
+    g.table = 0x100000, g.seqlens = 0x200000;
+    g.table_location = g.seqlens_location = 0;
+    g.count = 2, g.page_size = 16, g.pages_per_seq = 4, g.max_seqlen_k = 64;
+    g.host_table = table, g.host_seqlens = keys;
+    return r;
+  };
+  auto pages_error = [](const Request& r, Field rule, int64_t seq, const std::string& what) {
+    const Status s = check(r);
+    expect(s.code == Code::InvalidPageTable && s.field == rule && s.values[0] == seq,
+           what + ": " + (s.ok() ? std::string("accepted") : s.message));
+  };
+  Request r = paged();
+  Problem p{};
+  Status s = flashcore::core::validate(r, &p);
+  expect(s.ok() && p.paged && p.seq_k == 64 && p.batch == 2 && !p.varlen,
+         "a valid paged decode: " + s.message);
+  for (const int64_t size : {0, 8, 24, 2048}) {
+    r = paged();
+    r.pages.page_size = size;
+    pages_error(r, Field::PageSize, -1, "page size " + std::to_string(size));
+  }
+  r = paged();
+  r.k.shape[1] = r.v.shape[1] = 32;
+  expect_code(r, Code::ShapeMismatch, Operand::K, "pages of 32 keys in K, 16 in the table");
+  r = paged();
+  r.pages.table_location = kHost;
+  expect_code(r, Code::DeviceMismatch, Operand::BlockTable, "a block table on the host");
+  r = paged();
+  r.pages.seqlens += 2;
+  expect_code(r, Code::MisalignedPointer, Operand::SeqlensK, "key lengths not 4-byte aligned");
+  r = paged();
+  r.pages.count = 3;
+  expect_code(r, Code::ShapeMismatch, Operand::BlockTable, "a table for 3 sequences, q has 2");
+  r = paged();
+  r.pages.max_seqlen_k = 65;
+  pages_error(r, Field::KeysBeyondPages, -1, "max_seqlen_k beyond 4 pages of 16");
+  r = paged();
+  r.pages.max_seqlen_k = 50;
+  pages_error(r, Field::KeysBeyondPages, 1, "sequence 1's 64 keys above max_seqlen_k 50");
+  static const int32_t far[8] = {3, 0, 10, 1, 5, 2, 7, 8};  // sequence 0 reaches page 10
+  r = paged();
+  r.pages.host_table = far;
+  pages_error(r, Field::PageIndex, 0, "page 10 of a 10-page cache");
+  static const int32_t unused[8] = {3, 0, 9, -1, 5, 2, 7, 8};  // column 3 unused by 40 keys
+  r = paged();
+  r.pages.host_table = unused;
+  expect(check(r).ok(), "an out-of-range entry past a sequence's keys is never read");
+  static const int32_t negative[8] = {3, 0, 9, 1, 5, -2, 7, 8};
+  r = paged();
+  r.pages.host_table = negative;
+  pages_error(r, Field::PageIndex, 1, "a negative page");
+  static const int32_t empty_seq[2] = {40, 0};
+  r = paged();
+  r.pages.host_seqlens = empty_seq;
+  expect_code(r, Code::NoVisibleKeys, Operand::None, "a sequence without keys has a query");
+  r = paged();
+  r.pages.host_table = nullptr, r.pages.host_seqlens = nullptr;
+  r.pages.max_seqlen_k = 64;
+  expect(check(r).ok(), "without host copies only placement and shapes are checked");
+  r = paged();
+  r.varlen = true;
+  pages_error(r, Field::Sequences, -1, "variable-length queries with a paged cache");
+
+  const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
+  r = paged();
+  flashcore::core::validate(r, &p);
+  flashcore::core::Plan plan{};
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.code == Code::BackendUnavailable, "no GPU kernel takes a paged cache yet: " + s.message);
+}
+
 int main() {
   valid_call_passes();
   negative_sizes_and_strides();
   extents_that_overflow();
   addresses_and_locations();
   overlapping_outputs();
+  paged_cache();
   no_allocation_on_the_hot_path();
   scales();
   heads_and_head_dims();

@@ -45,6 +45,10 @@ struct AttentionArgs {
   // head_dim] and lse [1, total_q, heads_q, 1] (dense: [heads_q, total_q]). Every sequence is
   // attended on its own, with its own lengths and causal alignment.
   std::optional<Sequences> sequences;
+  // A paged KV cache (see Pages): k and v are then [num_pages, page_size, heads_kv, head_dim].
+  // Validated today (Code::InvalidPageTable and the placement rules); no GPU kernel reads one
+  // yet, so a valid paged call returns Code::BackendUnavailable (docs/SERVING.md).
+  std::optional<Pages> pages;
 };
 
 // What a successful call ran: the kernel family, its table row, and into how many blocks per

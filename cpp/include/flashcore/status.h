@@ -43,12 +43,16 @@ enum class Code : int32_t {
   OverlappingOutput,     // operand (an output) shares memory with the Operand values[0], or
                          // with itself when values[0] is 0 (None): two of its elements would
                          // share an address; values[1]: that Operand's list position
+  InvalidPageTable,      // a paged KV cache breaks rule `field`: sequence values[0] (-1: none)
+                         // has the value values[1] against the bound values[2]
 };
 
 // Which tensor a Status is about. State and StateLse are the output and the logsumexp of one of
 // merge_states' inputs; its position in the list is then values[2] (free in every code that
 // names an operand). CuSeqlensQ / CuSeqlensK are a variable-length batch's offsets (Sequences).
-enum class Operand : int32_t { None = 0, Q, K, V, Out, Lse, State, StateLse, CuSeqlensQ, CuSeqlensK };
+enum class Operand : int32_t {
+  None = 0, Q, K, V, Out, Lse, State, StateLse, CuSeqlensQ, CuSeqlensK, BlockTable, SeqlensK
+};
 
 // Which dimension, stride or limit a Status is about.
 enum class Field : int32_t {
@@ -71,6 +75,11 @@ enum class Field : int32_t {
   MaxSeqLen,    // sequence values[0] has length values[1], above max_seqlen (values[2]); with
                 // values[0] = -1: max_seqlen (values[1]) is negative or above the token count
   Sequences,    // the sequence count of a variable-length batch (ShapeMismatch, IndexOverflow)
+  // The rules of InvalidPageTable:
+  PageSize,      // the page size (values[1]) is not a power of two from 16 to 1024
+  KeysBeyondPages,  // sequence values[0] has values[1] keys, more than its pages (or than
+                    // max_seqlen_k) hold (values[2]); values[0] = -1: max_seqlen_k itself
+  PageIndex,     // sequence values[0] uses page values[1], outside [0, num_pages = values[2])
 };
 
 struct Status {

@@ -92,6 +92,27 @@ struct Sequences {
   const int32_t* host_cu_seqlens_k = nullptr;
 };
 
+// A paged KV cache (AttentionArgs::pages): K and V are [num_pages, page_size, heads_kv,
+// head_dim], pages of page_size consecutive keys; sequence b's key j is slot j % page_size of
+// page block_table[b * pages_per_seq + j / page_size], and it has seqlens_k[b] keys. Queries
+// and the output stay dense [batch, seq_q, heads_q, head_dim]; under bottom-right causal the
+// queries are the sequence's last seq_q tokens (chunked prefill: the new tokens' keys are already
+// in the cache; decode: seq_q = 1).
+//
+// page_size is a power of two from 16 to 1024. With the host copies, every length and every page
+// index the lengths reach are checked before the launch (Code::InvalidPageTable); without them a
+// kernel must clamp what it reads.
+struct Pages {
+  int64_t batch = 0;                     // sequences: q's batch
+  int64_t page_size = 0;                 // keys per page
+  int64_t pages_per_seq = 0;             // columns of the block table
+  const int32_t* block_table = nullptr;  // device: batch x pages_per_seq page indices, row-major
+  const int32_t* seqlens_k = nullptr;    // device: batch key counts
+  int64_t max_seqlen_k = 0;              // the longest sequence's key count
+  const int32_t* host_block_table = nullptr;  // optional host copies
+  const int32_t* host_seqlens_k = nullptr;
+};
+
 struct Options {
   // Softmax scale; 1/sqrt(head_dim) when empty. Must be finite.
   std::optional<float> scale;

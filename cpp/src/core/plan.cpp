@@ -276,6 +276,12 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       }
       kernel = kVarlenKernel;
     }
+    if (p.paged) {
+      return fail(Code::BackendUnavailable, Operand::None, Field::None,
+                  static_cast<int64_t>(kernel), 0, 0,
+                  "no GPU kernel reads a paged KV cache yet (docs/SERVING.md); the CPU "
+                  "reference does");
+    }
     if (p.location == kHost) {
       return fail(Code::BackendUnavailable, Operand::None, Field::None,
                   static_cast<int64_t>(kernel), 0, 0,

@@ -30,6 +30,7 @@ const char* name(Code code) noexcept {
     case Code::StateCount: return "state_count";
     case Code::InvalidOffsets: return "invalid_offsets";
     case Code::OverlappingOutput: return "overlapping_output";
+    case Code::InvalidPageTable: return "invalid_page_table";
   }
   return "unknown";
 }
@@ -46,6 +47,8 @@ const char* name(Operand operand) noexcept {
     case Operand::StateLse: return "state lse";
     case Operand::CuSeqlensQ: return "cu_seqlens_q";
     case Operand::CuSeqlensK: return "cu_seqlens_k";
+    case Operand::BlockTable: return "block_table";
+    case Operand::SeqlensK: return "seqlens_k";
   }
   return "unknown";
 }
@@ -69,6 +72,9 @@ const char* name(Field field) noexcept {
     case Field::LastOffset: return "last offset";
     case Field::MaxSeqLen: return "max_seqlen";
     case Field::Sequences: return "sequences";
+    case Field::PageSize: return "page_size";
+    case Field::KeysBeyondPages: return "keys_beyond_pages";
+    case Field::PageIndex: return "page_index";
   }
   return "unknown";
 }
@@ -112,6 +118,27 @@ std::string offsets_rule(const Status& s) {
       return s.values[0] < 0 ? "max_seqlen " + v(1) + " is negative or above the token count " + v(2)
                              : "sequence " + v(0) + " has length " + v(1) + ", above max_seqlen " +
                                    v(2);
+    default:
+      return "invalid";
+  }
+}
+
+// What an InvalidPageTable status says (status.h lists the values of each rule).
+std::string pages_rule(const Status& s) {
+  const auto v = [&](int i) { return std::to_string(s.values[i]); };
+  switch (s.field) {
+    case Field::PageSize:
+      return "page size " + v(1) + " is not a power of two from 16 to 1024";
+    case Field::KeysBeyondPages:
+      return s.values[0] < 0 ? "max_seqlen_k " + v(1) + " is negative or above the " + v(2) +
+                                   " keys a sequence's pages hold"
+                             : "sequence " + v(0) + " has " + v(1) + " keys, above the " + v(2) +
+                                   " its pages (or max_seqlen_k) allow";
+    case Field::PageIndex:
+      return "sequence " + v(0) + " uses page " + v(1) + ", outside the cache's " + v(2) +
+             " pages";
+    case Field::Sequences:
+      return "variable-length queries with a paged cache are not supported yet";
     default:
       return "invalid";
   }
@@ -167,6 +194,8 @@ std::string message(const Status& s, const std::string& detail) {
       return "merge_states takes " + v(1) + " to " + v(2) + " states, got " + v(0);
     case Code::InvalidOffsets:
       return op + ": " + offsets_rule(s);
+    case Code::InvalidPageTable:
+      return "paged KV cache: " + pages_rule(s);
     case Code::OverlappingOutput:
       return s.values[0] == 0
                  ? op + ": two of its elements share an address (its strides, ordered, must each "

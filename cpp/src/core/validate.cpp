@@ -1,6 +1,6 @@
 // Validation: see validate.h. The order of the checks is part of the contract (the first
 // failure is the one reported): sizes, devices, shapes, heads, head dim, strides and alignment,
-// overlapping outputs, a variable-length batch's offsets, scale, visible keys.
+// overlapping outputs, a variable-length batch's offsets or a paged cache, scale, visible keys.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/checks.h"
+#include "core/paged.h"
 #include "core/validate.h"
 #include "core/varlen.h"
 
@@ -67,10 +68,15 @@ Status validate(const Request& r, Problem* problem) noexcept {
 
     const int64_t* qs = r.q.shape;
     const int64_t* ks = r.k.shape;
+    if (r.paged && r.varlen) {
+      return fail(Code::InvalidPageTable, Operand::None, Field::Sequences, -1, 0, 0);
+    }
     if (r.varlen) {  // the sequences are packed along the token axis of one batch entry
       FLASHCORE_TRY(expect_dim(Operand::Q, 0, qs[0], 1));
     }
-    FLASHCORE_TRY(expect_dim(Operand::K, 0, ks[0], qs[0]));
+    if (!r.paged) {  // a paged cache's dim 0 counts pages, not sequences
+      FLASHCORE_TRY(expect_dim(Operand::K, 0, ks[0], qs[0]));
+    }
     FLASHCORE_TRY(expect_dim(Operand::K, 3, ks[3], qs[3]));
     FLASHCORE_TRY(expect_shape(Operand::V, r.v, {ks[0], ks[1], ks[2], ks[3]}));
     FLASHCORE_TRY(expect_shape(Operand::Out, r.out, {qs[0], qs[1], qs[2], qs[3]}));
@@ -92,6 +98,9 @@ Status validate(const Request& r, Problem* problem) noexcept {
     if (r.varlen) {
       FLASHCORE_TRY(check_offsets(r));
     }
+    if (r.paged) {
+      FLASHCORE_TRY(check_pages(r));
+    }
 
     const float scale = r.options.scale.value_or(1.0f / std::sqrt(static_cast<float>(d)));
     // Positive and finite: a zero or negative scale flattens or inverts attention, and CUTLASS
@@ -106,6 +115,12 @@ Status validate(const Request& r, Problem* problem) noexcept {
       FLASHCORE_TRY(check_sequence_keys(r));
       *problem = Problem{r.cu_q.count, r.cu_q.max_len, r.cu_k.max_len, qs[2], ks[2], d, scale,
                          r.options.causal, location, true};
+      return {};
+    }
+    if (r.paged) {
+      FLASHCORE_TRY(check_paged_keys(r));
+      *problem = Problem{qs[0], qs[1], r.pages.max_seqlen_k, qs[2], ks[2], d, scale,
+                         r.options.causal, location, false, true};
       return {};
     }
     const Problem p{qs[0], qs[1], ks[1], qs[2], ks[2], d, scale, r.options.causal, location};

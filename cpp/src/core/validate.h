@@ -41,9 +41,21 @@ struct OffsetsDesc {
   int64_t max_len = 0;
 };
 
+// A paged KV cache (flashcore::Pages): the block table (`count` x pages_per_seq int32 page
+// indices) and the key lengths (`count` int32) at their addresses (device, or the host for the
+// CPU reference), their optional host copies, and the longest sequence's key count.
+struct PagesDesc {
+  uint64_t table = 0, seqlens = 0;
+  int32_t table_location = kHost, seqlens_location = kHost;
+  int64_t count = 0, page_size = 0, pages_per_seq = 0, max_seqlen_k = 0;
+  const int32_t* host_table = nullptr;
+  const int32_t* host_seqlens = nullptr;
+};
+
 // One attention call: Q, K, V, the output and the optional logsumexp (f32). A variable-length
 // batch (`varlen`) packs its sequences along the token axis of batch-1 tensors, at the offsets
-// cu_q (queries) and cu_k (keys).
+// cu_q (queries) and cu_k (keys). A paged call (`paged`) reads K and V, [num_pages, page_size,
+// heads_kv, head_dim], through `pages`.
 struct Request {
   DType dtype = DType::F16;
   TensorDesc q, k, v, out, lse;
@@ -51,16 +63,20 @@ struct Request {
   Options options;
   bool varlen = false;
   OffsetsDesc cu_q, cu_k;
+  bool paged = false;
+  PagesDesc pages;
 };
 
 // A checked problem. For a variable-length batch, `batch` counts its sequences and seq_q / seq_k
-// are the longest sequence's lengths (the grid's extent); each sequence has its own.
+// are the longest sequence's lengths (the grid's extent); each sequence has its own. A paged
+// problem's seq_k is the longest sequence's key count.
 struct Problem {
   int64_t batch, seq_q, seq_k, heads_q, heads_kv, head_dim;
   float scale;
   Causal causal;
   int32_t location;
   bool varlen = false;
+  bool paged = false;
 
   // No output element: nothing to compute or launch.
   bool empty() const { return batch == 0 || seq_q == 0 || heads_q == 0; }
