@@ -112,6 +112,7 @@ pub fn attention_into<T: AttentionElement>(
         out,
         lse,
         seqs: None,
+        pages: None,
     };
     dispatch::run(&request, opts, call)
 }

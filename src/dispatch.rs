@@ -5,6 +5,7 @@ use crate::element::AttentionElement;
 use crate::error::{Error, Result};
 use crate::ffi::RequestFfi;
 use crate::options::{AttentionOptions, Backend, BackendKind};
+use crate::paged::PageTable;
 use crate::plan::TileRow;
 use crate::tensor::{Location, Tensor};
 use crate::validate::{Hosts, Problem, DENSE};
@@ -88,7 +89,8 @@ pub(crate) fn locations<'a, T: AttentionElement>(
         .chain(lse.map(Tensor::location))
 }
 
-/// The tensors of one attention call: a dense batch, or a variable-length one with `seqs`.
+/// The tensors of one attention call: a dense batch, a variable-length one with `seqs`, or a
+/// paged KV cache with `pages`.
 pub(crate) struct Call<'a, T: AttentionElement> {
     pub q: &'a Tensor<T>,
     pub k: &'a Tensor<T>,
@@ -96,13 +98,26 @@ pub(crate) struct Call<'a, T: AttentionElement> {
     pub out: &'a mut Tensor<T>,
     pub lse: Option<&'a mut Tensor<f32>>,
     pub seqs: Option<&'a VarlenBatch>,
+    pub pages: Option<&'a PageTable>,
 }
 
 impl<T: AttentionElement> Call<'_, T> {
-    /// The operands' locations, q's first (a variable-length batch's offsets last).
+    /// The operands' locations, q's first (a variable-length batch's offsets or a page table
+    /// last).
     fn locations(&self) -> impl Iterator<Item = Location> + '_ {
         locations(self.q, self.k, self.v, self.out, self.lse.as_deref())
             .chain(self.seqs.map(VarlenBatch::location))
+            .chain(self.pages.map(PageTable::location))
+    }
+
+    /// The host arrays validation checks: a variable-length batch's offsets, or a page table's
+    /// block table and key counts.
+    fn hosts(&self) -> Hosts<'_> {
+        match (self.seqs, self.pages) {
+            (Some(b), _) => b.host(),
+            (None, Some(p)) => p.host(),
+            (None, None) => DENSE,
+        }
     }
 }
 
@@ -119,8 +134,7 @@ pub(crate) fn run<T: AttentionElement>(
     opts: &AttentionOptions,
     call: Call<'_, T>,
 ) -> Result<Execution> {
-    let hosts = call.seqs.map_or(DENSE, VarlenBatch::host);
-    match route(request, hosts, opts.backend, call.locations())? {
+    match route(request, call.hosts(), opts.backend, call.locations())? {
         Route::Gpu => run_gpu(request, call),
         Route::Cpu(problem) => {
             if !problem.is_empty() {
@@ -131,12 +145,16 @@ pub(crate) fn run<T: AttentionElement>(
                     out,
                     lse,
                     seqs,
+                    pages,
                 } = call;
-                match seqs {
-                    Some(batch) => {
+                match (seqs, pages) {
+                    (Some(batch), _) => {
                         crate::cpu::attention_varlen(&problem, batch, q, k, v, out, lse)?
                     }
-                    None => crate::cpu::attention(&problem, q, k, v, out, lse)?,
+                    (None, Some(pages)) => {
+                        crate::cpu::attention_paged(&problem, pages, q, k, v, out, lse)?
+                    }
+                    (None, None) => crate::cpu::attention(&problem, q, k, v, out, lse)?,
                 }
             }
             Ok(CPU)

@@ -23,6 +23,35 @@ pub enum Operand {
     CuSeqlensQ,
     /// The key offsets of a variable-length batch ([`crate::VarlenBatch`]).
     CuSeqlensK,
+    /// The block table of a paged KV cache ([`crate::PageTable`]).
+    BlockTable,
+    /// The key lengths of a paged KV cache ([`crate::PageTable`]).
+    SeqlensK,
+}
+
+/// Which rule a paged KV cache breaks ([`Error::InvalidPageTable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageRule {
+    /// The page size is not a power of two from 16 to 1024.
+    PageSize,
+    /// A sequence has more keys than its pages (or the maximum key count) hold; `sequence` is
+    /// `None` when the maximum itself is beyond the pages.
+    KeysBeyondPages,
+    /// A page a sequence's keys reach is outside the cache.
+    PageIndex,
+    /// Variable-length queries with a paged cache (not supported yet).
+    VarlenQueries,
+}
+
+impl std::fmt::Display for PageRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PageRule::PageSize => "the page size must be a power of two from 16 to 1024",
+            PageRule::KeysBeyondPages => "no sequence may have more keys than its pages hold",
+            PageRule::PageIndex => "every page a sequence uses must be in the cache",
+            PageRule::VarlenQueries => "variable-length queries are not supported yet",
+        })
+    }
 }
 
 /// Which rule a variable-length batch's offsets break ([`Error::InvalidOffsets`]).
@@ -62,6 +91,8 @@ impl std::fmt::Display for Operand {
             Operand::StateLse(i) => write!(f, "states[{i}].lse"),
             Operand::CuSeqlensQ => f.write_str("cu_seqlens_q"),
             Operand::CuSeqlensK => f.write_str("cu_seqlens_k"),
+            Operand::BlockTable => f.write_str("block_table"),
+            Operand::SeqlensK => f.write_str("seqlens_k"),
         }
     }
 }
@@ -267,6 +298,19 @@ pub enum Error {
         /// The entry (for [`OffsetRule::LongerThanMax`], the sequence); `None` when the maximum
         /// length itself is out of range.
         index: Option<usize>,
+        /// The offending value.
+        value: i64,
+        /// What it is checked against.
+        bound: i64,
+    },
+    /// A paged KV cache breaks `rule`: `value` (a page size, a key count or a page index) of
+    /// `sequence` against `bound`.
+    #[error("paged KV cache: {rule} (sequence {sequence:?}: {value}, bound {bound})")]
+    InvalidPageTable {
+        /// The rule broken.
+        rule: PageRule,
+        /// The sequence, where one is at fault.
+        sequence: Option<usize>,
         /// The offending value.
         value: i64,
         /// What it is checked against.

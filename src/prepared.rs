@@ -155,6 +155,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
                     out,
                     lse,
                     seqs: None,
+                    pages: None,
                 };
                 crate::cuda::launch::run(entry, r, call)?;
             }

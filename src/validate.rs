@@ -87,6 +87,8 @@ pub(crate) fn request<T: Element>(
         varlen: false,
         cu_q: ffi::OffsetsFfi::default(),
         cu_k: ffi::OffsetsFfi::default(),
+        paged: false,
+        pages: ffi::PagesFfi::default(),
     })
 }
 

@@ -301,6 +301,7 @@ pub fn attention_varlen_into<T: AttentionElement>(
         out,
         lse,
         seqs: Some(batch),
+        pages: None,
     };
     dispatch::run(&request, opts, call)
 }

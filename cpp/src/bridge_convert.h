@@ -35,7 +35,8 @@ inline core::OffsetsDesc from_ffi(const OffsetsFfi& o, rust::Slice<const int32_t
   return d;
 }
 
-// The request, with a variable-length batch's host offsets when given (empty slices: none).
+// The request, with a variable-length batch's host offsets, or a paged call's host block table
+// and key lengths, when given (empty slices: none).
 inline core::Request from_ffi(const RequestFfi& r, rust::Slice<const int32_t> host_q = {},
                               rust::Slice<const int32_t> host_k = {}) {
   core::Request out;
@@ -58,6 +59,20 @@ inline core::Request from_ffi(const RequestFfi& r, rust::Slice<const int32_t> ho
   if (r.varlen) {
     out.cu_q = from_ffi(r.cu_q, host_q);
     out.cu_k = from_ffi(r.cu_k, host_k);
+  }
+  out.paged = r.paged;
+  if (r.paged) {  // a paged call's host arrays: the block table and the key lengths
+    const PagesFfi& g = r.pages;
+    core::PagesDesc& d = out.pages;
+    d.table = g.table, d.seqlens = g.seqlens;
+    d.table_location = g.table_location, d.seqlens_location = g.seqlens_location;
+    d.count = g.count, d.page_size = g.page_size, d.pages_per_seq = g.pages_per_seq;
+    d.max_seqlen_k = g.max_seqlen_k;
+    const bool sized = g.count >= 0 && g.pages_per_seq >= 0 &&
+                       host_q.size() == static_cast<size_t>(g.count * g.pages_per_seq) &&
+                       host_k.size() == static_cast<size_t>(g.count);
+    d.host_table = sized && !host_k.empty() ? host_q.data() : nullptr;
+    d.host_seqlens = sized && !host_k.empty() ? host_k.data() : nullptr;
   }
   return out;
 }

@@ -6,17 +6,31 @@ pub(crate) use merge::{merge, merge_in_place};
 
 use crate::element::Element;
 use crate::error::Result;
+use crate::paged::PageTable;
 use crate::tensor::host_vec;
 use crate::tensor::Tensor;
 use crate::validate::Problem;
 use crate::varlen::VarlenBatch;
 
-/// Where one sequence's tokens start: batch entry `b`, query token `q0`, key token `k0`.
+/// Where one sequence's tokens start: batch entry `b`, query token `q0`, key token `k0`; with
+/// `pages`, its keys are in a paged cache instead (its row of the block table, the page size).
 #[derive(Clone, Copy)]
-struct At {
+struct At<'a> {
     b: usize,
     q0: usize,
     k0: usize,
+    pages: Option<(&'a [i32], usize)>,
+}
+
+impl At<'_> {
+    /// The (batch entry, token) of K and V that holds the sequence's key `j`.
+    fn key(&self, j: usize) -> (usize, usize) {
+        match self.pages {
+            // Validated: the pages that the sequence's keys reach are in the cache.
+            Some((row, size)) => (row[j / size] as usize, j % size),
+            None => (self.b, self.k0 + j),
+        }
+    }
 }
 
 /// Computes attention for host tensors. `lse` receives `max + ln(sum exp)` per query row.
@@ -31,8 +45,44 @@ pub(crate) fn attention<T: Element>(
 ) -> Result<()> {
     let mut rows = RowBuffers::new(p.seq_k, p.head_dim)?;
     for b in 0..p.batch {
-        let at = At { b, q0: 0, k0: 0 };
+        let at = At {
+            b,
+            q0: 0,
+            k0: 0,
+            pages: None,
+        };
         sequence(p, at, q, k, v, out, lse.as_deref_mut(), &mut rows);
+    }
+    Ok(())
+}
+
+/// Attention over a paged KV cache of host tensors (validated: every page a sequence's keys
+/// reach is in the cache; `p.seq_k` is the longest sequence's key count).
+pub(crate) fn attention_paged<T: Element>(
+    p: &Problem,
+    pages: &PageTable,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    mut lse: Option<&mut Tensor<f32>>,
+) -> Result<()> {
+    let (table, seqlens) = pages.host();
+    let mut rows = RowBuffers::new(p.seq_k, p.head_dim)?;
+    let width = pages.pages_per_seq();
+    for (b, &keys) in seqlens.iter().enumerate() {
+        let one = Problem {
+            batch: 1,
+            seq_k: keys as usize, // validated: non-negative
+            ..*p
+        };
+        let at = At {
+            b,
+            q0: 0,
+            k0: 0,
+            pages: Some((&table[b * width..(b + 1) * width], pages.page_size())),
+        };
+        sequence(&one, at, q, k, v, out, lse.as_deref_mut(), &mut rows);
     }
     Ok(())
 }
@@ -77,6 +127,7 @@ pub(crate) fn attention_varlen<T: Element>(
             b: 0,
             q0: token(qs[0]),
             k0: token(ks[0]),
+            pages: None,
         };
         sequence(&one, at, q, k, v, out, lse.as_deref_mut(), &mut rows);
     }
@@ -87,7 +138,7 @@ pub(crate) fn attention_varlen<T: Element>(
 #[allow(clippy::too_many_arguments)] // the operands of one call, where to start, the buffers
 fn sequence<T: Element>(
     p: &Problem,
-    at: At,
+    at: At<'_>,
     q: &Tensor<T>,
     k: &Tensor<T>,
     v: &Tensor<T>,
@@ -109,7 +160,8 @@ fn sequence<T: Element>(
             let n = p.visible_keys(i);
             let q0 = q.offset(b, at.q0 + i, h, 0);
             for (j, s) in scores[..n].iter_mut().enumerate() {
-                let k0 = k.offset(b, at.k0 + j, kvh, 0);
+                let (kb, kj) = at.key(j);
+                let k0 = k.offset(kb, kj, kvh, 0);
                 let dot: f64 = (0..d)
                     .map(|x| qd[q0 + x].to_f64() * kd[k0 + x].to_f64())
                     .sum();
@@ -124,7 +176,8 @@ fn sequence<T: Element>(
             for (j, s) in scores[..n].iter().enumerate() {
                 let w = (s - max).exp();
                 sum += w;
-                let v0 = v.offset(b, at.k0 + j, kvh, 0);
+                let (vb, vj) = at.key(j);
+                let v0 = v.offset(vb, vj, kvh, 0);
                 for (x, a) in acc.iter_mut().enumerate() {
                     *a += w * vd[v0 + x].to_f64();
                 }

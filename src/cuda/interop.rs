@@ -36,6 +36,7 @@ pub fn cpp_attention_forward<T: AttentionElement>(
         out,
         lse,
         seqs: None,
+        pages: None,
     };
     run(entry, &request, call)
 }
@@ -63,6 +64,7 @@ pub fn cpp_attention_varlen<T: AttentionElement>(
         out,
         lse,
         seqs: Some(batch),
+        pages: None,
     };
     run(entry, &request, call)
 }

@@ -61,6 +61,7 @@ pub(crate) fn run<T: AttentionElement>(
         out,
         lse,
         seqs,
+        pages: _, // a host page table with device tensors is refused by placement first
     } = call;
     let stream = device_stream(out)?.clone();
     let lse_stream = match lse.as_deref() {

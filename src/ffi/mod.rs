@@ -14,7 +14,7 @@ pub(crate) mod cuda;
 mod cudarc;
 
 use crate::element::DType;
-use crate::error::{Error, OffsetRule, Operand};
+use crate::error::{Error, OffsetRule, Operand, PageRule};
 use crate::options::{Backend, Causal};
 use crate::plan::{ArchClass, Kernel};
 use crate::tensor::{Location, Shape};
@@ -42,6 +42,20 @@ pub(crate) mod sys {
         max_len: i64,
     }
 
+    /// A paged KV cache (mirrors `core::PagesDesc` but for its host copies, which cross as
+    /// slices): the block table (`count` x `pages_per_seq` int32) and the key lengths.
+    #[derive(Clone, Copy, Default)]
+    struct PagesFfi {
+        table: u64,
+        seqlens: u64,
+        table_location: i32,
+        seqlens_location: i32,
+        count: i64,
+        page_size: i64,
+        pages_per_seq: i64,
+        max_seqlen_k: i64,
+    }
+
     /// One attention call (mirrors `core::Request`). `forced_arch`: -1 for none.
     #[derive(Clone, Copy)]
     struct RequestFfi {
@@ -60,6 +74,8 @@ pub(crate) mod sys {
         varlen: bool,
         cu_q: OffsetsFfi,
         cu_k: OffsetsFfi,
+        paged: bool,
+        pages: PagesFfi,
     }
 
     /// A validated problem (mirrors `core::Problem`).
@@ -147,7 +163,7 @@ pub(crate) mod sys {
         include!("flashcore/cpp/src/bridge.h");
 
         /// Validates `request`; `host_q` / `host_k` are the host copies of a variable-length
-        /// batch's offsets (empty: none).
+        /// batch's offsets, or of a paged call's block table and key lengths (empty: none).
         fn validate(
             request: &RequestFfi,
             host_q: &[i32],
@@ -307,7 +323,9 @@ pub(crate) mod sys {
     }
 }
 
-pub(crate) use sys::{CapsFfi, DescFfi, OffsetsFfi, ProblemFfi, RequestFfi, RowRef, StatusFfi};
+pub(crate) use sys::{
+    CapsFfi, DescFfi, OffsetsFfi, PagesFfi, ProblemFfi, RequestFfi, RowRef, StatusFfi,
+};
 
 // ---- Status codes (cpp/include/flashcore/status.h; bridge_core.cpp static_asserts them) ----
 const OK: i32 = 0;
@@ -331,14 +349,18 @@ const CUDA: i32 = 17;
 const STATE_COUNT: i32 = 19;
 const INVALID_OFFSETS: i32 = 20;
 const OVERLAPPING_OUTPUT: i32 = 21;
+const INVALID_PAGE_TABLE: i32 = 22;
 
 // `flashcore::Field` values of the offsets rules.
 const FIRST_OFFSET: i32 = 12;
 const OFFSET_ORDER: i32 = 13;
 const LAST_OFFSET: i32 = 14;
+const SEQUENCES: i32 = 16;
+const PAGE_SIZE: i32 = 17;
+const KEYS_BEYOND_PAGES: i32 = 18;
 
 /// `flashcore::Field` names, by value.
-const FIELDS: [&str; 17] = [
+const FIELDS: [&str; 20] = [
     "",
     "batch",
     "seq",
@@ -356,6 +378,9 @@ const FIELDS: [&str; 17] = [
     "last offset",
     "max_seqlen",
     "sequences",
+    "page size",
+    "keys beyond pages",
+    "page index",
 ];
 
 /// `flashcore::Operand`; a state's position in merge_states' list rides in `index`.
@@ -369,6 +394,8 @@ fn operand(value: i32, index: i64) -> Operand {
         7 => Operand::StateLse(count(index)),
         8 => Operand::CuSeqlensQ,
         9 => Operand::CuSeqlensK,
+        10 => Operand::BlockTable,
+        11 => Operand::SeqlensK,
         _ => Operand::Q,
     }
 }
@@ -467,9 +494,12 @@ impl Described<'_> {
                 Operand::K => r.k,
                 Operand::V => r.v,
                 Operand::Lse | Operand::StateLse(_) => r.lse,
-                Operand::Out | Operand::State(_) | Operand::CuSeqlensQ | Operand::CuSeqlensK => {
-                    r.out
-                }
+                Operand::Out
+                | Operand::State(_)
+                | Operand::CuSeqlensQ
+                | Operand::CuSeqlensK
+                | Operand::BlockTable
+                | Operand::SeqlensK => r.out,
             }),
             (Described::Merge { outs, .. }, Operand::State(i)) => outs.get(i).copied(),
             (Described::Merge { lses, .. }, Operand::StateLse(i)) => lses.get(i).copied(),
@@ -570,6 +600,17 @@ pub(crate) fn to_error(s: StatusFfi, described: &Described<'_>) -> Error {
                 _ => OffsetRule::LongerThanMax,
             },
             index: usize::try_from(a).ok(),
+            value: b,
+            bound: c,
+        },
+        INVALID_PAGE_TABLE => Error::InvalidPageTable {
+            rule: match s.field {
+                PAGE_SIZE => PageRule::PageSize,
+                KEYS_BEYOND_PAGES => PageRule::KeysBeyondPages,
+                SEQUENCES => PageRule::VarlenQueries,
+                _ => PageRule::PageIndex,
+            },
+            sequence: usize::try_from(a).ok(),
             value: b,
             bound: c,
         },
