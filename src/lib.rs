@@ -61,8 +61,8 @@
 //!   runtime is thread-safe for every operation flashcore performs on them (each call selects its
 //!   device first), and work from several threads on one stream runs in the order it was enqueued.
 //!   A stream borrowed from cudarc keeps its owner alive through a `Send + Sync` box.
-//! * [`AttentionPlan`], [`VarlenBatch`], [`Execution`], [`Error`] and the options: immutable
-//!   values once built (a plan's run takes the output by `&mut`).
+//! * [`AttentionPlan`], [`VarlenBatch`], [`PageTable`], [`Execution`], [`Error`] and the
+//!   options: immutable values once built (a plan's run takes the output by `&mut`).
 //!
 //! ```compile_fail,E0499
 //! use flashcore::{attention_into, AttentionOptions, Layout, Tensor};

@@ -18,6 +18,7 @@ fn public_types_are_send_and_sync() {
     send_sync::<AttentionPlan<bf16>>();
     send_sync::<AttentionState<'static, f16>>();
     send_sync::<VarlenBatch>();
+    send_sync::<flashcore::PageTable>();
     send_sync::<AttentionOptions>();
     send_sync::<Backend>();
     send_sync::<Execution>();
