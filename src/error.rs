@@ -207,6 +207,9 @@ pub enum Error {
     /// The softmax scale is not a positive finite number (NaN, infinite, zero or negative).
     #[error("softmax scale {0} is not a positive finite number")]
     InvalidScale(f32),
+    /// The softcap is not positive and finite.
+    #[error("softcap {0} is not a positive finite number")]
+    InvalidSoftcap(f32),
     /// A dimension or stride exceeds what a backend's 32-bit indexing can address.
     #[error("{what} = {value} exceeds the {backend} backend's limit of {limit}")]
     IndexOverflow {

@@ -80,6 +80,10 @@ impl From<Kernel> for BackendKind {
 pub struct AttentionOptions {
     /// Softmax scale, positive and finite; `None` means `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
+    /// Logit softcapping (Gemma 2, Grok): `scores = softcap * tanh(scale * q.k / softcap)`
+    /// before the softmax; positive and finite ([`crate::Error::InvalidSoftcap`]). The CPU
+    /// reference applies it; no GPU kernel does yet ([`crate::Error::BackendUnavailable`]).
+    pub softcap: Option<f32>,
     /// Causal masking.
     pub causal: Causal,
     /// Which backend to run.
@@ -95,6 +99,12 @@ impl AttentionOptions {
     /// Sets the softmax scale.
     pub fn scale(mut self, scale: f32) -> Self {
         self.scale = Some(scale);
+        self
+    }
+
+    /// Sets the logit softcap.
+    pub fn softcap(mut self, cap: f32) -> Self {
+        self.softcap = Some(cap);
         self
     }
 

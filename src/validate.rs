@@ -25,6 +25,8 @@ pub(crate) struct Problem {
     pub heads_kv: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// Logit softcapping (validated: positive and finite).
+    pub softcap: Option<f32>,
     pub causal: Causal,
     pub location: Location,
 }
@@ -81,6 +83,8 @@ pub(crate) fn request<T: Element>(
         has_lse: lse.is_some(),
         has_scale: opts.scale.is_some(),
         scale: opts.scale.unwrap_or(0.0),
+        has_softcap: opts.softcap.is_some(),
+        softcap: opts.softcap.unwrap_or(0.0),
         causal: ffi::causal_id(opts.causal),
         backend: ffi::backend_id(opts.backend),
         forced_arch: opts.force_arch_class.map_or(-1, ffi::arch_id),
@@ -110,6 +114,7 @@ pub(crate) fn validate(
         heads_kv: size(raw.heads_kv),
         head_dim: size(raw.head_dim),
         scale: raw.scale,
+        softcap: request.has_softcap.then_some(request.softcap),
         causal: ffi::causal_of(raw.causal),
         location,
     })

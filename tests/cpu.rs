@@ -687,3 +687,51 @@ fn overlapping_outputs_are_refused() {
     let mut out = Tensor::from_vec_strided(vec![f16::ZERO; 256], shape, [256, 64, 16, 1]).unwrap();
     attention_into(&q, &q, &q, &mut out, None, &Default::default()).unwrap();
 }
+
+/// Logit softcapping on the CPU reference against the naive formula: small caps squash the
+/// scores hard, a large one changes almost nothing; with every causal mode and GQA. Bad caps are
+/// errors.
+#[test]
+fn softcap_matches_the_naive_formula() {
+    let mut rng = Rng::fresh();
+    let (qs, ks) = (Shape::new(2, 9, 4, 16), Shape::new(2, 12, 2, 16));
+    let q = randn::<f16>(&mut rng, &dims(qs, Layout::Bshd), Layout::Bshd);
+    let k = randn::<f16>(&mut rng, &dims(ks, Layout::Bshd), Layout::Bshd);
+    let v = randn::<f16>(&mut rng, &dims(ks, Layout::Bshd), Layout::Bshd);
+    let scale = 0.9;
+    for cap in [0.5f32, 2.0, 50.0] {
+        for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+            let opts = AttentionOptions::default()
+                .causal(causal)
+                .scale(scale)
+                .softcap(cap)
+                .with_lse();
+            let res = attention(&q, &k, &v, &opts).unwrap();
+            let (want, want_lse) =
+                common::naive_softcap(&q, &k, &v, f64::from(scale), causal, Some(f64::from(cap)));
+            let err = rel_l2(&logical(&res.out), &want);
+            let lse_err = rel_l2(&lse_values(res.lse.as_ref().unwrap()), &want_lse);
+            assert!(
+                err < 5e-4 && lse_err < 1e-6,
+                "cap {cap} {causal:?}: {err:.2e} {lse_err:.2e}"
+            );
+        }
+    }
+    // A small cap changes the result, so the comparisons above are not vacuous.
+    let plain = attention(&q, &k, &v, &AttentionOptions::default().scale(scale)).unwrap();
+    let capped = attention(
+        &q,
+        &k,
+        &v,
+        &AttentionOptions::default().scale(scale).softcap(0.5),
+    )
+    .unwrap();
+    assert!(rel_l2(&logical(&plain.out), &logical(&capped.out)) > 1e-2);
+    for bad in [0.0f32, -1.0, f32::NAN, f32::INFINITY] {
+        let e = attention(&q, &k, &v, &AttentionOptions::default().softcap(bad)).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidSoftcap(c) if c.to_bits() == bad.to_bits()),
+            "{e:?}"
+        );
+    }
+}

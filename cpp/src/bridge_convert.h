@@ -50,6 +50,9 @@ inline core::Request from_ffi(const RequestFfi& r, rust::Slice<const int32_t> ho
   if (r.has_scale) {
     out.options.scale = r.scale;
   }
+  if (r.has_softcap) {
+    out.options.softcap = r.softcap;
+  }
   out.options.causal = static_cast<Causal>(r.causal);
   out.options.backend = static_cast<Backend>(r.backend);
   if (r.forced_arch >= 0) {

@@ -766,6 +766,25 @@ void paged_cache() {
   expect(s.code == Code::BackendUnavailable, "no GPU kernel takes a paged cache yet: " + s.message);
 }
 
+// Logit softcapping: a cap that is not positive and finite is refused; a valid one plans on no
+// GPU kernel yet (the CPU reference applies it).
+void softcap() {
+  for (const float bad : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::infinity()}) {
+    Request r = valid();
+    r.options.softcap = bad;
+    expect_code(r, Code::InvalidSoftcap, Operand::None, "softcap " + std::to_string(bad));
+  }
+  Request r = valid();
+  r.options.softcap = 30.0f;
+  Problem p{};
+  expect(flashcore::core::validate(r, &p).ok(), "softcap 30 validates");
+  const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
+  flashcore::core::Plan plan{};
+  const Status s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.code == Code::BackendUnavailable, "no GPU kernel applies a softcap yet: " + s.message);
+}
+
 int main() {
   valid_call_passes();
   negative_sizes_and_strides();
@@ -773,6 +792,7 @@ int main() {
   addresses_and_locations();
   overlapping_outputs();
   paged_cache();
+  softcap();
   no_allocation_on_the_hot_path();
   scales();
   heads_and_head_dims();

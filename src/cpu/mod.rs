@@ -165,7 +165,10 @@ fn sequence<T: Element>(
                 let dot: f64 = (0..d)
                     .map(|x| qd[q0 + x].to_f64() * kd[k0 + x].to_f64())
                     .sum();
-                *s = dot * scale;
+                *s = match p.softcap {
+                    Some(cap) => f64::from(cap) * (dot * scale / f64::from(cap)).tanh(),
+                    None => dot * scale,
+                };
             }
             let max = scores[..n]
                 .iter()

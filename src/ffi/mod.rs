@@ -68,6 +68,8 @@ pub(crate) mod sys {
         has_lse: bool,
         has_scale: bool,
         scale: f32,
+        has_softcap: bool,
+        softcap: f32,
         causal: i32,
         backend: i32,
         forced_arch: i32,
@@ -350,6 +352,7 @@ const STATE_COUNT: i32 = 19;
 const INVALID_OFFSETS: i32 = 20;
 const OVERLAPPING_OUTPUT: i32 = 21;
 const INVALID_PAGE_TABLE: i32 = 22;
+const INVALID_SOFTCAP: i32 = 23;
 
 // `flashcore::Field` values of the offsets rules.
 const FIRST_OFFSET: i32 = 12;
@@ -553,6 +556,7 @@ pub(crate) fn to_error(s: StatusFfi, described: &Described<'_>) -> Error {
             seq_k: count(c),
         },
         INVALID_SCALE => Error::InvalidScale(f32::from_bits(a as u32)),
+        INVALID_SOFTCAP => Error::InvalidSoftcap(f32::from_bits(a as u32)),
         SIZE_OVERFLOW => {
             let desc = described.of(op);
             Error::SizeOverflow {

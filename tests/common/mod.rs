@@ -59,6 +59,19 @@ pub fn naive<T: Element>(
     scale: f64,
     causal: Causal,
 ) -> (Vec<f64>, Vec<f64>) {
+    naive_softcap(q, k, v, scale, causal, None)
+}
+
+/// [`naive`] with logit softcapping: each unmasked score `s = scale * q.k` becomes
+/// `cap * tanh(s / cap)`.
+pub fn naive_softcap<T: Element>(
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    scale: f64,
+    causal: Causal,
+    softcap: Option<f64>,
+) -> (Vec<f64>, Vec<f64>) {
     let (qs, ks) = (q.shape(), k.shape());
     let (b_n, sq, sk, hq, hk, d) = (qs.batch, qs.seq, ks.seq, qs.heads, ks.heads, qs.head_dim);
     let (qv, kv, vv) = (logical(q), logical(k), logical(v));
@@ -82,7 +95,8 @@ pub fn naive<T: Element>(
                         f64::NEG_INFINITY
                     } else {
                         let (qr, kr) = (q_at(b, i, h), k_at(b, j, kh));
-                        scale * qr.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>()
+                        let s = scale * qr.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>();
+                        softcap.map_or(s, |cap| cap * (s / cap).tanh())
                     }
                 })
                 .collect();

@@ -45,6 +45,7 @@ enum class Code : int32_t {
                          // share an address; values[1]: that Operand's list position
   InvalidPageTable,      // a paged KV cache breaks rule `field`: sequence values[0] (-1: none)
                          // has the value values[1] against the bound values[2]
+  InvalidSoftcap,        // the softcap is not positive and finite (values[0]: its IEEE bits)
 };
 
 // Which tensor a Status is about. State and StateLse are the output and the logsumexp of one of

@@ -116,6 +116,10 @@ struct Pages {
 struct Options {
   // Softmax scale; 1/sqrt(head_dim) when empty. Must be finite.
   std::optional<float> scale;
+  // Logit softcapping (Gemma 2, Grok): scores = softcap * tanh(scale * q.k / softcap) before the
+  // softmax. Positive and finite (Code::InvalidSoftcap). The CPU reference applies it; no GPU
+  // kernel does yet (Code::BackendUnavailable).
+  std::optional<float> softcap;
   Causal causal = Causal::None;
   Backend backend = Backend::Auto;
   // Take the tile-table rows of this class instead of the device's own (testing the sm_89 rows

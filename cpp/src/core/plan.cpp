@@ -276,6 +276,11 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       }
       kernel = kVarlenKernel;
     }
+    if (r.options.softcap) {
+      return fail(Code::BackendUnavailable, Operand::None, Field::None,
+                  static_cast<int64_t>(kernel), 0, 0,
+                  "no GPU kernel applies a softcap yet (issue 13); the CPU reference does");
+    }
     if (p.paged) {
       return fail(Code::BackendUnavailable, Operand::None, Field::None,
                   static_cast<int64_t>(kernel), 0, 0,

@@ -31,6 +31,7 @@ const char* name(Code code) noexcept {
     case Code::InvalidOffsets: return "invalid_offsets";
     case Code::OverlappingOutput: return "overlapping_output";
     case Code::InvalidPageTable: return "invalid_page_table";
+    case Code::InvalidSoftcap: return "invalid_softcap";
   }
   return "unknown";
 }
@@ -196,6 +197,12 @@ std::string message(const Status& s, const std::string& detail) {
       return op + ": " + offsets_rule(s);
     case Code::InvalidPageTable:
       return "paged KV cache: " + pages_rule(s);
+    case Code::InvalidSoftcap: {
+      float cap = 0;
+      const uint32_t bits = static_cast<uint32_t>(s.values[0]);
+      std::memcpy(&cap, &bits, sizeof(cap));
+      return "softcap " + std::to_string(cap) + " is not a positive finite number";
+    }
     case Code::OverlappingOutput:
       return s.values[0] == 0
                  ? op + ": two of its elements share an address (its strides, ordered, must each "

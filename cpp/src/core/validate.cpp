@@ -1,6 +1,7 @@
 // Validation: see validate.h. The order of the checks is part of the contract (the first
 // failure is the one reported): sizes, devices, shapes, heads, head dim, strides and alignment,
-// overlapping outputs, a variable-length batch's offsets or a paged cache, scale, visible keys.
+// overlapping outputs, a variable-length batch's offsets or a paged cache, scale, softcap,
+// visible keys.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -110,6 +111,11 @@ Status validate(const Request& r, Problem* problem) noexcept {
       uint32_t bits = 0;
       std::memcpy(&bits, &scale, sizeof(bits));
       return fail(Code::InvalidScale, Operand::None, Field::None, bits);
+    }
+    if (r.options.softcap && !(std::isfinite(*r.options.softcap) && *r.options.softcap > 0.0f)) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &*r.options.softcap, sizeof(bits));
+      return fail(Code::InvalidSoftcap, Operand::None, Field::None, bits);
     }
     if (r.varlen) {
       FLASHCORE_TRY(check_sequence_keys(r));
