@@ -130,6 +130,7 @@ fn run_case<T: AttentionElement>(s: &Stream, c: Case, kernel: Kernel) -> (f64, f
         return_lse: c.lse,
         force_arch_class: c.force,
         scale: c.scale,
+        ..Default::default()
     };
     let (dq, dk, dv) = (
         q.to_device(s).unwrap(),
