@@ -62,6 +62,16 @@ fn allocations() -> u64 {
     ALLOCATIONS.with(std::cell::Cell::get)
 }
 
+/// Fails with every collected case failure, one per line.
+fn assert_none_failed(failures: &[String]) {
+    assert!(
+        failures.is_empty(),
+        "{} case(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
 fn stream() -> Stream {
     let device = Device::open(0).expect("this test needs a CUDA device");
     Stream::new(&device).expect("create stream")
@@ -187,12 +197,7 @@ fn check_all<T: AttentionElement>(cases: &[Case]) {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} case(s) failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert_none_failed(&failures);
 }
 
 fn both_dtypes(cases: &[Case]) {
@@ -1112,12 +1117,7 @@ fn varlen_batches_match_the_reference() {
         varlen_case::<f16>(&s, 40, 3, (8, 2), 128, Causal::BottomRight, Layout::Bshd),
         2e-3,
     );
-    assert!(
-        failures.is_empty(),
-        "{} case(s) failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert_none_failed(&failures);
 }
 
 #[test]
@@ -1368,12 +1368,7 @@ fn split_kv_decode_matches_the_reference() {
         kv_splits(Kernel::Wmma, row, 4, 8, 32768, sms) > 1,
         "one sequence of 32k keys is split on this GPU"
     );
-    assert!(
-        failures.is_empty(),
-        "{} case(s) failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert_none_failed(&failures);
 }
 
 /// An output whose rows share addresses, copied to the device, is refused before any launch

@@ -23,6 +23,16 @@ struct At<'a> {
 }
 
 impl At<'_> {
+    /// Batch entry `b` of a dense batch, from its first token.
+    fn entry(b: usize) -> Self {
+        At {
+            b,
+            q0: 0,
+            k0: 0,
+            pages: None,
+        }
+    }
+
     /// The (batch entry, token) of K and V that holds the sequence's key `j`.
     fn key(&self, j: usize) -> (usize, usize) {
         match self.pages {
@@ -41,19 +51,40 @@ pub(crate) fn attention<T: Element>(
     k: &Tensor<T>,
     v: &Tensor<T>,
     out: &mut Tensor<T>,
-    mut lse: Option<&mut Tensor<f32>>,
+    lse: Option<&mut Tensor<f32>>,
 ) -> Result<()> {
-    let mut rows = RowBuffers::new(p.seq_k, p.head_dim)?;
-    for b in 0..p.batch {
-        let at = At {
-            b,
-            q0: 0,
-            k0: 0,
-            pages: None,
+    let entries = (0..p.batch).map(|b| (*p, At::entry(b)));
+    each_sequence(p, q, k, v, out, lse, entries)
+}
+
+/// Attention over a variable-length batch of host tensors (validated: the offsets start at 0,
+/// never decrease and end at the token counts; `p` holds the shared sizes and options).
+pub(crate) fn attention_varlen<T: Element>(
+    p: &Problem,
+    batch: &VarlenBatch,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    lse: Option<&mut Tensor<f32>>,
+) -> Result<()> {
+    let (cu_q, cu_k) = batch.host();
+    let token = |x: i32| x as usize; // validated: non-negative
+    let sequences = cu_q.windows(2).zip(cu_k.windows(2)).map(|(qs, ks)| {
+        let one = Problem {
+            batch: 1,
+            seq_q: token(qs[1]) - token(qs[0]),
+            seq_k: token(ks[1]) - token(ks[0]),
+            ..*p
         };
-        sequence(p, at, q, k, v, out, lse.as_deref_mut(), &mut rows);
-    }
-    Ok(())
+        let at = At {
+            q0: token(qs[0]),
+            k0: token(ks[0]),
+            ..At::entry(0)
+        };
+        (one, at)
+    });
+    each_sequence(p, q, k, v, out, lse, sequences)
 }
 
 /// Attention over a paged KV cache of host tensors (validated: every page a sequence's keys
@@ -65,23 +96,39 @@ pub(crate) fn attention_paged<T: Element>(
     k: &Tensor<T>,
     v: &Tensor<T>,
     out: &mut Tensor<T>,
-    mut lse: Option<&mut Tensor<f32>>,
+    lse: Option<&mut Tensor<f32>>,
 ) -> Result<()> {
     let (table, seqlens) = pages.host();
-    let mut rows = RowBuffers::new(p.seq_k, p.head_dim)?;
     let width = pages.pages_per_seq();
-    for (b, &keys) in seqlens.iter().enumerate() {
+    let sequences = seqlens.iter().enumerate().map(|(b, &keys)| {
         let one = Problem {
             batch: 1,
             seq_k: keys as usize, // validated: non-negative
             ..*p
         };
+        let row = &table[b * width..(b + 1) * width];
         let at = At {
-            b,
-            q0: 0,
-            k0: 0,
-            pages: Some((&table[b * width..(b + 1) * width], pages.page_size())),
+            pages: Some((row, pages.page_size())),
+            ..At::entry(b)
         };
+        (one, at)
+    });
+    each_sequence(p, q, k, v, out, lse, sequences)
+}
+
+/// Runs each (sequence's problem, where it starts) of `sequences` with one set of row buffers,
+/// sized by `p` (whose seq_k is the longest sequence's).
+fn each_sequence<'a, T: Element>(
+    p: &Problem,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    out: &mut Tensor<T>,
+    mut lse: Option<&mut Tensor<f32>>,
+    sequences: impl IntoIterator<Item = (Problem, At<'a>)>,
+) -> Result<()> {
+    let mut rows = RowBuffers::new(p.seq_k, p.head_dim)?;
+    for (one, at) in sequences {
         sequence(&one, at, q, k, v, out, lse.as_deref_mut(), &mut rows);
     }
     Ok(())
@@ -100,38 +147,6 @@ impl RowBuffers {
             acc: host_vec(0.0, head_dim)?,
         })
     }
-}
-
-/// Attention over a variable-length batch of host tensors (validated: the offsets start at 0,
-/// never decrease and end at the token counts; `p` holds the shared sizes and options).
-pub(crate) fn attention_varlen<T: Element>(
-    p: &Problem,
-    batch: &VarlenBatch,
-    q: &Tensor<T>,
-    k: &Tensor<T>,
-    v: &Tensor<T>,
-    out: &mut Tensor<T>,
-    mut lse: Option<&mut Tensor<f32>>,
-) -> Result<()> {
-    let (cu_q, cu_k) = batch.host();
-    let mut rows = RowBuffers::new(p.seq_k, p.head_dim)?; // seq_k: the longest sequence's
-    let token = |x: i32| x as usize; // validated: non-negative
-    for (qs, ks) in cu_q.windows(2).zip(cu_k.windows(2)) {
-        let one = Problem {
-            batch: 1,
-            seq_q: token(qs[1]) - token(qs[0]),
-            seq_k: token(ks[1]) - token(ks[0]),
-            ..*p
-        };
-        let at = At {
-            b: 0,
-            q0: token(qs[0]),
-            k0: token(ks[0]),
-            pages: None,
-        };
-        sequence(&one, at, q, k, v, out, lse.as_deref_mut(), &mut rows);
-    }
-    Ok(())
 }
 
 /// One sequence of `p.seq_q` queries on `p.seq_k` keys, starting at `at`.

@@ -124,6 +124,14 @@ std::string offsets_rule(const Status& s) {
   }
 }
 
+// The float whose IEEE bits a status value holds (InvalidScale, InvalidSoftcap), as text.
+std::string float_of(int64_t value) {
+  float f = 0;
+  const uint32_t bits = static_cast<uint32_t>(value);
+  std::memcpy(&f, &bits, sizeof(f));
+  return std::to_string(f);
+}
+
 // What an InvalidPageTable status says (status.h lists the values of each rule).
 std::string pages_rule(const Status& s) {
   const auto v = [&](int i) { return std::to_string(s.values[i]); };
@@ -170,12 +178,8 @@ std::string message(const Status& s, const std::string& detail) {
     case Code::NoVisibleKeys:
       return v(0) + " query rows would attend to no key (seq_q " + v(1) + ", seq_k " + v(2) + ")" +
              (detail.empty() ? "" : " in " + detail);
-    case Code::InvalidScale: {
-      float scale = 0;
-      const uint32_t bits = static_cast<uint32_t>(s.values[0]);
-      std::memcpy(&scale, &bits, sizeof(scale));
-      return "softmax scale " + std::to_string(scale) + " is not a positive finite number";
-    }
+    case Code::InvalidScale:
+      return "softmax scale " + float_of(s.values[0]) + " is not a positive finite number";
     case Code::SizeOverflow:
       return op + ": " + (detail.empty() ? "the addressed extent overflows 64 bits" : detail) +
              (field.empty() ? "" : " (dimension " + field + ")");
@@ -197,12 +201,8 @@ std::string message(const Status& s, const std::string& detail) {
       return op + ": " + offsets_rule(s);
     case Code::InvalidPageTable:
       return "paged KV cache: " + pages_rule(s);
-    case Code::InvalidSoftcap: {
-      float cap = 0;
-      const uint32_t bits = static_cast<uint32_t>(s.values[0]);
-      std::memcpy(&cap, &bits, sizeof(cap));
-      return "softcap " + std::to_string(cap) + " is not a positive finite number";
-    }
+    case Code::InvalidSoftcap:
+      return "softcap " + float_of(s.values[0]) + " is not a positive finite number";
     case Code::OverlappingOutput:
       return s.values[0] == 0
                  ? op + ": two of its elements share an address (its strides, ordered, must each "

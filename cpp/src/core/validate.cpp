@@ -33,6 +33,16 @@ Failed check_overlaps(const Request& r) {
   return std::nullopt;
 }
 
+// `value` is positive and finite, else `code` with its IEEE bits.
+Failed positive_finite(Code code, float value) {
+  if (std::isfinite(value) && value > 0.0f) {
+    return std::nullopt;
+  }
+  uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return fail(code, Operand::None, Field::None, bits);
+}
+
 }  // namespace
 
 Status check_addresses(const Request& r) noexcept {
@@ -107,15 +117,9 @@ Status validate(const Request& r, Problem* problem) noexcept {
     // Positive and finite: a zero or negative scale flattens or inverts attention, and CUTLASS
     // example 41 masks causal keys before scaling, so its results would be NaN there (found by
     // tests/gpu.rs explicit_scales, 2026-11-21).
-    if (!std::isfinite(scale) || !(scale > 0.0f)) {
-      uint32_t bits = 0;
-      std::memcpy(&bits, &scale, sizeof(bits));
-      return fail(Code::InvalidScale, Operand::None, Field::None, bits);
-    }
-    if (r.options.softcap && !(std::isfinite(*r.options.softcap) && *r.options.softcap > 0.0f)) {
-      uint32_t bits = 0;
-      std::memcpy(&bits, &*r.options.softcap, sizeof(bits));
-      return fail(Code::InvalidSoftcap, Operand::None, Field::None, bits);
+    FLASHCORE_TRY(positive_finite(Code::InvalidScale, scale));
+    if (r.options.softcap) {
+      FLASHCORE_TRY(positive_finite(Code::InvalidSoftcap, *r.options.softcap));
     }
     if (r.varlen) {
       FLASHCORE_TRY(check_sequence_keys(r));
