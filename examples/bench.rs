@@ -13,8 +13,8 @@ use std::time::Instant;
 use common::{percentiles, shapes, time_calls, time_fn, BenchShape, Inputs};
 use flashcore::plan::{ArchClass, Kernel};
 use flashcore::{
-    attention, attention_into, attention_varlen_into, AttentionElement, AttentionOptions, Backend,
-    Causal, Device, Layout, Stream, Tensor, VarlenBatch,
+    attention, attention_into, attention_paged_into, attention_varlen_into, AttentionElement,
+    AttentionOptions, Backend, Causal, Device, Layout, PageTable, Stream, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 use serde_json::json;
@@ -161,45 +161,44 @@ fn write_shapes(path: &str) {
     std::fs::write(path, serde_json::to_string_pretty(&list).unwrap()).expect("write shapes");
 }
 
-/// Host cost per call, same problem, same process: the Rust API (validation, planning, FFI,
-/// launcher), a Rust `AttentionPlan::run` (operand check, FFI, launcher) and C++ calling the
-/// launcher directly after planning once. A tiny problem keeps the GPU ahead of the host; each
-/// round enqueues 200 calls (below the launch queue's depth) after a synchronise. Returns
-/// (Rust ns/call, planned Rust ns/call, C++ ns/call), medians over 25 rounds.
-fn host_overhead(stream: &Stream) -> flashcore::Result<(f64, f64, f64)> {
+/// Host cost per call (H4 / H11), for one tiny problem that keeps the GPU ahead of the host:
+/// Rust `attention_into` (validation, planning, FFI, launcher) against the public C++ call
+/// (`attention_forward`: the same work from C++), a Rust `AttentionPlan::run` against a planned
+/// C++ run (address check + launcher), and the bare C++ launcher. Each round enqueues 200 calls
+/// (below the launch queue's depth) after a synchronise; medians over 25 rounds, in ns:
+/// (Rust call, C++ call, Rust planned run, C++ planned run, C++ launcher).
+fn host_overhead(stream: &Stream) -> flashcore::Result<[f64; 5]> {
     let q = Tensor::full(f16::ONE, &[1, 1, 16, 64], Layout::Bhsd)?.to_device(stream)?;
     let mut out = Tensor::uninit_on(stream, &[1, 1, 16, 64], Layout::Bhsd)?;
     let opts = AttentionOptions::default();
     const CALLS: u32 = 200;
     let plan = flashcore::AttentionPlan::new(&q, &q, &q, &out, None, &opts)?;
-    let (mut rust, mut planned, mut cpp) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rounds: [Vec<f64>; 5] = Default::default();
     for round in 0..26 {
         stream.synchronize()?;
         let t0 = Instant::now();
         for _ in 0..CALLS {
             flashcore::attention_into(&q, &q, &q, &mut out, None, &opts)?;
         }
-        let r = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
+        let rust = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
         stream.synchronize()?;
         let t0 = Instant::now();
         for _ in 0..CALLS {
             plan.run(&q, &q, &q, &mut out, None)?;
         }
-        let p = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
-        stream.synchronize()?;
-        let c = flashcore::cpp_direct_launch_ns(&q, &q, &q, &mut out, &opts, CALLS)?;
+        let planned = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
+        let cpp = flashcore::cpp_host_ns(&q, &q, &q, &mut out, &opts, CALLS)?;
         if round > 0 {
-            rust.push(r);
-            planned.push(p);
-            cpp.push(c);
+            for (r, x) in rounds
+                .iter_mut()
+                .zip([rust, cpp.call, planned, cpp.planned, cpp.launch])
+            {
+                r.push(x);
+            }
         }
     }
     stream.synchronize()?;
-    Ok((
-        percentiles(&mut rust).0,
-        percentiles(&mut planned).0,
-        percentiles(&mut cpp).0,
-    ))
+    Ok(rounds.map(|mut r| percentiles(&mut r).0))
 }
 
 /// The variable-length prefill row of issue 12: 16 causal sequences of 128 to 4096 tokens (GQA
@@ -252,6 +251,56 @@ fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 6]> 
         auto_dense,
         tflops(flops(&[n; 16]), auto_dense),
     ])
+}
+
+/// The paged decode rows of issue 12 (bf16, GQA 32:8, d = 128, one query per sequence): 1 x 32k,
+/// 16 x 8k and 64 x 2k keys in shuffled pages of 16 and of 64 keys, under Auto, beside the same
+/// problem with contiguous K/V. Returns per row (batch, keys, page size, paged µs, contiguous µs,
+/// K+V GB/s of the paged call), medians.
+fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<[f64; 6]>> {
+    let (h, hk, d) = (32, 8, 128);
+    let dev =
+        |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
+    let median = |mut t: Vec<f64>| percentiles(&mut t).0;
+    let opts = AttentionOptions::default();
+    let mut rows = Vec::new();
+    for (b, n) in [(1, 32768), (16, 8192), (64, 2048)] {
+        let q = dev(&[b, 1, h, d])?;
+        let mut out = dev(&[b, 1, h, d])?;
+        let kv = dev(&[b, n, hk, d])?;
+        let contiguous = median(time_fn(stream, 3, iters, |_| {
+            attention_into(&q, &kv, &kv, &mut out, None, &opts).map(|_| ())
+        })?);
+        drop(kv);
+        for size in [16, 64] {
+            let pages = b * n / size;
+            // Shuffled pages: page i of the batch is cache page (i * 7919) mod pages (7919 is
+            // prime and no page count here is a multiple of it).
+            let per_seq = n / size;
+            let table = (0..b)
+                .map(|s| {
+                    (0..per_seq)
+                        .map(|j| ((s * per_seq + j) * 7919 % pages) as i32)
+                        .collect()
+                })
+                .collect();
+            let table = PageTable::new(size, table, vec![n as i32; b])?.to_device(stream)?;
+            let cache = dev(&[pages, size, hk, d])?;
+            let paged = median(time_fn(stream, 3, iters, |_| {
+                attention_paged_into(&q, &cache, &cache, &table, &mut out, None, &opts).map(|_| ())
+            })?);
+            let bytes = 2.0 * (b * n * hk * d * 2) as f64;
+            rows.push([
+                b as f64,
+                n as f64,
+                size as f64,
+                paged,
+                contiguous,
+                bytes / paged / 1e3,
+            ]);
+        }
+    }
+    Ok(rows)
 }
 
 fn main() {
@@ -343,19 +392,40 @@ fn main() {
             serde_json::Value::Null
         }
     };
+    let paged = match paged_decode(&stream, args.iters) {
+        Ok(rows) => {
+            for [b, n, size, us, contiguous, gbps] in &rows {
+                println!(
+                    "paged decode {b}x{n} keys (32kv8, d128, bf16), pages of {size}: {us:.1} us \
+                     ({gbps:.0} GB/s of K+V); contiguous K/V {contiguous:.1} us; ratio {:.3}",
+                    us / contiguous
+                );
+            }
+            json!(rows)
+        }
+        Err(e) => {
+            eprintln!("paged decode: {e}");
+            serde_json::Value::Null
+        }
+    };
     let overhead = match host_overhead(&stream) {
-        Ok((rust, planned, cpp)) => {
+        Ok([rust, cpp, planned, cpp_planned, launch]) => {
             println!(
-                "host cost per call: Rust API {:.2} us, direct C++ launcher {:.2} us, ratio {:.3}; \
-                 planned Rust run {:.2} us, ratio {:.3}",
+                "host cost per call: Rust attention_into {:.2} us, C++ attention_forward {:.2} us, \
+                 ratio {:.3}; Rust planned run {:.2} us, C++ planned run {:.2} us, ratio {:.3}; \
+                 C++ launcher alone {:.2} us (Rust call beyond it: {:.2} us)",
                 rust / 1e3,
                 cpp / 1e3,
                 rust / cpp,
                 planned / 1e3,
-                planned / cpp
+                cpp_planned / 1e3,
+                planned / cpp_planned,
+                launch / 1e3,
+                (rust - launch) / 1e3,
             );
             json!({ "rust_ns": rust, "cpp_ns": cpp, "ratio": rust / cpp,
-                    "planned_ns": planned, "planned_ratio": planned / cpp })
+                    "planned_ns": planned, "cpp_planned_ns": cpp_planned,
+                    "planned_ratio": planned / cpp_planned, "launcher_ns": launch })
         }
         Err(e) => {
             eprintln!("host overhead: {e}");
@@ -364,7 +434,7 @@ fn main() {
     };
     if let Some(path) = args.json {
         let doc = json!({ "device": device.name(), "records": rows, "host_overhead": overhead,
-                          "varlen_prefill": varlen });
+                          "varlen_prefill": varlen, "paged_decode": paged });
         std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).expect("write json");
         eprintln!("wrote {path}");
     }

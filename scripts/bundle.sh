@@ -20,7 +20,7 @@ for line in sys.argv[1].splitlines():
         continue
     t = m["target"]
     kind = t["kind"][0]
-    if kind == "test" and t["name"] not in ("gpu", "cudarc"):
+    if kind == "test" and t["name"] not in ("gpu", "cudarc", "runtime"):
         continue  # CPU suites run in CI
     if kind == "lib":
         continue  # unit tests of the lib run in CI

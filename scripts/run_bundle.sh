@@ -59,6 +59,8 @@ rm -f "$marker"
     sanitize_tests varlen_
     echo "== compute-sanitizer memcheck and racecheck: split-KV decoding (WMMA and its combine)"
     sanitize_tests split_kv
+    echo "== compute-sanitizer memcheck and racecheck: paged KV caches (WMMA; bad device tables too)"
+    sanitize_tests paged_
   fi
 } 2>&1 | tee "$out/example.log"
 [ -e "$marker" ] && { echo "== example or racecheck FAILED"; status=1; }
@@ -67,6 +69,9 @@ echo "== GPU test suite"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 echo "== cudarc interop test"
 "$here/test-cudarc" --include-ignored --nocapture 2>&1 | tee -a "$out/gpu-tests.log"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+echo "== runtime hypotheses (pool, fragmentation, leaks, device out-of-memory, four threads)"
+"$here/test-runtime" --include-ignored --nocapture --test-threads=1 2>&1 | tee -a "$out/gpu-tests.log"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 if [ -x "$here/example-bench" ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
   echo "== benchmarks: flashcore and torch SDPA in the same run"
@@ -79,6 +84,8 @@ if [ -x "$here/example-bench" ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
     "$here/example-bench" --force-class $class --iters 30 ${peak:+--peak-tflops $peak} | tee -a "$out/bench.txt" || status=1
   done
   python3 "$here/merge_bench.py" "$out/shapes.json" "$out/ours.json" "$out/torch.json" | tee "$out/table.md" || status=1
+  echo "== multi-stream speedup (H10)"
+  "$here/example-streams" | tee -a "$out/bench.txt" || status=1
 fi
 echo "== bundle status: $status"
 exit $status

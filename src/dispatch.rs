@@ -173,24 +173,45 @@ fn run_gpu<T: AttentionElement>(_: &RequestFfi, _: Call<'_, T>) -> Result<Execut
     Err(Error::CudaNotBuilt)
 }
 
-/// Bench hook: host nanoseconds per launch when C++ validates and plans once and then launches
-/// `iters` times from its own loop, for the same call that [`crate::attention_into`] would run.
-/// The Rust-vs-C++ host-overhead comparison of `examples/bench.rs` uses it.
+/// Host nanoseconds per call that C++ spends from its own loop on the call that
+/// [`crate::attention_into`] would run (bench hook: the Rust-vs-C++ host-cost rows of
+/// `examples/bench.rs`).
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
-pub fn cpp_direct_launch_ns<T: AttentionElement>(
+#[derive(Debug, Clone, Copy)]
+pub struct CppHostNs {
+    /// The launcher alone, validated and planned once before the loop.
+    pub launch: f64,
+    /// The public C++ call, `flashcore::attention_forward` (validate, plan, launch).
+    pub call: f64,
+    /// A planned C++ run (this run's addresses checked, then the launcher): what
+    /// [`crate::AttentionPlan::run`] does in C++.
+    pub planned: f64,
+}
+
+/// Bench hook: [`CppHostNs`] over `iters` calls each, for `attention_into(q, k, v, out, None,
+/// opts)`; all operands on `out`'s stream.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub fn cpp_host_ns<T: AttentionElement>(
     q: &Tensor<T>,
     k: &Tensor<T>,
     v: &Tensor<T>,
     out: &mut Tensor<T>,
     opts: &AttentionOptions,
     iters: u32,
-) -> Result<f64> {
+) -> Result<CppHostNs> {
+    use crate::ffi::cuda::HostProbe;
     let request = crate::validate::request(q, k, v, out, None, opts)?;
     if !on_gpu(opts.backend, q.location()) {
         crate::validate::validate(&request, DENSE, q.location())?;
         return Err(misplaced(opts.backend));
     }
     let iters = i32::try_from(iters).unwrap_or(i32::MAX);
-    crate::cuda::launch::cpp_launch_ns(&request, q, k, v, out, iters)
+    let mut probe = |p| crate::cuda::launch::cpp_launch_ns(&request, q, k, v, out, iters, p);
+    Ok(CppHostNs {
+        launch: probe(HostProbe::Launch)?,
+        call: probe(HostProbe::PublicCall)?,
+        planned: probe(HostProbe::PlannedRun)?,
+    })
 }

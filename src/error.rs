@@ -261,6 +261,14 @@ pub enum Error {
         /// The bytes asked for.
         bytes: usize,
     },
+    /// A device allocation could not be satisfied (a tensor, a copy to the device, or a
+    /// kernel's scratch memory). Nothing was launched, and the process can go on: the device
+    /// and every live tensor stay usable.
+    #[error("out of device memory: could not allocate {bytes} bytes")]
+    OutOfDeviceMemory {
+        /// The bytes asked for.
+        bytes: usize,
+    },
     /// This build has no CUDA support (the `cuda` feature is off).
     #[error("flashcore was built without the `cuda` feature")]
     CudaNotBuilt,

@@ -105,11 +105,11 @@ pub use attention::{attention, attention_into, AttentionOutput};
 #[doc(hidden)]
 pub use cuda::interop;
 #[cfg(feature = "cuda")]
-pub use cuda::{Device, Event, Stream};
+pub use cuda::{Device, Event, PoolUsage, Stream};
+pub use dispatch::Execution;
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
-pub use dispatch::cpp_direct_launch_ns;
-pub use dispatch::Execution;
+pub use dispatch::{cpp_host_ns, CppHostNs};
 pub use element::{AttentionElement, DType, Element};
 pub use error::{Error, OffsetRule, Operand, PageRule, Result};
 pub use merge::{merge_state_into, merge_states, AttentionState};

@@ -39,6 +39,18 @@ pub struct PageTable {
     table: Vec<i32>,
     seqlens: Vec<i32>,
     max_seqlen_k: usize,
+    /// The device copy of `table` and `seqlens` ([`PageTable::to_device`]); immutable like the
+    /// host copy, so the two never disagree.
+    #[cfg(feature = "cuda")]
+    device: Option<std::sync::Arc<DevicePages>>,
+}
+
+/// The block table and key counts on the device.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+struct DevicePages {
+    table: crate::cuda::DeviceBuffer<i32>,
+    seqlens: crate::cuda::DeviceBuffer<i32>,
 }
 
 impl PageTable {
@@ -71,7 +83,42 @@ impl PageTable {
             table,
             seqlens: seqlens_k,
             max_seqlen_k,
+            #[cfg(feature = "cuda")]
+            device: None,
         })
+    }
+
+    /// The same table with a copy on the device of `stream` (enqueued there), for GPU calls;
+    /// the host copy stays, and every call checks it before the launch. Build it once per batch
+    /// composition and reuse it for every layer.
+    #[cfg(feature = "cuda")]
+    pub fn to_device(&self, stream: &crate::Stream) -> Result<Self> {
+        let upload = |host: &[i32]| -> Result<crate::cuda::DeviceBuffer<i32>> {
+            let mut buffer = crate::cuda::DeviceBuffer::alloc(stream, host.len())?;
+            buffer
+                .raw_mut()
+                .copy_from_host(bytemuck::cast_slice(host))?;
+            Ok(buffer)
+        };
+        let device = DevicePages {
+            table: upload(&self.table)?,
+            seqlens: upload(&self.seqlens)?,
+        };
+        Ok(PageTable {
+            device: Some(std::sync::Arc::new(device)),
+            ..self.clone()
+        })
+    }
+
+    /// The device copies (block table, key counts), if any.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn device(
+        &self,
+    ) -> Option<(
+        &crate::cuda::DeviceBuffer<i32>,
+        &crate::cuda::DeviceBuffer<i32>,
+    )> {
+        self.device.as_deref().map(|d| (&d.table, &d.seqlens))
     }
 
     /// Keys per page.
@@ -104,19 +151,38 @@ impl PageTable {
         &self.seqlens
     }
 
-    /// Where the table lives (the host: it has no device copy yet).
+    /// Where the kernels read the table: the device after [`PageTable::to_device`], else the
+    /// host.
     pub fn location(&self) -> Location {
+        #[cfg(feature = "cuda")]
+        if let Some((table, _)) = self.device() {
+            return Location::Cuda(table.stream().ordinal());
+        }
         Location::Host
+    }
+
+    /// The addresses the kernels read (block table, key counts).
+    fn addresses(&self) -> (u64, u64) {
+        #[cfg(feature = "cuda")]
+        if let Some((table, seqlens)) = self.device() {
+            return (table.raw().ptr() as u64, seqlens.raw().ptr() as u64);
+        }
+        (self.table.as_ptr() as u64, self.seqlens.as_ptr() as u64)
     }
 
     /// The bridge's view.
     fn ffi(&self) -> PagesFfi {
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let location = match self.location() {
+            Location::Host => -1,
+            Location::Cuda(i) => i32::try_from(i).unwrap_or(i32::MAX),
+        };
+        let (table, seqlens) = self.addresses();
         PagesFfi {
-            table: self.table.as_ptr() as u64,
-            seqlens: self.seqlens.as_ptr() as u64,
-            table_location: -1,
-            seqlens_location: -1,
+            table,
+            seqlens,
+            table_location: location,
+            seqlens_location: location,
             count: count(self.batch()),
             page_size: count(self.page_size),
             pages_per_seq: count(self.pages_per_seq),

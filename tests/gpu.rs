@@ -6,14 +6,19 @@
 
 mod common;
 
-use common::{dims, logical, lse_values, naive, naive_varlen, randn, random_varlen, rel_l2, Rng};
-use flashcore::interop::{cpp_attention_forward, cpp_attention_varlen, CppDeviceBuffer};
+use common::{
+    dims, logical, lse_values, naive, naive_paged, naive_varlen, randn, random_pages,
+    random_varlen, rel_l2, Rng,
+};
+use flashcore::interop::{
+    cpp_attention_forward, cpp_attention_paged, cpp_attention_varlen, CppDeviceBuffer,
+};
 use flashcore::plan::{auto_kernel, decode_table, kv_splits, tile_table, ArchClass, Kernel};
 use flashcore::{
-    attention, attention_into, attention_varlen_into, merge_state_into, merge_states,
-    AttentionElement, AttentionOptions, AttentionPlan, AttentionState, Backend, BackendKind,
-    Causal, DType, Device, Error, Execution, Layout, OffsetRule, Operand, Shape, Stream, Tensor,
-    VarlenBatch,
+    attention, attention_into, attention_paged_into, attention_varlen_into, merge_state_into,
+    merge_states, AttentionElement, AttentionOptions, AttentionPlan, AttentionState, Backend,
+    BackendKind, Causal, DType, Device, Error, Execution, Layout, OffsetRule, Operand, PageTable,
+    Shape, Stream, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 
@@ -1446,4 +1451,269 @@ fn hot_path_allocates_nothing_on_the_host() {
     let made = allocations() - before;
     s.synchronize().unwrap();
     assert_eq!(made, 0, "300 calls allocated {made} times on the host");
+}
+
+/// One paged call on the GPU (a random cache: `lengths` keys per sequence in shuffled pages of
+/// `size`, a few spare pages) against the f64 formula on each sequence's gathered keys; NaN
+/// poisoned outputs. Returns the output's and the logsumexp's relative L2 errors and the split
+/// count that ran.
+#[allow(clippy::too_many_arguments)]
+fn paged_case<T: AttentionElement>(
+    s: &Stream,
+    size: usize,
+    lengths: &[usize],
+    seq_q: usize,
+    heads: (usize, usize),
+    d: usize,
+    causal: Causal,
+    layout: Layout,
+) -> (f64, f64, usize) {
+    let mut rng = Rng::fresh();
+    let batch = lengths.len();
+    let (table, num_pages) = random_pages(&mut rng, size, lengths, 3);
+    let seqlens = lengths.iter().map(|&n| n as i32).collect();
+    let pages = PageTable::new(size, table.clone(), seqlens).unwrap();
+    let at = |b, s, h| dims(Shape::new(b, s, h, d), layout);
+    let k = randn::<T>(&mut rng, &at(num_pages, size, heads.1), layout);
+    let v = randn::<T>(&mut rng, &at(num_pages, size, heads.1), layout);
+    let q = randn::<T>(&mut rng, &at(batch, seq_q, heads.0), layout);
+    let mut out = Tensor::full(T::from_f64(f64::NAN), &at(batch, seq_q, heads.0), layout)
+        .unwrap()
+        .to_device(s)
+        .unwrap();
+    let mut lse = Tensor::full(f32::NAN, &[batch, heads.0, seq_q, 1], Layout::Bhsd)
+        .unwrap()
+        .to_device(s)
+        .unwrap();
+    let opts = AttentionOptions::default().causal(causal).with_lse();
+    let exec = attention_paged_into(
+        &q.to_device(s).unwrap(),
+        &k.to_device(s).unwrap(),
+        &v.to_device(s).unwrap(),
+        &pages.to_device(s).unwrap(),
+        &mut out,
+        Some(&mut lse),
+        &opts,
+    )
+    .unwrap_or_else(|e| panic!("pages of {size}, lengths {lengths:?}: {e}"));
+    assert_eq!(exec.backend, BackendKind::Kernel(Kernel::Wmma));
+    let scale = 1.0 / (d as f64).sqrt();
+    let (want, want_lse) = naive_paged(&q, &k, &v, &table, lengths, size, scale, causal);
+    (
+        rel_l2(&logical(&out.to_host().unwrap()), &want),
+        rel_l2(&lse_values(&lse.to_host().unwrap()), &want_lse),
+        exec.splits,
+    )
+}
+
+/// Paged caches on the WMMA kernel: every page size from 16 to 256, shuffled pages and partial
+/// last pages, decode (one query, keys split across blocks for the long ones) and chunked
+/// prefill (several queries, every causal mode), GQA, both layouts and dtypes, head dims 64 to
+/// 256.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn paged_caches_match_the_reference() {
+    let s = stream();
+    let mut failures = Vec::new();
+    let mut split_seen = false;
+    let mut check = |what: String, (err, lse_err, splits): (f64, f64, usize), tol: f64| {
+        println!("paged {what}: rel L2 {err:.2e} lse {lse_err:.2e}, {splits} split(s)");
+        split_seen |= splits > 1;
+        if !(err < tol && lse_err < 1e-4) {
+            failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
+        }
+    };
+    let bshd = Layout::Bshd;
+    for size in [16, 32, 64, 128, 256] {
+        let lengths = [size * 3 + 5, 1, size - 1, 2 * size];
+        for (d, heads) in [(64, (8, 2)), (128, (4, 4)), (256, (2, 1))] {
+            let what = |t: &str, n| format!("{t} pages {size} d {d} heads {heads:?} seq_q {n}");
+            let br = Causal::BottomRight;
+            check(
+                what("f16 decode", 1),
+                paged_case::<f16>(&s, size, &lengths, 1, heads, d, br, bshd),
+                2e-3,
+            );
+            check(
+                what("bf16 decode", 1),
+                paged_case::<bf16>(&s, size, &lengths, 1, heads, d, br, Layout::Bhsd),
+                1e-2,
+            );
+        }
+    }
+    // Chunked prefill: new queries attend to the cache's keys (their own included).
+    for (causal, seq_q) in [
+        (Causal::BottomRight, 7),
+        (Causal::BottomRight, 100),
+        (Causal::None, 33),
+        (Causal::TopLeft, 70),
+    ] {
+        for size in [16, 64] {
+            let lengths = [300, seq_q, 129 + seq_q];
+            let what = format!("f16 prefill pages {size} seq_q {seq_q} {causal:?}");
+            check(
+                what,
+                paged_case::<f16>(&s, size, &lengths, seq_q, (8, 2), 128, causal, bshd),
+                2e-3,
+            );
+            let what = format!("bf16 prefill pages {size} seq_q {seq_q} {causal:?} d 72");
+            check(
+                what,
+                paged_case::<bf16>(&s, size, &lengths, seq_q, (4, 1), 72, causal, Layout::Bhsd),
+                1e-2,
+            );
+        }
+    }
+    // Split-KV decode over pages: one and seven long sequences.
+    for (n, size) in [(1, 16), (1, 64), (7, 64)] {
+        let lengths: Vec<usize> = (0..n).map(|i| 20_000 + 977 * i).collect();
+        check(
+            format!("bf16 split decode {n} x ~20k keys, pages {size}"),
+            paged_case::<bf16>(&s, size, &lengths, 1, (32, 8), 128, Causal::None, bshd),
+            1e-2,
+        );
+    }
+    assert!(split_seen, "no paged decode split its keys");
+    assert_none_failed(&failures);
+}
+
+/// Paged calls that cannot run: a host table with device tensors, a family that reads no pages,
+/// a table the host copy refutes; nothing is written.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn paged_errors_launch_nothing() {
+    let s = stream();
+    let mut rng = Rng::fresh();
+    let q = randn::<f16>(&mut rng, &[2, 1, 4, 64], Layout::Bshd)
+        .to_device(&s)
+        .unwrap();
+    let k = randn::<f16>(&mut rng, &[10, 16, 2, 64], Layout::Bshd)
+        .to_device(&s)
+        .unwrap();
+    let mut out = Tensor::full(f16::NAN, &[2, 1, 4, 64], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let auto = AttentionOptions::default();
+    let pages = PageTable::new(16, vec![vec![3, 0, 9], vec![5, 2, 7, 8]], vec![40, 64]).unwrap();
+    let err = attention_paged_into(&q, &k, &k, &pages, &mut out, None, &auto).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DeviceMismatch {
+                operand: Operand::BlockTable,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let on_device = pages.to_device(&s).unwrap();
+    for kernel in [Kernel::CutlassSm80, Kernel::CutlassSm90] {
+        let forced = AttentionOptions::default().backend(Backend::Kernel(kernel));
+        let err =
+            attention_paged_into(&q, &k, &k, &on_device, &mut out, None, &forced).unwrap_err();
+        assert!(
+            matches!(err, Error::BackendUnavailable { .. }),
+            "{kernel:?}: {err}"
+        );
+    }
+    let bad = PageTable::new(16, vec![vec![3, 0, 10], vec![5, 2, 7, 8]], vec![40, 64])
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let err = attention_paged_into(&q, &k, &k, &bad, &mut out, None, &auto).unwrap_err();
+    assert!(matches!(err, Error::InvalidPageTable { .. }), "{err}");
+    let err = cpp_attention_paged(&q, &k, &k, &bad, &mut out, None, &auto, true).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidPageTable { .. }),
+        "C++ API: {err}"
+    );
+    let untouched = out.to_host().unwrap();
+    assert!(untouched.host_data().unwrap().iter().all(|x| x.is_nan()));
+}
+
+/// A device block table and key counts that break their contract, given to the public C++ API
+/// without host copies (so that nothing can check them before the launch): page indices below 0
+/// or past the cache, a negative key count. The kernel clamps them and stays inside
+/// the buffers (compute-sanitizer memcheck runs this test); a valid table given the same way
+/// still matches the reference.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn paged_device_table_stays_inside_the_buffers() {
+    let s = stream();
+    let mut rng = Rng::fresh();
+    let (h, d, size) = (2, 64, 16);
+    let q = randn::<bf16>(&mut rng, &[2, 3, h, d], Layout::Bshd);
+    let k = randn::<bf16>(&mut rng, &[6, size, h, d], Layout::Bshd);
+    let v = randn::<bf16>(&mut rng, &[6, size, h, d], Layout::Bshd);
+    let (dq, dk, dv) = (
+        q.to_device(&s).unwrap(),
+        k.to_device(&s).unwrap(),
+        v.to_device(&s).unwrap(),
+    );
+    let opts = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .with_lse();
+    let bad = [
+        (vec![vec![-7, 2, 99], vec![5, 6, 1 << 30]], vec![48, 40]), // pages outside the cache
+        (vec![vec![0, 1], vec![2, 3]], vec![-5, 32]), // a negative count (the longest fits)
+    ];
+    for (table, seqlens) in bad {
+        let pages = PageTable::new(size, table.clone(), seqlens.clone())
+            .unwrap()
+            .to_device(&s)
+            .unwrap();
+        let mut out = Tensor::full(bf16::NAN, &[2, 3, h, d], Layout::Bshd)
+            .unwrap()
+            .to_device(&s)
+            .unwrap();
+        let mut lse = Tensor::full(f32::NAN, &[2, h, 3, 1], Layout::Bhsd)
+            .unwrap()
+            .to_device(&s)
+            .unwrap();
+        let what = format!("table {table:?}, counts {seqlens:?}");
+        cpp_attention_paged(
+            &dq,
+            &dk,
+            &dv,
+            &pages,
+            &mut out,
+            Some(&mut lse),
+            &opts,
+            false,
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let written = out.to_host().unwrap_or_else(|e| panic!("{what}: {e}"));
+        let finite = written
+            .host_data()
+            .unwrap()
+            .iter()
+            .filter(|x| x.is_finite())
+            .count();
+        println!("bad paged cache {what}: {finite} finite elements written");
+    }
+    let table = vec![vec![4, 1], vec![0, 5, 3]];
+    let lengths = [20, 40];
+    let pages = PageTable::new(size, table.clone(), vec![20, 40])
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let mut out = Tensor::full(bf16::NAN, &[2, 3, h, d], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let exec = cpp_attention_paged(&dq, &dk, &dv, &pages, &mut out, None, &opts, false).unwrap();
+    assert_eq!(exec.backend, BackendKind::Kernel(Kernel::Wmma));
+    let (want, _) = naive_paged(
+        &q,
+        &k,
+        &v,
+        &table,
+        &lengths,
+        size,
+        0.125,
+        Causal::BottomRight,
+    );
+    let err = rel_l2(&logical(&out.to_host().unwrap()), &want);
+    assert!(err < 1e-2, "valid table without host copies: rel L2 {err}");
 }

@@ -4,42 +4,12 @@
 
 mod common;
 
-use common::{dims, logical, lse_values, naive, randn, rel_l2, Rng};
+use common::{dims, logical, lse_values, naive_paged, randn, random_pages, rel_l2, Rng};
 use flashcore::{
     attention_paged, attention_paged_into, AttentionElement, AttentionOptions, Causal, Error,
     Layout, Operand, PageRule, PageTable, Shape, Tensor,
 };
 use half::{bf16, f16};
-
-/// Sequence `b`'s first `keys` keys of a paged cache, gathered into a dense `[1, keys, h, d]`.
-fn gather<T: AttentionElement>(
-    cache: &Tensor<T>,
-    pages: &[i32],
-    size: usize,
-    keys: usize,
-) -> Tensor<T> {
-    let s = cache.shape();
-    let mut data = Vec::with_capacity(keys * s.heads * s.head_dim);
-    for j in 0..keys {
-        let page = pages[j / size] as usize;
-        for h in 0..s.heads {
-            for x in 0..s.head_dim {
-                data.push(cache.get(page, j % size, h, x).unwrap());
-            }
-        }
-    }
-    Tensor::from_vec(data, &[1, keys, s.heads, s.head_dim], Layout::Bshd).unwrap()
-}
-
-/// Query row `b` of a dense `[batch, seq, h, d]` tensor as `[1, seq, h, d]`.
-fn entry<T: AttentionElement>(t: &Tensor<T>, b: usize) -> Tensor<T> {
-    let s = t.shape();
-    let data = (0..s.seq)
-        .flat_map(|i| (0..s.heads).flat_map(move |h| (0..s.head_dim).map(move |x| (i, h, x))))
-        .map(|(i, h, x)| t.get(b, i, h, x).unwrap())
-        .collect();
-    Tensor::from_vec(data, &[1, s.seq, s.heads, s.head_dim], Layout::Bshd).unwrap()
-}
 
 /// A random paged problem: `batch` sequences of random lengths (at least `seq_q` keys each) in
 /// shuffled pages of `size` keys, against the naive formula per sequence.
@@ -55,19 +25,7 @@ fn random_cache<T: AttentionElement>(
     let lengths: Vec<usize> = (0..batch)
         .map(|_| seq_q.max(1) + (rng.normal().abs() * 60.0) as usize % (3 * size))
         .collect();
-    let used: Vec<usize> = lengths.iter().map(|n| n.div_ceil(size)).collect();
-    let num_pages = used.iter().sum::<usize>() + 3; // a few pages no sequence uses
-                                                    // Shuffled pages: a random permutation, dealt out in order.
-    let mut order: Vec<i32> = (0..num_pages as i32).collect();
-    for i in (1..order.len()).rev() {
-        let j = (rng.normal().abs() * 1e6) as usize % (i + 1);
-        order.swap(i, j);
-    }
-    let mut next = order.into_iter();
-    let table: Vec<Vec<i32>> = used
-        .iter()
-        .map(|&n| next.by_ref().take(n).collect())
-        .collect();
+    let (table, num_pages) = random_pages(&mut rng, size, &lengths, 3);
     let seqlens: Vec<i32> = lengths.iter().map(|&n| n as i32).collect();
     let pages = PageTable::new(size, table.clone(), seqlens).unwrap();
     let at = |b, s, h| dims(Shape::new(b, s, h, d), layout); // dims in the layout's order
@@ -78,17 +36,14 @@ fn random_cache<T: AttentionElement>(
     let res = attention_paged(&q, &k, &v, &pages, &opts).unwrap();
     let (got, got_lse) = (logical(&res.out), lse_values(res.lse.as_ref().unwrap()));
     let scale = 1.0 / (d as f64).sqrt();
+    let (want, want_lse) = naive_paged(&q, &k, &v, &table, &lengths, size, scale, causal);
     let (rows, lse_rows) = (seq_q * hq * d, hq * seq_q);
     for b in 0..batch {
-        let (want, want_lse) = naive(
-            &entry(&q, b),
-            &gather(&k, &table[b], size, lengths[b]),
-            &gather(&v, &table[b], size, lengths[b]),
-            scale,
-            causal,
+        let err = rel_l2(&got[b * rows..][..rows], &want[b * rows..][..rows]);
+        let lse_err = rel_l2(
+            &got_lse[b * lse_rows..][..lse_rows],
+            &want_lse[b * lse_rows..][..lse_rows],
         );
-        let err = rel_l2(&got[b * rows..(b + 1) * rows], &want);
-        let lse_err = rel_l2(&got_lse[b * lse_rows..(b + 1) * lse_rows], &want_lse);
         let what = format!(
             "page size {size}, sequence {b} of {} keys, {causal:?} {layout:?}",
             lengths[b]

@@ -55,6 +55,13 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
     a.total_q = r.q.shape[1];
     a.total_k = r.k.shape[1];
   }
+  if (p.paged) {
+    a.block_table = reinterpret_cast<const int32_t*>(r.pages.table);
+    a.seqlens_k = reinterpret_cast<const int32_t*>(r.pages.seqlens);
+    a.page_size = r.pages.page_size;
+    a.pages_per_seq = r.pages.pages_per_seq;
+    a.num_pages = r.k.shape[0];
+  }
   return a;
 }
 
@@ -95,6 +102,7 @@ Status to_status(const std::exception& e) {
   Status s;
   if (const auto* f = dynamic_cast<const Failure*>(&e)) {
     s.code = f->code();
+    s.values[0] = f->value();
     s.cuda_name = f->cuda_name();
     s.message = f->message();
   } else if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {

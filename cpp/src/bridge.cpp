@@ -50,12 +50,48 @@ DeviceInfo device_info(int32_t ordinal) {
   return info;
 }
 
-void retain_pool_memory(int32_t ordinal) {
+namespace {
+
+cudaMemPool_t default_pool(int32_t ordinal) {
   cudaMemPool_t pool = nullptr;
   check_cuda(cudaDeviceGetDefaultMemPool(&pool, ordinal), "cudaDeviceGetDefaultMemPool");
+  return pool;
+}
+
+uint64_t pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr) {
+  uint64_t value = 0;
+  check_cuda(cudaMemPoolGetAttribute(pool, attr, &value), "cudaMemPoolGetAttribute");
+  return value;
+}
+
+}  // namespace
+
+void retain_pool_memory(int32_t ordinal) {
+  const cudaMemPool_t pool = default_pool(ordinal);
   uint64_t threshold = UINT64_MAX;
   check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
              "cudaMemPoolSetAttribute(ReleaseThreshold)");
+}
+
+PoolUsage pool_usage(int32_t ordinal) {
+  const cudaMemPool_t pool = default_pool(ordinal);
+  PoolUsage u;
+  u.reserved = pool_attribute(pool, cudaMemPoolAttrReservedMemCurrent);
+  u.reserved_high = pool_attribute(pool, cudaMemPoolAttrReservedMemHigh);
+  u.used = pool_attribute(pool, cudaMemPoolAttrUsedMemCurrent);
+  u.used_high = pool_attribute(pool, cudaMemPoolAttrUsedMemHigh);
+  return u;
+}
+
+void trim_pool(int32_t ordinal, size_t keep) {
+  check_cuda(cudaMemPoolTrimTo(default_pool(ordinal), keep), "cudaMemPoolTrimTo");
+}
+
+size_t free_memory(int32_t ordinal) {
+  use_device(ordinal);
+  size_t free = 0, total = 0;
+  check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
 }
 
 size_t stream_create(int32_t ordinal) {
@@ -112,7 +148,7 @@ float event_elapsed_ms(int32_t ordinal, size_t start, size_t end) {
 size_t malloc_async(int32_t ordinal, size_t bytes, size_t stream) {
   use_device(ordinal);
   void* p = nullptr;
-  check_cuda(cudaMallocAsync(&p, bytes, as_stream(stream)), "cudaMallocAsync");
+  check_alloc(cudaMallocAsync(&p, bytes, as_stream(stream)), bytes, "cudaMallocAsync");
   return reinterpret_cast<size_t>(p);
 }
 
@@ -219,8 +255,73 @@ StatusFfi attention_planned(const RequestFfi& request, const ProblemFfi& problem
   return to_ffi(s);
 }
 
+namespace {
+
+// What the modes of attention_host_ns time per iteration (src/ffi/mod.rs mirrors them).
+constexpr int32_t kHostLaunch = 0;      // the launcher alone, validated and planned once
+constexpr int32_t kHostPublicCall = 1;  // flashcore::attention_forward: validate, plan, launch
+constexpr int32_t kHostPlannedRun = 2;  // a planned run: this run's addresses checked, launch
+
+template <typename Ref>
+Ref to_ref(const DescFfi& d) {
+  Ref t;
+  t.data = reinterpret_cast<decltype(t.data)>(d.address);
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = d.shape[i];
+    t.stride[i] = d.stride[i];
+  }
+  return t;
+}
+
+// The public C++ API's arguments for `request`, as a C++ program would fill them; a
+// variable-length batch's offsets or a paged cache's table with their host copies `host_q` and
+// `host_k` when both are given.
+AttentionArgs public_args(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                          rust::Slice<const int32_t> host_k) {
+  AttentionArgs a;
+  a.dtype = static_cast<DType>(request.dtype);
+  a.q = to_ref<TensorRef>(request.q);
+  a.k = to_ref<TensorRef>(request.k);
+  a.v = to_ref<TensorRef>(request.v);
+  a.out = to_ref<OutputRef>(request.out);
+  if (request.has_lse) {
+    a.lse = to_ref<OutputRef>(request.lse);
+  }
+  a.options = from_ffi(request).options;
+  if (request.varlen) {
+    Sequences seqs;
+    seqs.batch = request.cu_q.count;
+    seqs.cu_seqlens_q = reinterpret_cast<const int32_t*>(request.cu_q.address);
+    seqs.cu_seqlens_k = reinterpret_cast<const int32_t*>(request.cu_k.address);
+    seqs.max_seqlen_q = request.cu_q.max_len;
+    seqs.max_seqlen_k = request.cu_k.max_len;
+    const bool hosts = host_q.size() == static_cast<size_t>(seqs.batch) + 1 &&
+                       host_k.size() == host_q.size();
+    seqs.host_cu_seqlens_q = hosts ? host_q.data() : nullptr;
+    seqs.host_cu_seqlens_k = hosts ? host_k.data() : nullptr;
+    a.sequences = seqs;
+  }
+  if (request.paged) {
+    const PagesFfi& g = request.pages;
+    Pages pages;
+    pages.batch = g.count;
+    pages.page_size = g.page_size;
+    pages.pages_per_seq = g.pages_per_seq;
+    pages.block_table = reinterpret_cast<const int32_t*>(g.table);
+    pages.seqlens_k = reinterpret_cast<const int32_t*>(g.seqlens);
+    pages.max_seqlen_k = g.max_seqlen_k;
+    const bool hosts = !host_k.empty() && host_k.size() == static_cast<size_t>(g.count);
+    pages.host_block_table = hosts ? host_q.data() : nullptr;
+    pages.host_seqlens_k = hosts ? host_k.data() : nullptr;
+    a.pages = pages;
+  }
+  return a;
+}
+
+}  // namespace
+
 StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
-                            size_t stream, int32_t iters, double& ns) {
+                            size_t stream, int32_t iters, int32_t mode, double& ns) {
   const core::Request r = from_ffi(request);
   core::Problem p{};
   core::Plan plan{};
@@ -228,11 +329,19 @@ StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int3
   if (!s.ok()) {
     return to_ffi(s);
   }
+  const AttentionArgs args = public_args(request, {}, {});
   try {
     use_device(ordinal);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int32_t i = 0; i < iters; ++i) {
-      detail::run(r, p, plan, as_stream(stream));
+    for (int32_t i = 0; i < iters && s.ok(); ++i) {
+      if (mode == kHostPublicCall) {
+        s = attention_forward(args, as_stream(stream));
+      } else {
+        if (mode == kHostPlannedRun) {
+          s = core::check_addresses(r);
+        }
+        detail::run(r, p, plan, as_stream(stream));
+      }
     }
     const auto t1 = std::chrono::steady_clock::now();
     ns = std::chrono::duration<double, std::nano>(t1 - t0).count() / (iters > 0 ? iters : 1);
@@ -257,46 +366,13 @@ const TileRow* find_row(Kernel kernel, const TileRow& copy) {
   return nullptr;
 }
 
-template <typename Ref>
-Ref to_ref(const DescFfi& d) {
-  Ref t;
-  t.data = reinterpret_cast<decltype(t.data)>(d.address);
-  for (int i = 0; i < 4; ++i) {
-    t.shape[i] = d.shape[i];
-    t.stride[i] = d.stride[i];
-  }
-  return t;
-}
-
 }  // namespace
 
 // What a C++ program does: raw pointers and a raw stream into the public API.
 LaunchedFfi cpp_attention_forward(const RequestFfi& request, rust::Slice<const int32_t> host_q,
                                   rust::Slice<const int32_t> host_k, int32_t ordinal,
                                   size_t stream) {
-  AttentionArgs a;
-  a.dtype = static_cast<DType>(request.dtype);
-  a.q = to_ref<TensorRef>(request.q);
-  a.k = to_ref<TensorRef>(request.k);
-  a.v = to_ref<TensorRef>(request.v);
-  a.out = to_ref<OutputRef>(request.out);
-  if (request.has_lse) {
-    a.lse = to_ref<OutputRef>(request.lse);
-  }
-  a.options = from_ffi(request).options;
-  if (request.varlen) {
-    Sequences seqs;
-    seqs.batch = request.cu_q.count;
-    seqs.cu_seqlens_q = reinterpret_cast<const int32_t*>(request.cu_q.address);
-    seqs.cu_seqlens_k = reinterpret_cast<const int32_t*>(request.cu_k.address);
-    seqs.max_seqlen_q = request.cu_q.max_len;
-    seqs.max_seqlen_k = request.cu_k.max_len;
-    const bool hosts = host_q.size() == static_cast<size_t>(seqs.batch) + 1 &&
-                       host_k.size() == host_q.size();
-    seqs.host_cu_seqlens_q = hosts ? host_q.data() : nullptr;
-    seqs.host_cu_seqlens_k = hosts ? host_k.data() : nullptr;
-    a.sequences = seqs;
-  }
+  const AttentionArgs a = public_args(request, host_q, host_k);
   Status s;
   LaunchInfo info{};
   try {
@@ -342,7 +418,7 @@ StatusFfi merge_states(int32_t dtype, rust::Slice<const DescFfi> outs,
 size_t cpp_malloc(int32_t ordinal, size_t bytes) {
   use_device(ordinal);
   void* p = nullptr;
-  check_cuda(cudaMalloc(&p, bytes), "cudaMalloc");
+  check_alloc(cudaMalloc(&p, bytes), bytes, "cudaMalloc");
   return reinterpret_cast<size_t>(p);
 }
 

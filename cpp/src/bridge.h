@@ -22,6 +22,7 @@ struct CapsFfi;
 struct LimitsFfi;
 struct LaunchedFfi;
 struct DeviceInfo;
+struct PoolUsage;
 
 // ---- host-only (bridge_core.cpp) ----
 StatusFfi validate(const RequestFfi& request, rust::Slice<const int32_t> host_q,
@@ -47,6 +48,12 @@ DeviceInfo device_info(int32_t ordinal);
 // Keeps memory freed to the device's default pool cached (release threshold = max), so
 // stream-ordered allocations after the first are served without the driver.
 void retain_pool_memory(int32_t ordinal);
+// The default pool's reserved and used bytes (current and high-water marks).
+PoolUsage pool_usage(int32_t ordinal);
+// Returns the default pool's unused memory to the driver, keeping at least `keep` bytes.
+void trim_pool(int32_t ordinal, size_t keep);
+// cudaMemGetInfo's free bytes of device `ordinal`.
+size_t free_memory(int32_t ordinal);
 
 size_t stream_create(int32_t ordinal);
 void stream_destroy(int32_t ordinal, size_t stream);
@@ -74,8 +81,10 @@ LaunchedFfi plan_attention(const RequestFfi& request, const CapsFfi& caps);
 // (shapes, strides, locations; addresses aligned): no validation, no planning.
 StatusFfi attention_planned(const RequestFfi& request, const ProblemFfi& problem, int32_t kernel,
                             const RowRef& row, int32_t splits, int32_t ordinal, size_t stream);
+// Host nanoseconds per iteration of `iters` iterations from a C++ loop (bench only); `mode`: 0 the
+// launcher alone, 1 the public attention_forward, 2 a planned run (address check + launcher).
 StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,
-                            size_t stream, int32_t iters, double& ns);
+                            size_t stream, int32_t iters, int32_t mode, double& ns);
 LaunchedFfi cpp_attention_forward(const RequestFfi& request, rust::Slice<const int32_t> host_q,
                                   rust::Slice<const int32_t> host_k, int32_t ordinal,
                                   size_t stream);

@@ -98,10 +98,11 @@ constexpr uint32_t kCompiled = compiled_mask();
 uint32_t compiled_kernels() noexcept { return kCompiled; }
 
 void launch(Kernel kernel, const FmhaArgs& args, cudaStream_t stream) {
-  if ((args.cu_seqlens_q != nullptr || args.splits > 1) && kernel != Kernel::Wmma) {
+  if ((args.cu_seqlens_q != nullptr || args.block_table != nullptr || args.splits > 1) &&
+      kernel != Kernel::Wmma) {
     throw detail::Failure(Code::Launch, "",  // the planner rules this out
                           std::string(name(kernel)) +
-                              " takes neither variable-length batches nor key splits");
+                              " takes no variable-length batch, paged cache or key splits");
   }
   const Span s = family(kernel);
   for (const Instance* i = s.first; i != s.last; ++i) {

@@ -17,22 +17,26 @@
 namespace flashcore {
 namespace detail {
 
-// A CUDA or launch failure inside the C++ layer (Code::Cuda or Code::Launch). what() is
-// "code|cuda_name|message" so that the cxx bridge's own CUDA wrappers can hand it to Rust.
+// A CUDA or launch failure inside the C++ layer (Code::Cuda, Code::OutOfDeviceMemory or
+// Code::Launch), with one status value (the bytes asked for, for OutOfDeviceMemory). what() is
+// "code|cuda_name|value|message" so that the cxx bridge's own CUDA wrappers can hand it to Rust.
 class Failure : public std::runtime_error {
  public:
-  Failure(Code code, const std::string& cuda_name, const std::string& message)
+  Failure(Code code, const std::string& cuda_name, const std::string& message, int64_t value = 0)
       : std::runtime_error(std::to_string(static_cast<int>(code)) + "|" + cuda_name + "|" +
-                           message),
+                           std::to_string(value) + "|" + message),
         code_(code),
+        value_(value),
         cuda_name_(cuda_name),
         message_(message) {}
   Code code() const noexcept { return code_; }
+  int64_t value() const noexcept { return value_; }
   const std::string& cuda_name() const noexcept { return cuda_name_; }
   const std::string& message() const noexcept { return message_; }
 
  private:
   Code code_;
+  int64_t value_;
   std::string cuda_name_, message_;
 };
 
@@ -65,6 +69,14 @@ struct FmhaArgs {
   // Split-KV (only the WMMA kernel, dense batches): the keys of each (batch, head) are split
   // over this many blocks, whose partial states the launcher combines (kv_splits; 1: none).
   int32_t splits = 1;
+  // A paged KV cache (only the WMMA kernel): k and v are [num_pages, page_size, heads_kv,
+  // head_dim] (k_stride[0] / v_stride[0]: the page stride). Sequence b has seqlens_k[b] keys,
+  // clamped to [0, pages_per_seq * page_size]; its key j is slot j % page_size of page
+  // block_table[b * pages_per_seq + j / page_size], clamped to [0, num_pages). seq_k is the
+  // longest sequence's key count. Null for contiguous keys.
+  const int32_t* block_table = nullptr;
+  const int32_t* seqlens_k = nullptr;
+  int64_t page_size = 0, pages_per_seq = 0, num_pages = 0;
 };
 
 // Launches `kernel`'s instantiation for `args.tile` and `args.dtype` on `stream` (of the current

@@ -763,7 +763,15 @@ void paged_cache() {
   flashcore::core::validate(r, &p);
   flashcore::core::Plan plan{};
   s = flashcore::core::plan(r, p, h200, &plan);
-  expect(s.code == Code::BackendUnavailable, "no GPU kernel takes a paged cache yet: " + s.message);
+  expect(s.ok() && plan.kernel == Kernel::Wmma,
+         "Auto reads a paged cache with the WMMA kernel: " + s.message);
+  for (const auto forced : {flashcore::Backend::CutlassSm80, flashcore::Backend::CutlassSm90}) {
+    r.options.backend = forced;
+    s = flashcore::core::plan(r, p, h200, &plan);
+    expect(s.code == Code::BackendUnavailable &&
+               s.values[0] == int64_t(*flashcore::kernel_of(forced)),
+           "a family that reads no paged cache, forced: " + s.message);
+  }
 }
 
 // Logit softcapping: a cap that is not positive and finite is refused; a valid one plans on no

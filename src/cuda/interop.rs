@@ -8,6 +8,7 @@ use crate::dispatch::{Call, Execution};
 use crate::element::AttentionElement;
 use crate::error::Result;
 use crate::options::AttentionOptions;
+use crate::paged::PageTable;
 use crate::tensor::Tensor;
 use crate::varlen::VarlenBatch;
 
@@ -26,9 +27,7 @@ pub fn cpp_attention_forward<T: AttentionElement>(
     opts: &AttentionOptions,
 ) -> Result<Execution> {
     let request = crate::validate::request(q, k, v, out, lse.as_deref(), opts)?;
-    let entry = Entry::PublicCpp {
-        host_offsets: false,
-    };
+    let entry = Entry::PublicCpp { host_copies: false };
     let call = Call {
         q,
         k,
@@ -56,7 +55,9 @@ pub fn cpp_attention_varlen<T: AttentionElement>(
     host_offsets: bool,
 ) -> Result<Execution> {
     let request = crate::varlen::request(q, k, v, batch, out, lse.as_deref(), opts)?;
-    let entry = Entry::PublicCpp { host_offsets };
+    let entry = Entry::PublicCpp {
+        host_copies: host_offsets,
+    };
     let call = Call {
         q,
         k,
@@ -67,4 +68,32 @@ pub fn cpp_attention_varlen<T: AttentionElement>(
         pages: None,
     };
     run(entry, &request, call)
+}
+
+/// [`cpp_attention_forward`] over a paged KV cache (`flashcore::Pages`), whose device block table
+/// and key counts C++ receives as raw pointers, with the host copies only when `host_copies`
+/// (without them C++ cannot check the contents, and the kernel must still stay inside the
+/// buffers).
+#[allow(clippy::too_many_arguments)] // the operands of one call plus the switch under test
+pub fn cpp_attention_paged<T: AttentionElement>(
+    q: &Tensor<T>,
+    k_cache: &Tensor<T>,
+    v_cache: &Tensor<T>,
+    pages: &PageTable,
+    out: &mut Tensor<T>,
+    lse: Option<&mut Tensor<f32>>,
+    opts: &AttentionOptions,
+    host_copies: bool,
+) -> Result<Execution> {
+    let request = crate::paged::request(q, k_cache, v_cache, pages, out, lse.as_deref(), opts)?;
+    let call = Call {
+        q,
+        k: k_cache,
+        v: v_cache,
+        out,
+        lse,
+        seqs: None,
+        pages: Some(pages),
+    };
+    run(Entry::PublicCpp { host_copies }, &request, call)
 }

@@ -5,12 +5,11 @@ use super::stream::Stream;
 use crate::dispatch::{Call, Execution};
 use crate::element::{AttentionElement, Element};
 use crate::error::{Error, Result};
-use crate::ffi::cuda::{self as ffi, MergeOperands, OffsetBuffers, Operands, RawBuffer, RawEvent};
+use crate::ffi::cuda::{self as ffi, IndexBuffers, MergeOperands, Operands, RawBuffer, RawEvent};
 use crate::ffi::RequestFfi;
 use crate::merge::AttentionState;
 use crate::tensor::{Storage, Tensor};
 use crate::validate::desc;
-use crate::varlen::VarlenBatch;
 
 /// Makes later work on `stream` wait for the work enqueued so far on each of `others`.
 pub(crate) fn order_after(stream: &Stream, others: &[&Stream]) -> Result<()> {
@@ -38,17 +37,17 @@ fn device_stream<T: Element>(t: &Tensor<T>) -> Result<&Stream> {
 pub(crate) enum Entry<'a> {
     /// The Rust crate's entry: locations from the tensors, device caps from [`crate::Device`].
     Rust,
-    /// The public C++ API, exactly as a C++ program calls it (interop); a variable-length
-    /// batch's host offsets are handed over only with `host_offsets`.
-    PublicCpp { host_offsets: bool },
+    /// The public C++ API, exactly as a C++ program calls it (interop); the host copies of a
+    /// variable-length batch's offsets or of a page table are handed over only with
+    /// `host_copies`.
+    PublicCpp { host_copies: bool },
     /// A call planned once ([`crate::AttentionPlan`]): only the launch; what the plan runs.
     Planned(&'a ffi::Planned, Execution),
 }
 
-/// Validates, plans and enqueues a call on the output's stream (a variable-length batch with
-/// `seqs`, whose device offsets are ordered like the inputs); returns what ran (a planned call:
-/// what the plan names).
-#[allow(clippy::too_many_arguments)] // the operands of one call, as the public entries take them
+/// Validates, plans and enqueues a call on the output's stream (a variable-length batch's
+/// offsets or a page table, on the device, are ordered like the inputs); returns what ran (a
+/// planned call: what the plan names).
 pub(crate) fn run<T: AttentionElement>(
     entry: Entry<'_>,
     request: &RequestFfi,
@@ -61,7 +60,7 @@ pub(crate) fn run<T: AttentionElement>(
         out,
         lse,
         seqs,
-        pages: _, // a host page table with device tensors is refused by placement first
+        pages,
     } = call;
     let stream = device_stream(out)?.clone();
     let lse_stream = match lse.as_deref() {
@@ -73,33 +72,34 @@ pub(crate) fn run<T: AttentionElement>(
         device_stream(k)?.clone(),
         device_stream(v)?.clone(),
     );
-    // Offsets not on the device reach C++ without buffers, which refuses them by location.
-    let offsets = seqs.and_then(VarlenBatch::device);
-    let offsets_stream = offsets.map(|(o, _)| o.stream().clone());
+    // The index arrays (offsets or a page table) with their host copies. Arrays not on the
+    // device reach C++ without buffers, which refuses them by location.
+    let indices = match (seqs, pages) {
+        (Some(b), _) => b.device().map(|(q, k)| (false, q, k, b.host())),
+        (None, Some(p)) => p.device().map(|(t, n)| (true, t, n, p.host())),
+        (None, None) => None,
+    };
+    let indices_stream = indices.map(|(_, first, _, _)| first.stream().clone());
     let inputs = [
         Some(&qs),
         Some(&ks),
         Some(&vs),
         lse_stream.as_ref(),
-        offsets_stream.as_ref(),
+        indices_stream.as_ref(),
     ];
     let inputs = inputs.iter().flatten().copied();
     for s in inputs.clone() {
         order_after(&stream, &[s])?;
     }
     let mut operands = operands(q, k, v, out, lse)?;
-    if let (Some((oq, ok)), Some(b)) = (offsets, seqs) {
-        let (host_q, host_k) = match entry {
-            Entry::PublicCpp {
-                host_offsets: false,
-            } => (&[][..], &[][..]),
-            _ => b.host(),
-        };
-        operands.offsets = Some(OffsetBuffers {
-            q: oq.raw(),
-            k: ok.raw(),
-            host_q,
-            host_k,
+    if let Some((paged, first, second, (host_first, host_second))) = indices {
+        let hidden = matches!(entry, Entry::PublicCpp { host_copies: false });
+        operands.indices = Some(IndexBuffers {
+            paged,
+            first: first.raw(),
+            second: second.raw(),
+            host_first: if hidden { &[] } else { host_first },
+            host_second: if hidden { &[] } else { host_second },
         });
     }
     let ran = match entry {
@@ -117,8 +117,8 @@ pub(crate) fn run<T: AttentionElement>(
     Ok(ran)
 }
 
-/// Host nanoseconds per launch when C++ launches `iters` times from its own loop (bench only).
-/// All operands must be on `out`'s stream.
+/// Host nanoseconds per iteration when C++ runs `probe` `iters` times from its own loop (bench
+/// only). All operands must be on `out`'s stream.
 pub(crate) fn cpp_launch_ns<T: AttentionElement>(
     request: &RequestFfi,
     q: &Tensor<T>,
@@ -126,6 +126,7 @@ pub(crate) fn cpp_launch_ns<T: AttentionElement>(
     v: &Tensor<T>,
     out: &mut Tensor<T>,
     iters: i32,
+    probe: ffi::HostProbe,
 ) -> Result<f64> {
     let stream = device_stream(out)?.clone();
     for t in [q, k, v] {
@@ -136,12 +137,14 @@ pub(crate) fn cpp_launch_ns<T: AttentionElement>(
             });
         }
     }
+    stream.synchronize()?; // each probe starts with an empty queue
     ffi::attention_host_ns(
         request,
         stream.device(),
         stream.raw(),
         operands(q, k, v, out, None)?,
         iters,
+        probe,
     )
 }
 
@@ -162,7 +165,7 @@ pub(crate) fn operands<'a, T: Element>(
             Some(l) => Some(device_buffer_mut(l)?),
             None => None,
         },
-        offsets: None,
+        indices: None,
     })
 }
 

@@ -6,9 +6,11 @@ mod event;
 pub mod interop;
 pub(crate) mod launch;
 mod memory;
+mod pool;
 mod stream;
 
 pub use device::Device;
 pub use event::Event;
 pub(crate) use memory::DeviceBuffer;
+pub use pool::PoolUsage;
 pub use stream::Stream;

@@ -40,6 +40,27 @@ pub(crate) fn retain_pool_memory(ordinal: usize) -> Result<()> {
     sys::retain_pool_memory(ordinal_i32(ordinal)?).map_err(map_err)
 }
 
+/// Device `ordinal`'s default pool usage.
+pub(crate) fn pool_usage(ordinal: usize) -> Result<crate::cuda::PoolUsage> {
+    let u = sys::pool_usage(ordinal_i32(ordinal)?).map_err(map_err)?;
+    Ok(crate::cuda::PoolUsage {
+        reserved: u.reserved,
+        reserved_high: u.reserved_high,
+        used: u.used,
+        used_high: u.used_high,
+    })
+}
+
+/// Trims device `ordinal`'s default pool to `keep` bytes (what live allocations allow).
+pub(crate) fn trim_pool(ordinal: usize, keep: usize) -> Result<()> {
+    sys::trim_pool(ordinal_i32(ordinal)?, keep).map_err(map_err)
+}
+
+/// Free bytes on device `ordinal` (`cudaMemGetInfo`).
+pub(crate) fn free_memory(ordinal: usize) -> Result<usize> {
+    sys::free_memory(ordinal_i32(ordinal)?).map_err(map_err)
+}
+
 /// A CUDA stream: created and destroyed by us, or borrowed from the caller.
 #[derive(Debug)]
 pub(crate) struct RawStream {
@@ -257,20 +278,23 @@ pub(crate) struct Operands<'a> {
     pub v: &'a RawBuffer,
     pub out: &'a mut RawBuffer,
     pub lse: Option<&'a mut RawBuffer>,
-    pub offsets: Option<OffsetBuffers<'a>>,
+    pub indices: Option<IndexBuffers<'a>>,
 }
 
-/// A variable-length batch's offsets: device buffers of `host_q.len()` and `host_k.len()` int32
-/// entries holding the same values as the host copies (`crate::SeqOffsets` keeps them equal).
-pub(crate) struct OffsetBuffers<'a> {
-    pub q: &'a RawBuffer,
-    pub k: &'a RawBuffer,
-    pub host_q: &'a [i32],
-    pub host_k: &'a [i32],
+/// A call's two int32 index arrays on the device, holding the same values as their host
+/// copies (the owning types are immutable): a variable-length batch's query and key offsets
+/// (`first` = `cu_seqlens_q`, `second` = `cu_seqlens_k`), or a paged cache's block table and key
+/// counts. A host copy may be left empty when C++ should not see it (interop tests).
+pub(crate) struct IndexBuffers<'a> {
+    pub paged: bool,
+    pub first: &'a RawBuffer,
+    pub second: &'a RawBuffer,
+    pub host_first: &'a [i32],
+    pub host_second: &'a [i32],
 }
 
-/// `request` with the addresses of the borrowed buffers, and the offsets' host copies (empty
-/// for a dense call).
+/// `request` with the addresses of the borrowed buffers, and the index arrays' host copies
+/// (empty for a dense call).
 fn with_addresses<'a>(request: &RequestFfi, b: Operands<'a>) -> (RequestFfi, &'a [i32], &'a [i32]) {
     let mut r = *request;
     r.q.address = b.q.ptr as u64;
@@ -280,11 +304,16 @@ fn with_addresses<'a>(request: &RequestFfi, b: Operands<'a>) -> (RequestFfi, &'a
     if let Some(l) = b.lse {
         r.lse.address = l.ptr as u64;
     }
-    match b.offsets {
-        Some(o) => {
-            r.cu_q.address = o.q.ptr as u64;
-            r.cu_k.address = o.k.ptr as u64;
-            (r, o.host_q, o.host_k)
+    match b.indices {
+        Some(i) if i.paged => {
+            r.pages.table = i.first.ptr as u64;
+            r.pages.seqlens = i.second.ptr as u64;
+            (r, i.host_first, i.host_second)
+        }
+        Some(i) => {
+            r.cu_q.address = i.first.ptr as u64;
+            r.cu_k.address = i.second.ptr as u64;
+            (r, i.host_first, i.host_second)
         }
         None => (r, &[], &[]),
     }
@@ -330,7 +359,9 @@ pub(crate) fn attention(
     // validated shapes and strides, borrowed (out and lse exclusively) until we return; the
     // kernel is ordered on `stream` before any later free (see above). A variable-length batch's
     // offsets hold `count + 1` entries on the device, equal to the host copies that validation
-    // checked against the token counts (and the kernel clamps them regardless).
+    // checked against the token counts; a paged cache's table holds `count x pages_per_seq`
+    // entries and its key counts `count`, equal to the host copies validation checked against
+    // the pages (and the kernel clamps both regardless).
     let l = unsafe {
         sys::attention(
             &r,
@@ -386,13 +417,26 @@ pub(crate) fn attention_planned(
     super::check(status, &super::Described::Attention(&r))
 }
 
-/// Like [`attention`], `iters` times from a C++ loop; returns host nanoseconds per launch.
+/// What one iteration of [`attention_host_ns`] does in C++.
+#[derive(Clone, Copy)]
+pub(crate) enum HostProbe {
+    /// The launcher alone (validated and planned once, before the loop).
+    Launch = 0,
+    /// `flashcore::attention_forward`, the public C++ call: validate, plan, launch.
+    PublicCall = 1,
+    /// A planned run: this run's addresses checked, then the launcher.
+    PlannedRun = 2,
+}
+
+/// `iters` iterations of `probe` on the call of [`attention`] from a C++ loop; returns host
+/// nanoseconds per iteration.
 pub(crate) fn attention_host_ns(
     request: &RequestFfi,
     device: &Device,
     stream: &RawStream,
     b: Operands<'_>,
     iters: i32,
+    probe: HostProbe,
 ) -> Result<f64> {
     let (r, _, _) = with_addresses(request, b);
     let mut ns = 0.0;
@@ -405,6 +449,7 @@ pub(crate) fn attention_host_ns(
             stream.ordinal,
             stream.handle,
             iters,
+            probe as i32,
             &mut ns,
         )
     };

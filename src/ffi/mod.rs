@@ -161,6 +161,15 @@ pub(crate) mod sys {
         l2_bytes: usize,
     }
 
+    /// A device's default memory pool, in bytes (`cudaMemPoolAttr*MemCurrent` / `*MemHigh`).
+    #[cfg(feature = "cuda")]
+    struct PoolUsage {
+        reserved: u64,
+        reserved_high: u64,
+        used: u64,
+        used_high: u64,
+    }
+
     unsafe extern "C++" {
         include!("flashcore/cpp/src/bridge.h");
 
@@ -211,6 +220,12 @@ pub(crate) mod sys {
         fn device_info(ordinal: i32) -> Result<DeviceInfo>;
         #[cfg(feature = "cuda")]
         fn retain_pool_memory(ordinal: i32) -> Result<()>;
+        #[cfg(feature = "cuda")]
+        fn pool_usage(ordinal: i32) -> Result<PoolUsage>;
+        #[cfg(feature = "cuda")]
+        fn trim_pool(ordinal: i32, keep: usize) -> Result<()>;
+        #[cfg(feature = "cuda")]
+        fn free_memory(ordinal: i32) -> Result<usize>;
 
         #[cfg(feature = "cuda")]
         fn stream_create(ordinal: i32) -> Result<usize>;
@@ -281,7 +296,8 @@ pub(crate) mod sys {
             ordinal: i32,
             stream: usize,
         ) -> StatusFfi;
-        /// Host nanoseconds per launch of `iters` launches from a C++ loop (bench only).
+        /// Host nanoseconds per iteration of `iters` iterations of `mode` from a C++ loop
+        /// (bench only; `cuda::HostProbe`).
         #[cfg(feature = "cuda")]
         unsafe fn attention_host_ns(
             request: &RequestFfi,
@@ -289,6 +305,7 @@ pub(crate) mod sys {
             ordinal: i32,
             stream: usize,
             iters: i32,
+            mode: i32,
             ns: &mut f64,
         ) -> StatusFfi;
         /// Calls the public C++ API (`flashcore::attention_forward`) exactly as a C++ program
@@ -353,6 +370,7 @@ const INVALID_OFFSETS: i32 = 20;
 const OVERLAPPING_OUTPUT: i32 = 21;
 const INVALID_PAGE_TABLE: i32 = 22;
 const INVALID_SOFTCAP: i32 = 23;
+const OUT_OF_DEVICE_MEMORY: i32 = 24;
 
 // `flashcore::Field` values of the offsets rules.
 const FIRST_OFFSET: i32 = 12;
@@ -622,6 +640,7 @@ pub(crate) fn to_error(s: StatusFfi, described: &Described<'_>) -> Error {
             operand: op,
             other: (a != 0).then(|| operand(a as i32, b)),
         },
+        OUT_OF_DEVICE_MEMORY => Error::OutOfDeviceMemory { bytes: count(a) },
         _ => Error::Launch(s.message),
     }
 }
@@ -635,18 +654,27 @@ pub(crate) fn check(s: StatusFfi, described: &Described<'_>) -> crate::Result<()
     }
 }
 
-/// Turns the C++ layer's `"code|cuda_name|message"` exceptions (`detail::Failure`) into typed
-/// errors.
+/// Turns the C++ layer's `"code|cuda_name|value|message"` exceptions (`detail::Failure`) into
+/// typed errors.
 #[cfg(feature = "cuda")]
 pub(crate) fn map_err(e: cxx::Exception) -> Error {
-    let mut parts = e.what().splitn(3, '|');
-    let (code, name, message) = (parts.next(), parts.next(), parts.next());
-    match (code.and_then(|c| c.parse::<i32>().ok()), name, message) {
-        (Some(CUDA), Some(name), Some(message)) => Error::Cuda {
+    let mut parts = e.what().splitn(4, '|');
+    let (code, name, value, message) = (parts.next(), parts.next(), parts.next(), parts.next());
+    let value = value.and_then(|v| v.parse::<i64>().ok());
+    match (
+        code.and_then(|c| c.parse::<i32>().ok()),
+        name,
+        value,
+        message,
+    ) {
+        (Some(CUDA), Some(name), Some(_), Some(message)) => Error::Cuda {
             name: name.to_owned(),
             message: message.to_owned(),
         },
-        (Some(_), Some(_), Some(message)) => Error::Launch(message.to_owned()),
+        (Some(OUT_OF_DEVICE_MEMORY), Some(_), Some(bytes), Some(_)) => Error::OutOfDeviceMemory {
+            bytes: count(bytes),
+        },
+        (Some(_), Some(_), Some(_), Some(message)) => Error::Launch(message.to_owned()),
         _ => Error::Launch(e.what().to_owned()),
     }
 }

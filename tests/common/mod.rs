@@ -23,7 +23,8 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    fn uniform(&mut self) -> f64 {
+    /// Uniform in (0, 1).
+    pub fn uniform(&mut self) -> f64 {
         ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
 
@@ -275,4 +276,87 @@ pub fn random_varlen<T: Element>(
     let k = packed(tk, heads.1);
     let v = packed(tk, heads.1);
     (batch, q, k, v)
+}
+
+/// Sequence `b`'s first `keys` keys of a paged cache `[num_pages, size, h, d]` whose pages are
+/// `pages`, gathered into a dense `[1, keys, h, d]`.
+pub fn gather_pages<T: Element>(
+    cache: &Tensor<T>,
+    pages: &[i32],
+    size: usize,
+    keys: usize,
+) -> Tensor<T> {
+    let s = cache.shape();
+    let mut data = Vec::with_capacity(keys * s.heads * s.head_dim);
+    for j in 0..keys {
+        let page = pages[j / size] as usize;
+        for h in 0..s.heads {
+            for x in 0..s.head_dim {
+                data.push(cache.get(page, j % size, h, x).unwrap());
+            }
+        }
+    }
+    Tensor::from_vec(data, &[1, keys, s.heads, s.head_dim], Layout::Bshd).unwrap()
+}
+
+/// Batch entry `b` of a dense `[batch, seq, h, d]` tensor as `[1, seq, h, d]`.
+pub fn batch_entry<T: Element>(t: &Tensor<T>, b: usize) -> Tensor<T> {
+    let s = t.shape();
+    let data = (0..s.seq)
+        .flat_map(|i| (0..s.heads).flat_map(move |h| (0..s.head_dim).map(move |x| (i, h, x))))
+        .map(|(i, h, x)| t.get(b, i, h, x).unwrap())
+        .collect();
+    Tensor::from_vec(data, &[1, s.seq, s.heads, s.head_dim], Layout::Bshd).unwrap()
+}
+
+/// Pages for sequences of `lengths` keys in pages of `size`: a shuffled permutation of a cache
+/// with `spare` pages no sequence uses, dealt out in order. Returns (block table rows, pages).
+pub fn random_pages(
+    rng: &mut Rng,
+    size: usize,
+    lengths: &[usize],
+    spare: usize,
+) -> (Vec<Vec<i32>>, usize) {
+    let used: Vec<usize> = lengths.iter().map(|n| n.div_ceil(size)).collect();
+    let num_pages = used.iter().sum::<usize>() + spare;
+    let mut order: Vec<i32> = (0..num_pages as i32).collect();
+    for i in (1..order.len()).rev() {
+        let j = ((rng.uniform() * (i + 1) as f64) as usize).min(i);
+        order.swap(i, j);
+    }
+    let mut next = order.into_iter();
+    let table = used
+        .iter()
+        .map(|&n| next.by_ref().take(n).collect())
+        .collect();
+    (table, num_pages)
+}
+
+/// [`naive`] per sequence of a paged call: batch entry `b` of `q` against its first
+/// `lengths[b]` keys, gathered through `table[b]`. Returns (out `[b][s][h][d]`, lse `[b][h][s]`),
+/// flattened.
+#[allow(clippy::too_many_arguments)]
+pub fn naive_paged<T: Element>(
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    table: &[Vec<i32>],
+    lengths: &[usize],
+    size: usize,
+    scale: f64,
+    causal: Causal,
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut out, mut lse) = (Vec::new(), Vec::new());
+    for (b, (pages, &keys)) in table.iter().zip(lengths).enumerate() {
+        let (o, l) = naive(
+            &batch_entry(q, b),
+            &gather_pages(k, pages, size, keys),
+            &gather_pages(v, pages, size, keys),
+            scale,
+            causal,
+        );
+        out.extend(o);
+        lse.extend(l);
+    }
+    (out, lse)
 }

@@ -46,8 +46,8 @@ struct AttentionArgs {
   // attended on its own, with its own lengths and causal alignment.
   std::optional<Sequences> sequences;
   // A paged KV cache (see Pages): k and v are then [num_pages, page_size, heads_kv, head_dim].
-  // Validated today (Code::InvalidPageTable and the placement rules); no GPU kernel reads one
-  // yet, so a valid paged call returns Code::BackendUnavailable (docs/SERVING.md).
+  // The WMMA kernel reads it (Backend::Auto picks it; forcing another family is
+  // Code::BackendUnavailable).
   std::optional<Pages> pages;
 };
 

@@ -46,6 +46,9 @@ enum class Code : int32_t {
   InvalidPageTable,      // a paged KV cache breaks rule `field`: sequence values[0] (-1: none)
                          // has the value values[1] against the bound values[2]
   InvalidSoftcap,        // the softcap is not positive and finite (values[0]: its IEEE bits)
+  // Could not run here (continued).
+  OutOfDeviceMemory,     // a device allocation of values[0] bytes failed (cudaErrorMemoryAllocation);
+                         // the process can go on: nothing was launched, the error is cleared
 };
 
 // Which tensor a Status is about. State and StateLse are the output and the logsumexp of one of
@@ -88,7 +91,7 @@ struct Status {
   Operand operand = Operand::None;
   Field field = Field::None;
   int64_t values[3] = {0, 0, 0};  // what each code puts here is listed beside the code
-  std::string cuda_name;          // Code::Cuda only
+  std::string cuda_name;          // Code::Cuda and Code::OutOfDeviceMemory only
   std::string message;            // a full human-readable description (empty when ok)
 
   bool ok() const noexcept { return code == Code::Ok; }

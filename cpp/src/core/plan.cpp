@@ -113,7 +113,8 @@ namespace {
 constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kU32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (heads, batch)
-constexpr Kernel kVarlenKernel = Kernel::Wmma;  // the family that takes variable-length batches
+// The family that takes variable-length batches and paged caches.
+constexpr Kernel kIndexedKernel = Kernel::Wmma;
 
 Status limit(Kernel kernel, Field what, int64_t value, int64_t max) {
   if (value <= max) {
@@ -265,27 +266,22 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     Kernel kernel = forced.value_or(auto_kernel(arch.value_or(ArchClass::Sm80), p.query_rows(),
                                                 p.batch_heads(), caps.multiprocessors,
                                                 caps.kernels));
-    if (p.varlen) {
-      // Variable-length batches run on the WMMA kernel (docs/SERVING.md: the other families
-      // take them in later steps).
-      if (forced && *forced != kVarlenKernel) {
+    if (p.varlen || p.paged) {
+      // Variable-length batches and paged caches run on the WMMA kernel (docs/SERVING.md: the
+      // other families take them in later steps).
+      if (forced && *forced != kIndexedKernel) {
         return fail(Code::BackendUnavailable, Operand::None, Field::None,
                     static_cast<int64_t>(*forced), 0, 0,
-                    std::string("it does not take variable-length batches yet; ") +
-                        name(kVarlenKernel) + " does");
+                    std::string("it reads neither variable-length batches nor paged caches "
+                                "yet; ") +
+                        name(kIndexedKernel) + " does");
       }
-      kernel = kVarlenKernel;
+      kernel = kIndexedKernel;
     }
     if (r.options.softcap) {
       return fail(Code::BackendUnavailable, Operand::None, Field::None,
                   static_cast<int64_t>(kernel), 0, 0,
                   "no GPU kernel applies a softcap yet (issue 13); the CPU reference does");
-    }
-    if (p.paged) {
-      return fail(Code::BackendUnavailable, Operand::None, Field::None,
-                  static_cast<int64_t>(kernel), 0, 0,
-                  "no GPU kernel reads a paged KV cache yet (docs/SERVING.md); the CPU "
-                  "reference does");
     }
     if (p.location == kHost) {
       return fail(Code::BackendUnavailable, Operand::None, Field::None,

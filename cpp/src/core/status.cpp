@@ -32,6 +32,7 @@ const char* name(Code code) noexcept {
     case Code::OverlappingOutput: return "overlapping_output";
     case Code::InvalidPageTable: return "invalid_page_table";
     case Code::InvalidSoftcap: return "invalid_softcap";
+    case Code::OutOfDeviceMemory: return "out_of_device_memory";
   }
   return "unknown";
 }
@@ -215,6 +216,7 @@ std::string message(const Status& s, const std::string& detail) {
     case Code::Ok:
     case Code::Cuda:
     case Code::Launch:
+    case Code::OutOfDeviceMemory:  // raised by the CUDA layer, which writes its own message
       break;
   }
   return detail;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "../check.h"
+#include "../scratch.h"
 #include "../smem.h"
 #include "../launcher.h"
 #include "kernel_forward.h"  // CUTLASS examples/41_fused_multi_head_attention
@@ -46,28 +47,6 @@ __global__ void __launch_bounds__(AK::kNumThreads, AK::kMinBlocksPerSm)
   }
   AK::attention_kernel(p);
 }
-
-// A stream-ordered scratch allocation, freed on the same stream when it leaves scope.
-class StreamScratch {
- public:
-  StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes > 0) {
-      check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync(fmha scratch)");
-    }
-  }
-  ~StreamScratch() {
-    if (ptr_ != nullptr) {
-      cudaFreeAsync(ptr_, stream_);  // cannot throw from a destructor; a fault shows at next sync
-    }
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  float* get() const { return static_cast<float*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
 
 template <typename T, int Q, int K, int D>
 void launch_sm80(const FmhaArgs& a, cudaStream_t stream) {
@@ -110,13 +89,13 @@ void launch_sm80(const FmhaArgs& a, cudaStream_t stream) {
   // Scratch: the f32 output accumulator (d > keys per block), and the kernel's LSE, whose rows are
   // padded to a multiple of 32 (padding written with +inf) before being copied out dense.
   const int64_t rows = a.batch * a.seq_q * a.heads_q;
-  StreamScratch accum(AK::kNeedsOutputAccumulatorBuffer ? size_t(rows * a.head_dim) * sizeof(float) : 0,
+  detail::Scratch accum(AK::kNeedsOutputAccumulatorBuffer ? size_t(rows * a.head_dim) * sizeof(float) : 0,
                       stream);
   const int64_t lse_dim = (a.seq_q + AK::kAlignLSE - 1) / AK::kAlignLSE * AK::kAlignLSE;
-  StreamScratch lse(a.lse != nullptr ? size_t(a.batch * a.heads_q * lse_dim) * sizeof(float) : 0,
+  detail::Scratch lse(a.lse != nullptr ? size_t(a.batch * a.heads_q * lse_dim) * sizeof(float) : 0,
                     stream);
-  p.output_accum_ptr = accum.get();
-  p.logsumexp_ptr = lse.get();
+  p.output_accum_ptr = accum.floats();
+  p.logsumexp_ptr = lse.floats();
 
   if (!AK::check_supported(p)) {
     throw detail::Failure(Code::Launch, "",
@@ -128,7 +107,7 @@ void launch_sm80(const FmhaArgs& a, cudaStream_t stream) {
   kernel<<<p.getBlocksGrid(), p.getThreadsGrid(), smem_bytes, stream>>>(p, pl);
   check_cuda(cudaGetLastError(), "launch fmha_sm80_kernel");
   if (a.lse != nullptr) {
-    check_cuda(cudaMemcpy2DAsync(a.lse, size_t(a.seq_q) * sizeof(float), lse.get(),
+    check_cuda(cudaMemcpy2DAsync(a.lse, size_t(a.seq_q) * sizeof(float), lse.floats(),
                                  size_t(lse_dim) * sizeof(float), size_t(a.seq_q) * sizeof(float),
                                  size_t(a.batch * a.heads_q), cudaMemcpyDeviceToDevice, stream),
                "cudaMemcpy2DAsync(logsumexp)");

@@ -1,5 +1,5 @@
 // Global -> shared tile copies for the WMMA kernel: 16-byte cp.async, zero-filled past the
-// sequence and the head dim.
+// sequence and the head dim; rows of a paged cache are found through its block table.
 #pragma once
 
 #include <cuda_pipeline.h>
@@ -21,6 +21,8 @@ class TileCopy {
   static_assert(ROWS % kRowStep == 0, "whole passes per tile");
 
   // `base`: element (0, 0) of the matrix; `rows` x `cols` of it are real.
+  // For a paged matrix, `base` is element (0, 0) of page 0 and `row_stride` the stride between
+  // the rows of a page.
   __device__ TileCopy(const T* base, int64_t row_stride, int rows, int cols)
       : origin_(base),
         stride_(row_stride),
@@ -48,6 +50,26 @@ class TileCopy {
       // A zero-filled copy reads nothing; it still gets an in-bounds address.
       __pipeline_memcpy_async(tile + dst_ + j * kRowStep * LD, ok ? from + j * step : origin_, 16,
                               ok ? 0 : 16);
+    }
+  }
+
+  // start() for a paged matrix: row r is row r % 2^shift of page pages[r >> shift] (clamped to
+  // [0, last_page], so no table entry leads outside the pages), pages `page_stride` apart. The
+  // rows of one tile may span several pages.
+  __device__ void start_paged(T* tile, int row0, const int32_t* pages, int shift,
+                              int64_t page_stride, int last_page) const {
+    const int col = dst_ - row_ * LD;
+    const int in_page = (1 << shift) - 1;
+#pragma unroll
+    for (int j = 0; j < ROWS / kRowStep; ++j) {
+      const int row = row0 + row_ + j * kRowStep;
+      const bool ok = col_ok_ && row < rows_;
+      const T* from = origin_;  // a zero-filled copy reads nothing; its address is in bounds
+      if (ok) {
+        const int page = min(max(__ldg(pages + (row >> shift)), 0), last_page);
+        from += page * page_stride + int64_t(row & in_page) * stride_ + col;
+      }
+      __pipeline_memcpy_async(tile + dst_ + j * kRowStep * LD, from, 16, ok ? 0 : 16);
     }
   }
 

@@ -60,6 +60,14 @@ struct Params {
   int32_t splits, split_keys;
   float* part_out;
   float* part_lse;
+  // A paged KV cache (null table: contiguous keys): k and v are pages of 2^page_shift keys, page
+  // stride k_stride[0] / v_stride[0]; sequence b's keys are named by row b of the table
+  // (pages_per_seq entries, each clamped to [0, last_page] on read), its key count by
+  // seqlens_k[b] (clamped to what its row of pages holds).
+  const int32_t* block_table;
+  const int32_t* seqlens_k;
+  int64_t pages_per_seq;  // 0 when the cache has no page: no key can be read
+  int32_t page_shift, last_page;
 };
 
 // One block's sequence: element offsets of its token 0 in q, k, v and out, its lengths and
@@ -73,13 +81,23 @@ struct Sequence {
 // Batch entry (dense) or sequence (varlen) `b` of `heads` query heads.
 __device__ inline Sequence sequence(const Params& p, int64_t b, int64_t heads) {
   Sequence s;
-  if (p.cu_q == nullptr) {
+  if (p.cu_q == nullptr && p.block_table == nullptr) {
     s.q = b * p.q_stride[0];
     s.k = b * p.k_stride[0];
     s.v = b * p.v_stride[0];
     s.o = b * p.o_stride[0];
     s.seq_q = p.seq_q;
     s.seq_k = p.seq_k;
+    s.lse0 = b * heads * p.seq_q;
+    s.lse_head = p.seq_q;
+  } else if (p.block_table != nullptr) {  // paged keys: the copies find each key's page
+    s.q = b * p.q_stride[0];
+    s.o = b * p.o_stride[0];
+    s.k = 0;
+    s.v = 0;
+    s.seq_q = p.seq_q;
+    const int64_t held = min(p.pages_per_seq << p.page_shift, int64_t(INT32_MAX));
+    s.seq_k = int32_t(min(max(int64_t(p.seqlens_k[b]), int64_t(0)), held));
     s.lse0 = b * heads * p.seq_q;
     s.lse_head = p.seq_q;
   } else {
@@ -292,9 +310,21 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
 
   const TileCopy<BC, D, C::kLd, C::kThreads, T> k_copy(k, p.k_stride[1], key_limit, p.head_dim);
   const TileCopy<BC, D, C::kLd, C::kThreads, T> v_copy(v, p.v_stride[1], key_limit, p.head_dim);
+  // Starts the K and V tiles of keys [key0, key0 + BC) into stage buffer `buf`.
+  const auto start_kv = [&](int buf, int key0) {
+    T* const k_tile = s_k + buf * C::kKVElems;
+    T* const v_tile = s_v + buf * C::kKVElems;
+    if (p.block_table == nullptr) {
+      k_copy.start(k_tile, key0);
+      v_copy.start(v_tile, key0);
+    } else {
+      const int32_t* pages = p.block_table + blockIdx.z * p.pages_per_seq;
+      k_copy.start_paged(k_tile, key0, pages, p.page_shift, p.k_stride[0], p.last_page);
+      v_copy.start_paged(v_tile, key0, pages, p.page_shift, p.v_stride[0], p.last_page);
+    }
+  };
   TileCopy<BR, D, C::kLd, C::kThreads, T>(q, p.q_stride[1], seq.seq_q, p.head_dim).start(s_q, row0);
-  k_copy.start(s_k, key_begin);
-  v_copy.start(s_v, key_begin);
+  start_kv(0, key_begin);
   __pipeline_commit();
 
   FragAcc o[WM][NJ];
@@ -310,8 +340,7 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
 
   for (int key0 = key_begin, stage = 0; key0 < key_end; key0 += BC, stage ^= 1) {
     if (key0 + BC < key_end) {
-      k_copy.start(s_k + (1 - stage) * C::kKVElems, key0 + BC);
-      v_copy.start(s_v + (1 - stage) * C::kKVElems, key0 + BC);
+      start_kv(1 - stage, key0 + BC);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);  // everything but the tile just requested has landed

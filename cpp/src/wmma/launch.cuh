@@ -7,12 +7,14 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "../check.h"
+#include "../scratch.h"
 #include "../smem.h"
 #include "../launcher.h"
 #include "kernel.cuh"
@@ -45,6 +47,16 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   p.cu_k = a.cu_seqlens_k;
   p.total_q = static_cast<int32_t>(a.total_q);  // planned: at most INT32_MAX
   p.total_k = static_cast<int32_t>(a.total_k);
+  if (a.block_table != nullptr) {  // page sizes are powers of two (validated)
+    p.block_table = a.block_table;
+    p.seqlens_k = a.seqlens_k;
+    while ((int64_t{1} << p.page_shift) < a.page_size) {
+      ++p.page_shift;
+    }
+    // Page indices are int32: pages past INT32_MAX cannot be named. No page: no key is read.
+    p.pages_per_seq = a.num_pages > 0 ? a.pages_per_seq : 0;
+    p.last_page = static_cast<int32_t>(std::min<int64_t>(a.num_pages - 1, INT32_MAX));
+  }
   // The scale is positive (validated); a subnormal one becomes the smallest normal float, so that
   // -inf * scale stays -inf for masked keys (exp2 of |s| * 2^-126 rounds to 1 either way).
   p.scale_log2 = std::fmax(a.scale * 1.4426950408889634f, FLT_MIN);
@@ -74,7 +86,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   }
   CombineParams c{};
   c.rows = a.batch * a.heads_q * a.seq_q;
-  const Workspace ws(sizeof(float) * size_t(p.splits) * size_t(c.rows) * size_t(a.head_dim + 1),
+  const detail::Scratch ws(sizeof(float) * size_t(p.splits) * size_t(c.rows) * size_t(a.head_dim + 1),
                      stream);
   p.part_out = ws.floats();
   p.part_lse = p.part_out + int64_t(p.splits) * c.rows * a.head_dim;

@@ -14,7 +14,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "../check.h"
 #include "fragments.cuh"
 
 namespace flashcore::wmma_fa {
@@ -81,26 +80,5 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
     p.lse[row] = m == -INFINITY ? -INFINITY : m + ::logf(total);
   }
 }
-
-// Stream-ordered scratch memory (cudaMallocAsync on the launch's stream), freed after the work
-// enqueued on that stream when it goes out of scope.
-class Workspace {
- public:
-  Workspace(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (split-KV workspace)");
-  }
-  ~Workspace() {
-    if (ptr_ != nullptr) {
-      (void)cudaFreeAsync(ptr_, stream_);  // a failure here surfaces at the next CUDA call
-    }
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  float* floats() const { return static_cast<float*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
 
 }  // namespace flashcore::wmma_fa
