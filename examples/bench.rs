@@ -255,9 +255,9 @@ fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 6]> 
 
 /// The paged decode rows of issue 12 (bf16, GQA 32:8, d = 128, one query per sequence): 1 x 32k,
 /// 16 x 8k and 64 x 2k keys in shuffled pages of 16 and of 64 keys, under Auto, beside the same
-/// problem with contiguous K/V. Returns per row (batch, keys, page size, paged µs, contiguous µs,
-/// K+V GB/s of the paged call), medians.
-fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<[f64; 6]>> {
+/// problem with contiguous K/V (and pages of 64 in order). Returns per row (batch, keys, page
+/// size, paged µs, contiguous µs, K+V GB/s of the paged call, page stride), medians.
+fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<[f64; 7]>> {
     let (h, hk, d) = (32, 8, 128);
     let dev =
         |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
@@ -272,15 +272,15 @@ fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<[f64; 6]
             attention_into(&q, &kv, &kv, &mut out, None, &opts).map(|_| ())
         })?);
         drop(kv);
-        for size in [16, 64] {
+        for (size, stride) in [(16, 7919), (64, 7919), (64, 1)] {
             let pages = b * n / size;
-            // Shuffled pages: page i of the batch is cache page (i * 7919) mod pages (7919 is
-            // prime and no page count here is a multiple of it).
+            // Page i of the batch is cache page (i * stride) mod pages: shuffled for the prime
+            // 7919 (no page count here is a multiple of it), in order for 1.
             let per_seq = n / size;
             let table = (0..b)
                 .map(|s| {
                     (0..per_seq)
-                        .map(|j| ((s * per_seq + j) * 7919 % pages) as i32)
+                        .map(|j| ((s * per_seq + j) * stride % pages) as i32)
                         .collect()
                 })
                 .collect();
@@ -297,6 +297,7 @@ fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<[f64; 6]
                 paged,
                 contiguous,
                 bytes / paged / 1e3,
+                stride as f64,
             ]);
         }
     }
@@ -394,9 +395,10 @@ fn main() {
     };
     let paged = match paged_decode(&stream, args.iters) {
         Ok(rows) => {
-            for [b, n, size, us, contiguous, gbps] in &rows {
+            for [b, n, size, us, contiguous, gbps, stride] in &rows {
+                let order = if *stride == 1.0 { "in order" } else { "shuffled" };
                 println!(
-                    "paged decode {b}x{n} keys (32kv8, d128, bf16), pages of {size}: {us:.1} us \
+                    "paged decode {b}x{n} keys (32kv8, d128, bf16), pages of {size} ({order}): {us:.1} us \
                      ({gbps:.0} GB/s of K+V); contiguous K/V {contiguous:.1} us; ratio {:.3}",
                     us / contiguous
                 );

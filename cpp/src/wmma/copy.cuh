@@ -53,20 +53,22 @@ class TileCopy {
     }
   }
 
-  // start() for a paged matrix: row r is row r % 2^shift of page pages[r >> shift] (clamped to
-  // [0, last_page], so no table entry leads outside the pages), pages `page_stride` apart. The
-  // rows of one tile may span several pages.
+  // start() for a paged matrix: row r is row r % 2^shift of page pages[(r >> shift) -
+  // (row0 >> shift)] (the tile's page indices, pages.cuh), clamped to [0, last_page] so that no
+  // table entry leads outside the pages, pages `page_stride` apart. The rows of one tile may span
+  // several pages.
   __device__ void start_paged(T* tile, int row0, const int32_t* pages, int shift,
                               int64_t page_stride, int last_page) const {
     const int col = dst_ - row_ * LD;
     const int in_page = (1 << shift) - 1;
+    const int first = row0 >> shift;
 #pragma unroll
     for (int j = 0; j < ROWS / kRowStep; ++j) {
       const int row = row0 + row_ + j * kRowStep;
       const bool ok = col_ok_ && row < rows_;
       const T* from = origin_;  // a zero-filled copy reads nothing; its address is in bounds
       if (ok) {
-        const int page = min(max(__ldg(pages + (row >> shift)), 0), last_page);
+        const int page = min(max(pages[(row >> shift) - first], 0), last_page);
         from += page * page_stride + int64_t(row & in_page) * stride_ + col;
       }
       __pipeline_memcpy_async(tile + dst_ + j * kRowStep * LD, from, 16, ok ? 0 : 16);

@@ -26,6 +26,7 @@
 
 #include "copy.cuh"
 #include "fragments.cuh"
+#include "pages.cuh"
 #include "softmax.cuh"
 
 namespace flashcore::wmma_fa {
@@ -310,21 +311,34 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
 
   const TileCopy<BC, D, C::kLd, C::kThreads, T> k_copy(k, p.k_stride[1], key_limit, p.head_dim);
   const TileCopy<BC, D, C::kLd, C::kThreads, T> v_copy(v, p.v_stride[1], key_limit, p.head_dim);
-  // Starts the K and V tiles of keys [key0, key0 + BC) into stage buffer `buf`.
-  const auto start_kv = [&](int buf, int key0) {
+  // A paged cache's page indices, staged ahead of the copies (pages.cuh).
+  __shared__ int32_t s_pages[PageRing<BC>::kSlots * PageRing<BC>::kPerTile];
+  const PageRing<BC> pages{s_pages, p.block_table + blockIdx.z * p.pages_per_seq, p.pages_per_seq,
+                           p.page_shift};
+  // Starts the K and V tiles of keys [key0, key0 + BC) (the block's key tile t) into stage
+  // buffer `buf`; with a paged cache, requests the page indices of tile t + 2 as well.
+  const auto start_kv = [&](int buf, int t, int key0) {
     T* const k_tile = s_k + buf * C::kKVElems;
     T* const v_tile = s_v + buf * C::kKVElems;
     if (p.block_table == nullptr) {
       k_copy.start(k_tile, key0);
       v_copy.start(v_tile, key0);
     } else {
-      const int32_t* pages = p.block_table + blockIdx.z * p.pages_per_seq;
-      k_copy.start_paged(k_tile, key0, pages, p.page_shift, p.k_stride[0], p.last_page);
-      v_copy.start_paged(v_tile, key0, pages, p.page_shift, p.v_stride[0], p.last_page);
+      const int32_t* tile_pages = pages.slot(t);
+      k_copy.start_paged(k_tile, key0, tile_pages, p.page_shift, p.k_stride[0], p.last_page);
+      v_copy.start_paged(v_tile, key0, tile_pages, p.page_shift, p.v_stride[0], p.last_page);
+      if (key0 + 2 * BC < key_end) {
+        pages.fetch(t + 2, key0 + 2 * BC, true);
+      }
     }
   };
+  if (p.block_table != nullptr) {  // tiles 0 and 1's pages, before any copy reads them
+    pages.fetch(0, key_begin, false);
+    pages.fetch(1, key_begin + BC, false);
+    __syncthreads();
+  }
   TileCopy<BR, D, C::kLd, C::kThreads, T>(q, p.q_stride[1], seq.seq_q, p.head_dim).start(s_q, row0);
-  start_kv(0, key_begin);
+  start_kv(0, 0, key_begin);
   __pipeline_commit();
 
   FragAcc o[WM][NJ];
@@ -338,9 +352,9 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
   RowState rows[WM];
   T* s_qw = s_q + (warp * 16 * WM) * C::kLd;  // the warp's Q rows, its output rows at the end
 
-  for (int key0 = key_begin, stage = 0; key0 < key_end; key0 += BC, stage ^= 1) {
+  for (int key0 = key_begin, stage = 0, t = 0; key0 < key_end; key0 += BC, stage ^= 1, ++t) {
     if (key0 + BC < key_end) {
-      start_kv(1 - stage, key0 + BC);
+      start_kv(1 - stage, t + 1, key0 + BC);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);  // everything but the tile just requested has landed
