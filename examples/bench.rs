@@ -396,7 +396,11 @@ fn main() {
     let paged = match paged_decode(&stream, args.iters) {
         Ok(rows) => {
             for [b, n, size, us, contiguous, gbps, stride] in &rows {
-                let order = if *stride == 1.0 { "in order" } else { "shuffled" };
+                let order = if *stride == 1.0 {
+                    "in order"
+                } else {
+                    "shuffled"
+                };
                 println!(
                     "paged decode {b}x{n} keys (32kv8, d128, bf16), pages of {size} ({order}): {us:.1} us \
                      ({gbps:.0} GB/s of K+V); contiguous K/V {contiguous:.1} us; ratio {:.3}",

@@ -1564,6 +1564,17 @@ fn paged_caches_match_the_reference() {
             );
         }
     }
+    // Prefill on the d = 64 and d = 256 tiles (four and one page per key tile at pages of 16).
+    for (d, heads) in [(64, (8, 2)), (256, (2, 2))] {
+        for size in [16, 128] {
+            let lengths = [500, 100, 333];
+            check(
+                format!("f16 prefill pages {size} seq_q 100 d {d}"),
+                paged_case::<f16>(&s, size, &lengths, 100, heads, d, Causal::BottomRight, bshd),
+                2e-3,
+            );
+        }
+    }
     // Split-KV decode over pages: one and seven long sequences.
     for (n, size) in [(1, 16), (1, 64), (7, 64)] {
         let lengths: Vec<usize> = (0..n).map(|i| 20_000 + 977 * i).collect();

@@ -54,24 +54,39 @@ class TileCopy {
   }
 
   // start() for a paged matrix: row r is row r % 2^shift of page pages[(r >> shift) -
-  // (row0 >> shift)] (the tile's page indices, pages.cuh), clamped to [0, last_page] so that no
-  // table entry leads outside the pages, pages `page_stride` apart. The rows of one tile may span
-  // several pages.
+  // (row0 >> shift)] (the tile's page indices, pages.cuh; at most PAGES of them), clamped to
+  // [0, last_page] so that no table entry leads outside the pages, pages `page_stride` apart.
+  // row0 is a multiple of ROWS, and pages hold at least kRowStep rows: a page boundary falls
+  // between two of this thread's rows at the same j for every thread, so the page of its j-th
+  // row depends on j alone, and each page's address is formed once per tile (a decode block
+  // has one warp, whose issue slots the per-row address arithmetic would otherwise take).
+  template <int PAGES>
   __device__ void start_paged(T* tile, int row0, const int32_t* pages, int shift,
                               int64_t page_stride, int last_page) const {
-    const int col = dst_ - row_ * LD;
-    const int in_page = (1 << shift) - 1;
-    const int first = row0 >> shift;
+    static_assert(PAGES <= 4, "a key tile spans at most four pages of 16 keys");
+    const int lead = row0 & ((1 << shift) - 1);  // the tile's first row within its page
+    // Row row0 + row_ + j * kRowStep = page slot (lead + j * kRowStep) >> shift, row
+    // lead + row_ + j * kRowStep - slot * 2^shift of that page.
+    const T* base[PAGES];
+#pragma unroll
+    for (int i = 0; i < PAGES; ++i) {
+      // Slots past the tile's pages are never written (nor selected below).
+      const int page = (i << shift) < ROWS ? min(max(pages[i], 0), last_page) : 0;
+      base[i] = src_ + page * page_stride + (int64_t(lead) - (int64_t(i) << shift)) * stride_;
+    }
+    const int64_t step = int64_t(kRowStep) * stride_;
 #pragma unroll
     for (int j = 0; j < ROWS / kRowStep; ++j) {
-      const int row = row0 + row_ + j * kRowStep;
-      const bool ok = col_ok_ && row < rows_;
-      const T* from = origin_;  // a zero-filled copy reads nothing; its address is in bounds
-      if (ok) {
-        const int page = min(max(pages[(row >> shift) - first], 0), last_page);
-        from += page * page_stride + int64_t(row & in_page) * stride_ + col;
+      const int slot = (lead + j * kRowStep) >> shift;
+      const T* at = base[0];
+#pragma unroll
+      for (int i = 1; i < PAGES; ++i) {
+        at = slot == i ? base[i] : at;
       }
-      __pipeline_memcpy_async(tile + dst_ + j * kRowStep * LD, from, 16, ok ? 0 : 16);
+      const bool ok = col_ok_ && row0 + row_ + j * kRowStep < rows_;
+      // A zero-filled copy reads nothing; its address is in bounds.
+      __pipeline_memcpy_async(tile + dst_ + j * kRowStep * LD, ok ? at + j * step : origin_, 16,
+                              ok ? 0 : 16);
     }
   }
 

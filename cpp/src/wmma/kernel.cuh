@@ -325,8 +325,11 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
       v_copy.start(v_tile, key0);
     } else {
       const int32_t* tile_pages = pages.slot(t);
-      k_copy.start_paged(k_tile, key0, tile_pages, p.page_shift, p.k_stride[0], p.last_page);
-      v_copy.start_paged(v_tile, key0, tile_pages, p.page_shift, p.v_stride[0], p.last_page);
+      constexpr int kPages = PageRing<BC>::kPerTile;
+      k_copy.template start_paged<kPages>(k_tile, key0, tile_pages, p.page_shift, p.k_stride[0],
+                                          p.last_page);
+      v_copy.template start_paged<kPages>(v_tile, key0, tile_pages, p.page_shift, p.v_stride[0],
+                                          p.last_page);
       if (key0 + 2 * BC < key_end) {
         pages.fetch(t + 2, key0 + 2 * BC, true);
       }
