@@ -22,7 +22,8 @@ use crate::tensor::{Location, Tensor};
 /// a power of two from 16 to 1024 and K's dim 1, each sequence's keys fit its row of the table,
 /// and every page a sequence's keys reach is in the cache (entries past its keys are never read).
 ///
-/// Today the CPU reference runs paged calls; no GPU kernel reads pages yet (docs/SERVING.md).
+/// The CPU reference and the WMMA kernel read paged caches (Auto picks WMMA for device tensors).
+/// For a GPU call, copy the table to the device once with [`PageTable::to_device`] and reuse it.
 ///
 /// ```
 /// use flashcore::PageTable;
@@ -264,9 +265,11 @@ pub fn attention_paged<T: AttentionElement>(
 /// head_dim]`, any strides with a contiguous head dim) and optionally `lse` (dense `[batch,
 /// heads_q, seq_q]`, made with `Layout::Bhsd` and head dim 1).
 ///
-/// Everything is validated before anything runs, the pages against the cache included. No GPU
-/// kernel reads a paged cache yet: device tensors give [`Error::DeviceMismatch`] for the block
-/// table (it has no device copy), and the C++ API's paged calls [`Error::BackendUnavailable`].
+/// Everything is validated before anything runs, the pages against the cache included (through
+/// the table's host copy, which a device table keeps). Device tensors need a device table
+/// ([`PageTable::to_device`]; a host table gives [`Error::DeviceMismatch`] for
+/// [`Operand::BlockTable`]). On the GPU the WMMA kernel runs it; forcing another kernel family is
+/// [`Error::BackendUnavailable`].
 pub fn attention_paged_into<T: AttentionElement>(
     q: &Tensor<T>,
     k_cache: &Tensor<T>,

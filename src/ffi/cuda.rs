@@ -513,7 +513,7 @@ impl<T: Element> Tensor<T> {
     ///
     /// Checks what it can: `len * size_of::<T>()` must not overflow
     /// ([`Error::SizeOverflow`]) and the shape and strides must address at most `len` elements
-    /// ([`Error::StorageTooSmall`]). Attention calls check 16-byte alignment as for any tensor.
+    /// ([`crate::Error::StorageTooSmall`]). Attention calls check 16-byte alignment as for any tensor.
     ///
     /// # Safety
     /// - `ptr` points to device memory of `stream`'s device holding at least `len` elements of

@@ -34,7 +34,7 @@ impl Stream {
 impl<T: Element + DeviceRepr> Tensor<T> {
     /// Moves a cudarc slice into a device tensor without copying. `shape` and `strides` (in
     /// elements, ordered like [`Shape::as_array`]) must address at most `slice.len()` elements
-    /// ([`Error::StorageTooSmall`]). The tensor lives on the slice's stream ([`Stream::from_cudarc`]);
+    /// ([`crate::Error::StorageTooSmall`]). The tensor lives on the slice's stream ([`Stream::from_cudarc`]);
     /// flashcore enqueues all its work on the memory there, so cudarc's later work on that stream
     /// (including the free when the slice is dropped) follows it. Get the slice back with
     /// [`Tensor::into_cudarc`].

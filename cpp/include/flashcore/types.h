@@ -100,8 +100,9 @@ struct Sequences {
 // in the cache; decode: seq_q = 1).
 //
 // page_size is a power of two from 16 to 1024. With the host copies, every length and every page
-// index the lengths reach are checked before the launch (Code::InvalidPageTable); without them a
-// kernel must clamp what it reads.
+// index the lengths reach are checked before the launch (Code::InvalidPageTable); without them the
+// kernel clamps what it reads (a key count to what the sequence's row of pages holds, a page index
+// to [0, num_pages)), so a bad device table never leads outside the buffers.
 struct Pages {
   int64_t batch = 0;                     // sequences: q's batch
   int64_t page_size = 0;                 // keys per page
