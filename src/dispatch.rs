@@ -136,30 +136,32 @@ pub(crate) fn run<T: AttentionElement>(
 ) -> Result<Execution> {
     match route(request, call.hosts(), opts.backend, call.locations())? {
         Route::Gpu => run_gpu(request, call),
-        Route::Cpu(problem) => {
-            if !problem.is_empty() {
-                let Call {
-                    q,
-                    k,
-                    v,
-                    out,
-                    lse,
-                    seqs,
-                    pages,
-                } = call;
-                match (seqs, pages) {
-                    (Some(batch), _) => {
-                        crate::cpu::attention_varlen(&problem, batch, q, k, v, out, lse)?
-                    }
-                    (None, Some(pages)) => {
-                        crate::cpu::attention_paged(&problem, pages, q, k, v, out, lse)?
-                    }
-                    (None, None) => crate::cpu::attention(&problem, q, k, v, out, lse)?,
-                }
-            }
-            Ok(CPU)
+        Route::Cpu(problem) => run_cpu(&problem, call),
+    }
+}
+
+/// Runs a validated call on the CPU reference.
+pub(crate) fn run_cpu<T: AttentionElement>(
+    problem: &Problem,
+    call: Call<'_, T>,
+) -> Result<Execution> {
+    if !problem.is_empty() {
+        let Call {
+            q,
+            k,
+            v,
+            out,
+            lse,
+            seqs,
+            pages,
+        } = call;
+        match (seqs, pages) {
+            (Some(batch), _) => crate::cpu::attention_varlen(problem, batch, q, k, v, out, lse)?,
+            (None, Some(pages)) => crate::cpu::attention_paged(problem, pages, q, k, v, out, lse)?,
+            (None, None) => crate::cpu::attention(problem, q, k, v, out, lse)?,
         }
     }
+    Ok(CPU)
 }
 
 /// Validates, plans and launches on the GPU.

@@ -5,13 +5,58 @@
 
 use std::marker::PhantomData;
 
-use crate::dispatch::{locations, route, Execution, Route, CPU};
+use crate::dispatch::{route, Call, Execution, Route, CPU};
 use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
 use crate::ffi::{DescFfi, RequestFfi};
 use crate::options::AttentionOptions;
-use crate::tensor::Tensor;
+use crate::paged::PageTable;
+use crate::tensor::{Location, Tensor};
 use crate::validate::{request, Problem, DENSE};
+use crate::varlen::VarlenBatch;
+
+/// The batch composition a plan was made for, which every run reuses: none (dense), a
+/// variable-length batch's offsets, or a paged cache's table (each holds its device copy, if
+/// any, by reference count).
+#[derive(Clone)]
+enum Batch {
+    Dense,
+    Varlen(VarlenBatch),
+    Paged(PageTable),
+}
+
+impl Batch {
+    fn seqs(&self) -> Option<&VarlenBatch> {
+        match self {
+            Batch::Varlen(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    fn pages(&self) -> Option<&PageTable> {
+        match self {
+            Batch::Paged(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The host arrays validation checks (empty for a dense batch).
+    fn hosts(&self) -> crate::validate::Hosts<'_> {
+        match self {
+            Batch::Dense => DENSE,
+            Batch::Varlen(b) => b.host(),
+            Batch::Paged(p) => p.host(),
+        }
+    }
+
+    fn location(&self) -> Option<Location> {
+        match self {
+            Batch::Dense => None,
+            Batch::Varlen(b) => Some(b.location()),
+            Batch::Paged(p) => Some(p.location()),
+        }
+    }
+}
 
 /// Where a plan runs.
 #[derive(Clone, Copy)]
@@ -44,6 +89,7 @@ enum Target {
 #[derive(Clone)]
 pub struct AttentionPlan<T: AttentionElement> {
     request: RequestFfi,
+    batch: Batch,
     target: Target,
     execution: Execution,
     _element: PhantomData<fn() -> T>,
@@ -70,10 +116,80 @@ impl<T: AttentionElement> AttentionPlan<T> {
         opts: &AttentionOptions,
     ) -> Result<Self> {
         let request = request(q, k, v, out, lse, opts)?;
-        match route(&request, DENSE, opts.backend, locations(q, k, v, out, lse))? {
-            Route::Gpu => Self::plan_gpu(request, out),
+        Self::plan(request, Batch::Dense, [q, k, v, out], lse, opts)
+    }
+
+    /// [`AttentionPlan::new`] for a variable-length batch: validates and plans what
+    /// [`attention_varlen_into`](crate::attention_varlen_into) would run, once per batch
+    /// composition. The plan keeps `batch` (its device copy by reference); every run uses it,
+    /// with operands of the planned shapes (each layer's Q, K, V and output).
+    pub fn new_varlen(
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        batch: &VarlenBatch,
+        out: &Tensor<T>,
+        lse: Option<&Tensor<f32>>,
+        opts: &AttentionOptions,
+    ) -> Result<Self> {
+        let request = crate::varlen::request(q, k, v, batch, out, lse, opts)?;
+        Self::plan(
+            request,
+            Batch::Varlen(batch.clone()),
+            [q, k, v, out],
+            lse,
+            opts,
+        )
+    }
+
+    /// [`AttentionPlan::new`] for a paged KV cache: validates `pages` against the caches and
+    /// plans what [`attention_paged_into`](crate::attention_paged_into) would run, once per
+    /// batch composition. The plan keeps the table (its device copy by reference); every run
+    /// reads through it, with operands of the planned shapes (each layer's queries, K and V
+    /// caches and output).
+    ///
+    /// ```
+    /// use flashcore::{AttentionOptions, AttentionPlan, Causal, Layout, PageTable, Tensor};
+    /// use half::f16;
+    /// let pages = PageTable::new(16, vec![vec![1, 0]], vec![20])?;
+    /// let cache = Tensor::full(f16::from_f32(0.5), &[2, 16, 2, 8], Layout::Bshd)?;
+    /// let q = Tensor::full(f16::from_f32(0.5), &[1, 1, 2, 8], Layout::Bshd)?;
+    /// let mut out = Tensor::full(f16::ZERO, &[1, 1, 2, 8], Layout::Bshd)?;
+    /// let opts = AttentionOptions::default().causal(Causal::BottomRight);
+    /// let plan = AttentionPlan::new_paged(&q, &cache, &cache, &pages, &out, None, &opts)?;
+    /// for _layer in 0..3 {
+    ///     plan.run(&q, &cache, &cache, &mut out, None)?; // the table is checked once, above
+    /// }
+    /// # Ok::<(), flashcore::Error>(())
+    /// ```
+    pub fn new_paged(
+        q: &Tensor<T>,
+        k_cache: &Tensor<T>,
+        v_cache: &Tensor<T>,
+        pages: &PageTable,
+        out: &Tensor<T>,
+        lse: Option<&Tensor<f32>>,
+        opts: &AttentionOptions,
+    ) -> Result<Self> {
+        let request = crate::paged::request(q, k_cache, v_cache, pages, out, lse, opts)?;
+        let operands = [q, k_cache, v_cache, out];
+        Self::plan(request, Batch::Paged(pages.clone()), operands, lse, opts)
+    }
+
+    /// Validates `request` (with the batch's host arrays) and plans it where the operands live.
+    fn plan(
+        request: RequestFfi,
+        batch: Batch,
+        [q, k, v, out]: [&Tensor<T>; 4],
+        lse: Option<&Tensor<f32>>,
+        opts: &AttentionOptions,
+    ) -> Result<Self> {
+        let locations = crate::dispatch::locations(q, k, v, out, lse).chain(batch.location());
+        match route(&request, batch.hosts(), opts.backend, locations)? {
+            Route::Gpu => Self::plan_gpu(request, batch, out),
             Route::Cpu(problem) => Ok(AttentionPlan {
                 request,
+                batch,
                 target: Target::Cpu(problem),
                 execution: CPU,
                 _element: PhantomData,
@@ -82,9 +198,10 @@ impl<T: AttentionElement> AttentionPlan<T> {
     }
 
     #[cfg(feature = "cuda")]
-    fn plan_gpu(request: RequestFfi, out: &Tensor<T>) -> Result<Self> {
+    fn plan_gpu(request: RequestFfi, batch: Batch, out: &Tensor<T>) -> Result<Self> {
         let stream = out.stream().ok_or(Error::CudaNotBuilt)?;
-        let problem = crate::ffi::validate(&request, &[], &[])?;
+        let (host_q, host_k) = batch.hosts();
+        let problem = crate::ffi::validate(&request, host_q, host_k)?;
         let (execution, row) = crate::ffi::cuda::plan(&request, stream.device())?;
         let kernel = execution
             .backend
@@ -92,6 +209,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
             .ok_or_else(|| Error::Launch("the plan names no kernel".into()))?;
         Ok(AttentionPlan {
             request,
+            batch,
             target: Target::Gpu(crate::ffi::cuda::Planned {
                 problem,
                 kernel,
@@ -104,7 +222,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn plan_gpu(_: RequestFfi, _: &Tensor<T>) -> Result<Self> {
+    fn plan_gpu(_: RequestFfi, _: Batch, _: &Tensor<T>) -> Result<Self> {
         Err(Error::CudaNotBuilt)
     }
 
@@ -137,26 +255,24 @@ impl<T: AttentionElement> AttentionPlan<T> {
             None if !r.has_lse => {}
             _ => return Err(Error::PlanMismatch(Operand::Lse)),
         }
+        let call = Call {
+            q,
+            k,
+            v,
+            out,
+            lse,
+            seqs: self.batch.seqs(),
+            pages: self.batch.pages(),
+        };
         match self.target {
             Target::Cpu(problem) => {
-                if !problem.is_empty() {
-                    crate::cpu::attention(&problem, q, k, v, out, lse)?;
-                }
+                crate::dispatch::run_cpu(&problem, call)?;
             }
             #[cfg(feature = "cuda")]
             Target::Gpu(planned) => {
                 // C++ checks this run's addresses (alignment, overlapping outputs) before it
                 // launches.
                 let entry = crate::cuda::launch::Entry::Planned(&planned, self.execution);
-                let call = crate::dispatch::Call {
-                    q,
-                    k,
-                    v,
-                    out,
-                    lse,
-                    seqs: None,
-                    pages: None,
-                };
                 crate::cuda::launch::run(entry, r, call)?;
             }
         }

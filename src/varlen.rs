@@ -11,12 +11,12 @@ use crate::tensor::{Location, Tensor};
 /// One offsets array (`cu_seqlens`): `batch + 1` int32 offsets into a packed token axis, always
 /// with a host copy (checked against the tensors before every launch), and a device copy after
 /// `VarlenBatch::to_device`. Both are immutable, so they never disagree.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct SeqOffsets {
     host: Vec<i32>,
     max_len: usize,
     #[cfg(feature = "cuda")]
-    device: Option<crate::cuda::DeviceBuffer<i32>>,
+    device: Option<std::sync::Arc<crate::cuda::DeviceBuffer<i32>>>,
 }
 
 impl SeqOffsets {
@@ -84,7 +84,7 @@ impl SeqOffsets {
 /// assert_eq!((batch.max_seqlen_q(), batch.max_seqlen_k()), (5, 5));
 /// # Ok::<(), flashcore::Error>(())
 /// ```
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct VarlenBatch {
     q: SeqOffsets,
     k: SeqOffsets,
@@ -156,7 +156,7 @@ impl VarlenBatch {
             Ok(SeqOffsets {
                 host: o.host.clone(),
                 max_len: o.max_len,
-                device: Some(buffer),
+                device: Some(std::sync::Arc::new(buffer)),
             })
         };
         Ok(VarlenBatch {
@@ -208,7 +208,7 @@ impl VarlenBatch {
         &crate::cuda::DeviceBuffer<i32>,
         &crate::cuda::DeviceBuffer<i32>,
     )> {
-        Some((self.q.device.as_ref()?, self.k.device.as_ref()?))
+        Some((self.q.device.as_deref()?, self.k.device.as_deref()?))
     }
 
     fn ffi(&self) -> (OffsetsFfi, OffsetsFfi) {

@@ -15,10 +15,10 @@ use flashcore::interop::{
 };
 use flashcore::plan::{auto_kernel, decode_table, kv_splits, tile_table, ArchClass, Kernel};
 use flashcore::{
-    attention, attention_into, attention_paged_into, attention_varlen_into, merge_state_into,
-    merge_states, AttentionElement, AttentionOptions, AttentionPlan, AttentionState, Backend,
-    BackendKind, Causal, DType, Device, Error, Execution, Layout, OffsetRule, Operand, PageTable,
-    Shape, Stream, Tensor, VarlenBatch,
+    attention, attention_into, attention_paged, attention_paged_into, attention_varlen,
+    attention_varlen_into, merge_state_into, merge_states, AttentionElement, AttentionOptions,
+    AttentionPlan, AttentionState, Backend, BackendKind, Causal, DType, Device, Error, Execution,
+    Layout, OffsetRule, Operand, PageTable, Shape, Stream, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 
@@ -1125,6 +1125,19 @@ fn varlen_batches_match_the_reference() {
     assert_none_failed(&failures);
 }
 
+/// `call` forced onto each family that reads neither variable-length batches nor paged caches
+/// (CUTLASS example 41, the Hopper kernel) is refused before any launch.
+fn only_wmma_runs(mut call: impl FnMut(&AttentionOptions) -> Result<Execution, Error>) {
+    for kernel in [Kernel::CutlassSm80, Kernel::CutlassSm90] {
+        let forced = AttentionOptions::default().backend(Backend::Kernel(kernel));
+        let err = call(&forced).unwrap_err();
+        assert!(
+            matches!(err, Error::BackendUnavailable { .. }),
+            "{kernel:?}: {err}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn varlen_errors_launch_nothing() {
@@ -1155,15 +1168,7 @@ fn varlen_errors_launch_nothing() {
         "{err}"
     );
     let on_device = batch.to_device(&s).unwrap();
-    for kernel in [Kernel::CutlassSm80, Kernel::CutlassSm90] {
-        let forced = AttentionOptions::default().backend(Backend::Kernel(kernel));
-        let err =
-            attention_varlen_into(&q, &k, &k, &on_device, &mut out, None, &forced).unwrap_err();
-        assert!(
-            matches!(err, Error::BackendUnavailable { .. }),
-            "{kernel:?}: {err}"
-        );
-    }
+    only_wmma_runs(|forced| attention_varlen_into(&q, &k, &k, &on_device, &mut out, None, forced));
     let short = VarlenBatch::from_offsets(vec![0, 3, 7], vec![0, 4, 10])
         .unwrap()
         .to_device(&s)
@@ -1414,9 +1419,9 @@ fn overlapping_outputs_launch_nothing() {
 }
 
 /// The host hot path allocates nothing on the Rust heap per call, once warm: attention_into
-/// (validation, planning and launch in C++), a planned run, and split-KV decode (its workspace
-/// is stream-ordered device memory). C++'s own validation and planning are checked the same way
-/// by cpp/tests/core_test.cpp (no_allocation_on_the_hot_path).
+/// (validation, planning and launch in C++), a planned run, a planned paged decode, and split-KV
+/// decode (its workspace is stream-ordered device memory). C++'s own validation and planning are
+/// checked the same way by cpp/tests/core_test.cpp (no_allocation_on_the_hot_path).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn hot_path_allocates_nothing_on_the_host() {
@@ -1437,9 +1442,18 @@ fn hot_path_allocates_nothing_on_the_host() {
     let mut dout = Tensor::uninit_on(&s, &[1, 1, 32, 128], Layout::Bshd).unwrap();
     let causal = AttentionOptions::default().causal(Causal::BottomRight);
     let plan = AttentionPlan::new(&q, &k, &k, &out, Some(&lse), &causal).unwrap();
+    // A planned paged decode: the same 32k keys as 512 pages of 64.
+    let cache = dev(&mut rng, &[512, 64, 8, 128]);
+    let pages = PageTable::new(64, vec![(0..512).rev().collect()], vec![32768])
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let paged =
+        AttentionPlan::new_paged(&dq, &cache, &cache, &pages, &dout, None, &causal).unwrap();
     let calls = |out: &mut Tensor<bf16>, lse: &mut Tensor<f32>, dout: &mut Tensor<bf16>| {
         attention_into(&q, &k, &k, out, Some(lse), &causal).unwrap();
         plan.run(&q, &k, &k, out, Some(lse)).unwrap();
+        paged.run(&dq, &cache, &cache, dout, None).unwrap();
         attention_into(&dq, &dk, &dk, dout, None, &Default::default()).unwrap()
     };
     let warm = calls(&mut out, &mut lse, &mut dout); // fills the tables and the pools once
@@ -1450,7 +1464,7 @@ fn hot_path_allocates_nothing_on_the_host() {
     }
     let made = allocations() - before;
     s.synchronize().unwrap();
-    assert_eq!(made, 0, "300 calls allocated {made} times on the host");
+    assert_eq!(made, 0, "400 calls allocated {made} times on the host");
 }
 
 /// One paged call on the GPU (a random cache: `lengths` keys per sequence in shuffled pages of
@@ -1619,15 +1633,7 @@ fn paged_errors_launch_nothing() {
         "{err}"
     );
     let on_device = pages.to_device(&s).unwrap();
-    for kernel in [Kernel::CutlassSm80, Kernel::CutlassSm90] {
-        let forced = AttentionOptions::default().backend(Backend::Kernel(kernel));
-        let err =
-            attention_paged_into(&q, &k, &k, &on_device, &mut out, None, &forced).unwrap_err();
-        assert!(
-            matches!(err, Error::BackendUnavailable { .. }),
-            "{kernel:?}: {err}"
-        );
-    }
+    only_wmma_runs(|forced| attention_paged_into(&q, &k, &k, &on_device, &mut out, None, forced));
     let bad = PageTable::new(16, vec![vec![3, 0, 10], vec![5, 2, 7, 8]], vec![40, 64])
         .unwrap()
         .to_device(&s)
@@ -1727,4 +1733,62 @@ fn paged_device_table_stays_inside_the_buffers() {
     );
     let err = rel_l2(&logical(&out.to_host().unwrap()), &want);
     assert!(err < 1e-2, "valid table without host copies: rel L2 {err}");
+}
+
+/// Plans made once per batch composition (a paged cache's table with split-KV decode, a
+/// variable-length batch) run each layer's new operands like the direct calls, bit for bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn plans_for_paged_caches_and_varlen_batches_run_like_the_direct_calls() {
+    let s = stream();
+    let mut rng = Rng::fresh();
+    let dev =
+        |rng: &mut Rng, d: &[usize]| randn::<bf16>(rng, d, Layout::Bshd).to_device(&s).unwrap();
+    let host = |t: &Tensor<bf16>| t.to_host().unwrap().host_data().unwrap().to_vec();
+    // Paged decode: one sequence of 20,000 keys in shuffled pages of 64, keys split.
+    let (table, num_pages) = random_pages(&mut rng, 64, &[20_000], 2);
+    let pages = PageTable::new(64, table, vec![20_000])
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let q = dev(&mut rng, &[1, 1, 32, 128]);
+    let mut out = Tensor::uninit_on(&s, &[1, 1, 32, 128], Layout::Bshd).unwrap();
+    let opts = AttentionOptions::default();
+    let caches = |rng: &mut Rng| {
+        (
+            dev(rng, &[num_pages, 64, 8, 128]),
+            dev(rng, &[num_pages, 64, 8, 128]),
+        )
+    };
+    let (k, v) = caches(&mut rng);
+    let plan = AttentionPlan::new_paged(&q, &k, &v, &pages, &out, None, &opts).unwrap();
+    assert!(plan.execution().splits > 1, "{:?}", plan.execution());
+    for _layer in 0..2 {
+        let (k, v) = caches(&mut rng);
+        plan.run(&q, &k, &v, &mut out, None).unwrap();
+        let want = attention_paged(&q, &k, &v, &pages, &opts).unwrap().out;
+        assert_eq!(host(&out), host(&want), "planned paged run");
+    }
+    // Variable-length prefill.
+    let batch = VarlenBatch::from_lengths(&[300, 0, 77], &[500, 10, 77])
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let causal = AttentionOptions::default().causal(Causal::BottomRight);
+    let mut out = Tensor::uninit_on(&s, &[1, 377, 8, 64], Layout::Bshd).unwrap();
+    let layer = |rng: &mut Rng| {
+        (
+            dev(rng, &[1, 377, 8, 64]),
+            dev(rng, &[1, 587, 2, 64]),
+            dev(rng, &[1, 587, 2, 64]),
+        )
+    };
+    let (q, k, v) = layer(&mut rng);
+    let plan = AttentionPlan::new_varlen(&q, &k, &v, &batch, &out, None, &causal).unwrap();
+    for _layer in 0..2 {
+        let (q, k, v) = layer(&mut rng);
+        plan.run(&q, &k, &v, &mut out, None).unwrap();
+        let want = attention_varlen(&q, &k, &v, &batch, &causal).unwrap().out;
+        assert_eq!(host(&out), host(&want), "planned varlen run");
+    }
 }

@@ -6,8 +6,8 @@ mod common;
 use common::{dims, logical, randn, Rng};
 use flashcore::plan::Kernel;
 use flashcore::{
-    attention_into, AttentionOptions, AttentionPlan, Backend, BackendKind, Causal, Error, Layout,
-    Operand, Shape, Tensor,
+    attention_into, attention_paged, attention_varlen, AttentionOptions, AttentionPlan, Backend,
+    BackendKind, Causal, Error, Layout, Operand, PageTable, Shape, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 
@@ -70,4 +70,54 @@ fn a_plan_refuses_other_operands() {
     let gpu = AttentionOptions::default().backend(Backend::Kernel(Kernel::Wmma));
     let e = AttentionPlan::new(&q, &q, &q, &out, None, &gpu).unwrap_err();
     assert!(matches!(e, Error::BackendUnavailable { .. }), "{e:?}");
+}
+
+/// A plan made for a batch composition (a variable-length batch, a paged cache's table) runs
+/// each layer's operands like the direct call, bit for bit, validating the composition once;
+/// a layer whose operands differ from the plan is refused.
+#[test]
+fn plans_for_varlen_batches_and_paged_caches_run_like_the_direct_calls() {
+    let mut rng = Rng::fresh();
+    let opts = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .with_lse();
+    // Variable-length: two layers of new data on one plan.
+    let batch = VarlenBatch::from_lengths(&[3, 0, 7], &[5, 2, 9]).unwrap();
+    let packed = |rng: &mut Rng, n, h| randn::<f16>(rng, &[1, n, h, 16], Layout::Bshd);
+    let (q0, k0) = (packed(&mut rng, 10, 4), packed(&mut rng, 16, 2));
+    let mut out = Tensor::full(f16::ZERO, &[1, 10, 4, 16], Layout::Bshd).unwrap();
+    let mut lse = Tensor::full(0f32, &[1, 4, 10, 1], Layout::Bhsd).unwrap();
+    let plan = AttentionPlan::new_varlen(&q0, &k0, &k0, &batch, &out, Some(&lse), &opts).unwrap();
+    for _layer in 0..2 {
+        let (q, k, v) = (
+            packed(&mut rng, 10, 4),
+            packed(&mut rng, 16, 2),
+            packed(&mut rng, 16, 2),
+        );
+        plan.run(&q, &k, &v, &mut out, Some(&mut lse)).unwrap();
+        let want = attention_varlen(&q, &k, &v, &batch, &opts).unwrap();
+        assert_eq!(out.host_data(), want.out.host_data());
+        assert_eq!(lse.host_data(), want.lse.unwrap().host_data());
+    }
+    let longer = packed(&mut rng, 17, 2);
+    let err = plan.run(&q0, &longer, &longer, &mut out, Some(&mut lse));
+    assert_eq!(err.unwrap_err(), Error::PlanMismatch(Operand::K));
+
+    // Paged: two layers' caches through one table.
+    let pages = PageTable::new(16, vec![vec![2, 0], vec![1, 3, 4]], vec![20, 40]).unwrap();
+    let cache = |rng: &mut Rng| randn::<f16>(rng, &[5, 16, 2, 16], Layout::Bshd);
+    let q = randn::<f16>(&mut rng, &[2, 3, 4, 16], Layout::Bshd);
+    let mut out = Tensor::full(f16::ZERO, &[2, 3, 4, 16], Layout::Bshd).unwrap();
+    let (k, v) = (cache(&mut rng), cache(&mut rng));
+    let plan = AttentionPlan::new_paged(&q, &k, &v, &pages, &out, None, &opts).unwrap();
+    for _layer in 0..2 {
+        let (k, v) = (cache(&mut rng), cache(&mut rng));
+        plan.run(&q, &k, &v, &mut out, None).unwrap();
+        let want = attention_paged(&q, &k, &v, &pages, &opts).unwrap();
+        assert_eq!(out.host_data(), want.out.host_data());
+    }
+    // A bad table is refused when planning, like the direct call refuses it.
+    let bad = PageTable::new(16, vec![vec![2, 0], vec![1, 3, 9]], vec![20, 40]).unwrap();
+    let err = AttentionPlan::new_paged(&q, &k, &v, &bad, &out, None, &opts).unwrap_err();
+    assert!(matches!(err, Error::InvalidPageTable { .. }), "{err}");
 }

@@ -92,13 +92,14 @@ inline ProblemFfi to_ffi(const core::Problem& p) {
   out.causal = static_cast<int32_t>(p.causal);
   out.location = p.location;
   out.varlen = p.varlen;
+  out.paged = p.paged;
   return out;
 }
 
 inline core::Problem from_ffi(const ProblemFfi& p) {
   return core::Problem{p.batch,   p.seq_q,    p.seq_k,
                        p.heads_q, p.heads_kv, p.head_dim,
-                       p.scale,   static_cast<Causal>(p.causal), p.location, p.varlen};
+                       p.scale,   static_cast<Causal>(p.causal), p.location, p.varlen, p.paged};
 }
 
 inline StatusFfi to_ffi(const Status& s) {

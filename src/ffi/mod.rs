@@ -93,6 +93,7 @@ pub(crate) mod sys {
         causal: i32,
         location: i32,
         varlen: bool,
+        paged: bool,
     }
 
     /// `flashcore::Status`.
