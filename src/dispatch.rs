@@ -106,18 +106,33 @@ impl<T: AttentionElement> Call<'_, T> {
     /// last).
     fn locations(&self) -> impl Iterator<Item = Location> + '_ {
         locations(self.q, self.k, self.v, self.out, self.lse.as_deref())
-            .chain(self.seqs.map(VarlenBatch::location))
-            .chain(self.pages.map(PageTable::location))
+            .chain(batch_location(self.seqs, self.pages))
     }
 
-    /// The host arrays validation checks: a variable-length batch's offsets, or a page table's
-    /// block table and key counts.
     fn hosts(&self) -> Hosts<'_> {
-        match (self.seqs, self.pages) {
-            (Some(b), _) => b.host(),
-            (None, Some(p)) => p.host(),
-            (None, None) => DENSE,
-        }
+        batch_hosts(self.seqs, self.pages)
+    }
+}
+
+/// Where a variable-length batch's offsets or a page table live (none for a dense call).
+pub(crate) fn batch_location(
+    seqs: Option<&VarlenBatch>,
+    pages: Option<&PageTable>,
+) -> Option<Location> {
+    seqs.map(VarlenBatch::location)
+        .or_else(|| pages.map(PageTable::location))
+}
+
+/// The host arrays validation checks: a variable-length batch's offsets, or a page table's
+/// block table and key counts (empty for a dense call).
+pub(crate) fn batch_hosts<'a>(
+    seqs: Option<&'a VarlenBatch>,
+    pages: Option<&'a PageTable>,
+) -> Hosts<'a> {
+    match (seqs, pages) {
+        (Some(b), _) => b.host(),
+        (None, Some(p)) => p.host(),
+        (None, None) => DENSE,
     }
 }
 

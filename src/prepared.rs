@@ -12,7 +12,7 @@ use crate::ffi::{DescFfi, RequestFfi};
 use crate::options::AttentionOptions;
 use crate::paged::PageTable;
 use crate::tensor::{Location, Tensor};
-use crate::validate::{request, Problem, DENSE};
+use crate::validate::{request, Problem};
 use crate::varlen::VarlenBatch;
 
 /// The batch composition a plan was made for, which every run reuses: none (dense), a
@@ -40,21 +40,12 @@ impl Batch {
         }
     }
 
-    /// The host arrays validation checks (empty for a dense batch).
     fn hosts(&self) -> crate::validate::Hosts<'_> {
-        match self {
-            Batch::Dense => DENSE,
-            Batch::Varlen(b) => b.host(),
-            Batch::Paged(p) => p.host(),
-        }
+        crate::dispatch::batch_hosts(self.seqs(), self.pages())
     }
 
     fn location(&self) -> Option<Location> {
-        match self {
-            Batch::Dense => None,
-            Batch::Varlen(b) => Some(b.location()),
-            Batch::Paged(p) => Some(p.location()),
-        }
+        crate::dispatch::batch_location(self.seqs(), self.pages())
     }
 }
 
