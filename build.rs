@@ -101,6 +101,7 @@ fn main() {
     bridge
         .file(cpp.join("src/bridge.cpp"))
         .file(cpp.join("src/attention.cpp"))
+        .file(cpp.join("src/planned.cpp"))
         .file(cpp.join("src/merge.cpp"))
         .file(cpp.join("src/dispatch.cpp"))
         .include(&cuda.include)

@@ -163,8 +163,9 @@ fn write_shapes(path: &str) {
 
 /// Host cost per call (H4 / H11), for one tiny problem that keeps the GPU ahead of the host:
 /// Rust `attention_into` (validation, planning, FFI, launcher) against the public C++ call
-/// (`attention_forward`: the same work from C++), a Rust `AttentionPlan::run` against a planned
-/// C++ run (address check + launcher), and the bare C++ launcher. Each round enqueues 200 calls
+/// (`attention_forward`: the same work from C++), a Rust `AttentionPlan::run` against a run of
+/// the public C++ plan of the same call (`flashcore::AttentionPlan::run`: address check +
+/// launcher), and the bare C++ launcher. Each round enqueues 200 calls
 /// (below the launch queue's depth) after a synchronise; medians over 25 rounds, in ns:
 /// (Rust call, C++ call, Rust planned run, C++ planned run, C++ launcher).
 fn host_overhead(stream: &Stream) -> flashcore::Result<[f64; 5]> {

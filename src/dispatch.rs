@@ -201,8 +201,8 @@ pub struct CppHostNs {
     pub launch: f64,
     /// The public C++ call, `flashcore::attention_forward` (validate, plan, launch).
     pub call: f64,
-    /// A planned C++ run (this run's addresses checked, then the launcher): what
-    /// [`crate::AttentionPlan::run`] does in C++.
+    /// A run of the public C++ plan, `flashcore::AttentionPlan::run` (this run's addresses
+    /// checked, then the launcher), planned once before the loop.
     pub planned: f64,
 }
 

@@ -115,60 +115,71 @@ Status to_status(const std::exception& e) {
   return s;
 }
 
+core::Request request_of(const AttentionArgs& args, int32_t device) {
+  core::Request r;
+  r.dtype = args.dtype;
+  r.q = describe(args.q, 2, device);
+  r.k = describe(args.k, 2, device);
+  r.v = describe(args.v, 2, device);
+  r.out = describe(args.out, 2, device);
+  r.has_lse = args.lse.has_value();
+  if (r.has_lse) {
+    r.lse = describe(*args.lse, 4, device);
+  }
+  r.options = args.options;
+  if (args.sequences) {
+    const Sequences& seqs = *args.sequences;
+    r.varlen = true;
+    r.cu_q = describe_offsets(seqs.cu_seqlens_q, seqs.host_cu_seqlens_q, seqs, seqs.max_seqlen_q,
+                              device);
+    r.cu_k = describe_offsets(seqs.cu_seqlens_k, seqs.host_cu_seqlens_k, seqs, seqs.max_seqlen_k,
+                              device);
+  }
+  if (args.pages) {
+    r.paged = true;
+    r.pages = describe_pages(*args.pages, device);
+  }
+  return r;
+}
+
+Status prepare(const AttentionArgs& args, Prepared* call) {
+  if (Status s = current_device(&call->device); !s.ok()) {
+    return s;
+  }
+  call->request = request_of(args, call->device);
+  if (Status s = core::validate(call->request, &call->problem); !s.ok()) {
+    return s;
+  }
+  if (call->problem.location != call->device) {
+    return core::fail(Code::DeviceMismatch, Operand::Q, Field::None, call->problem.location,
+                      call->device, 0);
+  }
+  return core::plan(call->request, call->problem, device_caps(call->device), &call->plan);
+}
+
+Status run_planned(const core::Request& r, const core::Problem& p, const core::Plan& plan,
+                   cudaStream_t stream) {
+  if (Status s = core::check_addresses(r); !s.ok()) {
+    return s;
+  }
+  run(r, p, plan, stream);
+  return {};
+}
+
 }  // namespace flashcore::detail
 
 namespace flashcore {
 
-using detail::describe;
-
 Status attention_forward(const AttentionArgs& args, cudaStream_t stream,
                          LaunchInfo* info) noexcept {
   try {
-    int device = 0;
-    if (Status s = detail::current_device(&device); !s.ok()) {
+    detail::Prepared call;
+    if (Status s = detail::prepare(args, &call); !s.ok()) {
       return s;
     }
-    core::Request r;
-    r.dtype = args.dtype;
-    r.q = describe(args.q, 2, device);
-    r.k = describe(args.k, 2, device);
-    r.v = describe(args.v, 2, device);
-    r.out = describe(args.out, 2, device);
-    r.has_lse = args.lse.has_value();
-    if (r.has_lse) {
-      r.lse = describe(*args.lse, 4, device);
-    }
-    r.options = args.options;
-    if (args.sequences) {
-      r.varlen = true;
-      r.cu_q = detail::describe_offsets(args.sequences->cu_seqlens_q,
-                                        args.sequences->host_cu_seqlens_q, *args.sequences,
-                                        args.sequences->max_seqlen_q, device);
-      r.cu_k = detail::describe_offsets(args.sequences->cu_seqlens_k,
-                                        args.sequences->host_cu_seqlens_k, *args.sequences,
-                                        args.sequences->max_seqlen_k, device);
-    }
-    if (args.pages) {
-      r.paged = true;
-      r.pages = detail::describe_pages(*args.pages, device);
-    }
-
-    core::Problem p{};
-    Status s = core::validate(r, &p);
-    if (!s.ok()) {
-      return s;
-    }
-    if (p.location != device) {
-      return core::fail(Code::DeviceMismatch, Operand::Q, Field::None, p.location, device, 0);
-    }
-    core::Plan plan{};
-    s = core::plan(r, p, detail::device_caps(device), &plan);
-    if (!s.ok()) {
-      return s;
-    }
-    detail::run(r, p, plan, stream);
+    detail::run(call.request, call.problem, call.plan, stream);
     if (info != nullptr) {
-      *info = LaunchInfo{plan.kernel, *plan.row, plan.splits};
+      *info = LaunchInfo{call.plan.kernel, *call.plan.row, call.plan.splits};
     }
     return {};
   } catch (const std::exception& e) {

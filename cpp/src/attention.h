@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/validate.h"
+#include "flashcore/flashcore.h"
 #include "flashcore/status.h"
 #include "launcher.h"
 
@@ -19,6 +20,25 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
 // Enqueues the planned launch on `stream` (current device). Throws Failure.
 void run(const core::Request& r, const core::Problem& p, const core::Plan& plan,
          cudaStream_t stream);
+
+// A call of the public API validated and planned for the current device (attention_forward
+// once, AttentionPlan for every run).
+struct Prepared {
+  int32_t device = 0;
+  core::Request request;
+  core::Problem problem{};
+  core::Plan plan{};
+};
+
+// Describes `args` on the current device (asking CUDA where each pointer lives), validates and
+// plans it: the whole host work of attention_forward but the launch.
+Status prepare(const AttentionArgs& args, Prepared* call);
+
+// A planned run on new tensors of the planned dims and strides (the Rust AttentionPlan and the
+// C++ one): checks `r`'s addresses (alignment, overlapping outputs), then enqueues the launch.
+// Throws Failure for CUDA errors.
+Status run_planned(const core::Request& r, const core::Problem& p, const core::Plan& plan,
+                   cudaStream_t stream);
 
 // The device's compute capability and per-block shared-memory limit, read once per device.
 core::DeviceCaps device_caps(int device);

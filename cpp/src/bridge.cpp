@@ -241,14 +241,10 @@ StatusFfi attention_planned(const RequestFfi& request, const ProblemFfi& problem
     s = core::fail(Code::Launch, Operand::None, Field::None, 0, 0, 0, "the plan names no row");
     return to_ffi(s);
   }
-  const core::Request r = from_ffi(request);
-  s = core::check_addresses(r);  // this run's tensors: the plan checked only its first ones
-  if (!s.ok()) {
-    return to_ffi(s);
-  }
   try {
     use_device(ordinal);
-    detail::run(r, from_ffi(problem), plan, as_stream(stream));
+    // This run's tensors: the plan checked only its first ones.
+    s = detail::run_planned(from_ffi(request), from_ffi(problem), plan, as_stream(stream));
   } catch (const std::exception& e) {
     s = detail::to_status(e);
   }
@@ -260,7 +256,7 @@ namespace {
 // What the modes of attention_host_ns time per iteration (src/ffi/mod.rs mirrors them).
 constexpr int32_t kHostLaunch = 0;      // the launcher alone, validated and planned once
 constexpr int32_t kHostPublicCall = 1;  // flashcore::attention_forward: validate, plan, launch
-constexpr int32_t kHostPlannedRun = 2;  // a planned run: this run's addresses checked, launch
+constexpr int32_t kHostPlannedRun = 2;  // flashcore::AttentionPlan::run of the call's plan
 
 template <typename Ref>
 Ref to_ref(const DescFfi& d) {
@@ -330,16 +326,21 @@ StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int3
     return to_ffi(s);
   }
   const AttentionArgs args = public_args(request, {}, {});
+  const RunArgs data{args.q.data, args.k.data, args.v.data, args.out.data,
+                     args.lse ? static_cast<float*>(args.lse->data) : nullptr};
   try {
     use_device(ordinal);
+    AttentionPlan planned;
+    if (mode == kHostPlannedRun) {
+      s = AttentionPlan::create(args, &planned);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     for (int32_t i = 0; i < iters && s.ok(); ++i) {
       if (mode == kHostPublicCall) {
         s = attention_forward(args, as_stream(stream));
+      } else if (mode == kHostPlannedRun) {
+        s = planned.run(data, as_stream(stream));
       } else {
-        if (mode == kHostPlannedRun) {
-          s = core::check_addresses(r);
-        }
         detail::run(r, p, plan, as_stream(stream));
       }
     }

@@ -15,7 +15,8 @@ static_assert(static_cast<int>(Code::ShapeMismatch) == 1 && static_cast<int>(Cod
                   static_cast<int>(Code::StateCount) == 19 &&
                   static_cast<int>(Code::InvalidOffsets) == 20 &&
                   static_cast<int>(Code::InvalidSoftcap) == 23 &&
-                  static_cast<int>(Code::OutOfDeviceMemory) == 24,
+                  static_cast<int>(Code::OutOfDeviceMemory) == 24 &&
+                  static_cast<int>(Code::PlanMismatch) == 25,
               "flashcore::Code values are part of the bridge: update src/ffi/mod.rs too");
 static_assert(kKernelCount == 3 && static_cast<int>(Kernel::CutlassSm90) == 2,
               "flashcore::Kernel values are part of the bridge: update plan::Kernel in src/plan/mod.rs");

@@ -1,16 +1,19 @@
 // A C++ program that owns its device buffers and stream, runs flashcore's attention on them
 // through the public C++ API, and checks the output and logsumexp against a float64 host
-// reference. Exit status 0 only when every check passes.
+// reference, once through attention_forward and then through a plan run per "layer" on fresh
+// inputs. Exit status 0 only when every check passes.
 //
 //   flashcore_example            # f16 and bf16, GQA 4:1, causal (bottom-right), seq_q != seq_k
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "flashcore/flashcore.h"
@@ -113,9 +116,9 @@ template <typename T>
 bool run(flashcore::DType dtype, const char* name, double tolerance, cudaStream_t stream) {
   const Problem p;
   std::mt19937 rng(std::random_device{}());  // fresh inputs every run
-  const auto q = randn<T>(rng, p.batch, p.seq_q, p.heads_q, p.head_dim);
-  const auto k = randn<T>(rng, p.batch, p.seq_k, p.heads_kv, p.head_dim);
-  const auto v = randn<T>(rng, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  auto q = randn<T>(rng, p.batch, p.seq_q, p.heads_q, p.head_dim);
+  auto k = randn<T>(rng, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  auto v = randn<T>(rng, p.batch, p.seq_k, p.heads_kv, p.head_dim);
   std::vector<T> out(q.size(), from_float<T>(std::numeric_limits<float>::quiet_NaN()));
   std::vector<float> lse(static_cast<size_t>(p.batch * p.heads_q * p.seq_q),
                          std::numeric_limits<float>::quiet_NaN());
@@ -136,6 +139,25 @@ bool run(flashcore::DType dtype, const char* name, double tolerance, cudaStream_
   a.lse = l;
   a.options.causal = flashcore::Causal::BottomRight;
 
+  const float scale = 1.0f / std::sqrt(float(p.head_dim));
+  // Copies the output and logsumexp back and compares them with the f64 reference.
+  const auto matches = [&](const char* what, const flashcore::LaunchInfo& info) {
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaMemcpy(out.data(), dout, out.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(lse.data(), dlse, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<double> want, want_lse;
+    reference(p, q, k, v, scale, want, want_lse);
+    const double err = rel_l2(out, want), lse_err = rel_l2(lse, want_lse);
+    const bool ok = err < tolerance && lse_err < 1e-4;  // false for NaN
+    std::printf("%s %s %ldx%ldx%ld(kv %ld)x%ld causal: kernel %s tile q%d_k%d_d%d, rel L2 %.2e "
+                "(< %.0e), lse %.2e: %s\n",
+                name, what, long(p.batch), long(p.heads_q), long(p.seq_q), long(p.heads_kv),
+                long(p.head_dim), flashcore::name(info.kernel), info.row.tile.queries_per_block,
+                info.row.tile.keys_per_block, info.row.tile.max_head_dim, err, tolerance, lse_err,
+                ok ? "ok" : "FAILED");
+    return ok;
+  };
+
   flashcore::LaunchInfo info{};
   const flashcore::Status s = flashcore::attention_forward(a, stream, &info);
   bool ok = s.ok();
@@ -143,20 +165,48 @@ bool run(flashcore::DType dtype, const char* name, double tolerance, cudaStream_
     std::printf("%s: attention_forward failed: %s: %s\n", name, flashcore::name(s.code),
                 s.message.c_str());
   } else {
-    CHECK_CUDA(cudaStreamSynchronize(stream));
-    CHECK_CUDA(cudaMemcpy(out.data(), dout, out.size() * sizeof(T), cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(lse.data(), dlse, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    std::vector<double> want, want_lse;
-    reference(p, q, k, v, 1.0f / std::sqrt(float(p.head_dim)), want, want_lse);
-    const double err = rel_l2(out, want), lse_err = rel_l2(lse, want_lse);
-    ok = err < tolerance && lse_err < 1e-4;  // false for NaN
-    std::printf("%s %ldx%ldx%ld(kv %ld)x%ld causal: kernel %s tile q%d_k%d_d%d, rel L2 %.2e "
-                "(< %.0e), lse %.2e: %s\n",
-                name, long(p.batch), long(p.heads_q), long(p.seq_q), long(p.heads_kv),
-                long(p.head_dim), flashcore::name(info.kernel), info.row.tile.queries_per_block,
-                info.row.tile.keys_per_block, info.row.tile.max_head_dim, err, tolerance, lse_err,
-                ok ? "ok" : "FAILED");
+    ok = matches("attention_forward", info);
   }
+
+  // Plan once, run per layer: each "layer" gets fresh inputs in the same buffers, and the output
+  // is poisoned again before its run.
+  flashcore::AttentionPlan plan;
+  const flashcore::Status planned = flashcore::AttentionPlan::create(a, &plan);
+  ok = ok && planned.ok() && bool(plan);
+  for (int layer = 0; ok && layer < 2; ++layer) {
+    q = randn<T>(rng, p.batch, p.seq_q, p.heads_q, p.head_dim);
+    k = randn<T>(rng, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+    v = randn<T>(rng, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+    std::fill(out.begin(), out.end(), from_float<T>(std::numeric_limits<float>::quiet_NaN()));
+    for (const auto& [dst, src, bytes] :
+         {std::tuple{static_cast<void*>(dq), static_cast<const void*>(q.data()), q.size()},
+          std::tuple{static_cast<void*>(dk), static_cast<const void*>(k.data()), k.size()},
+          std::tuple{static_cast<void*>(dv), static_cast<const void*>(v.data()), v.size()},
+          std::tuple{static_cast<void*>(dout), static_cast<const void*>(out.data()), out.size()}}) {
+      CHECK_CUDA(cudaMemcpy(dst, src, bytes * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    std::fill(lse.begin(), lse.end(), std::numeric_limits<float>::quiet_NaN());
+    CHECK_CUDA(cudaMemcpy(dlse, lse.data(), lse.size() * sizeof(float), cudaMemcpyHostToDevice));
+    const flashcore::Status r = plan.run({dq, dk, dv, dout, dlse}, stream);
+    if (!r.ok()) {
+      std::printf("%s: AttentionPlan::run failed: %s: %s\n", name, flashcore::name(r.code),
+                  r.message.c_str());
+    }
+    ok = r.ok() && matches(layer == 0 ? "plan run, layer 0" : "plan run, layer 1", plan.info());
+  }
+  // A run's bad arguments: each its own code, nothing launched.
+  const flashcore::Code no_lse = plan.run({dq, dk, dv, dout, nullptr}, stream).code;
+  const flashcore::Code null_q = plan.run({nullptr, dk, dv, dout, dlse}, stream).code;
+  const flashcore::Code shifted = plan.run({dq, dk, dv, dout + 1, dlse}, stream).code;
+  const flashcore::Code empty = flashcore::AttentionPlan{}.run({dq, dk, dv, dout, dlse}, stream).code;
+  const bool plan_refused = no_lse == flashcore::Code::PlanMismatch &&
+                            null_q == flashcore::Code::DeviceMismatch &&
+                            shifted == flashcore::Code::MisalignedPointer &&
+                            empty == flashcore::Code::PlanMismatch;
+  std::printf("%s plan run without lse: %s, null q: %s, misaligned out: %s, empty plan: %s: %s\n",
+              name, flashcore::name(no_lse), flashcore::name(null_q), flashcore::name(shifted),
+              flashcore::name(empty), plan_refused ? "ok" : "FAILED");
+  ok = ok && plan_refused;
 
   // A bad argument comes back as its own code, and nothing is launched.
   flashcore::AttentionArgs bad = a;

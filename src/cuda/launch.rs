@@ -62,16 +62,17 @@ pub(crate) fn run<T: AttentionElement>(
         seqs,
         pages,
     } = call;
+    // Borrowed, not cloned (a clone costs atomic reference counts on every planned run); only
+    // a logsumexp on another stream than the output's is cloned, as `out` and `lse` are
+    // mutably borrowed for the launch.
     let stream = device_stream(out)?.clone();
     let lse_stream = match lse.as_deref() {
-        Some(l) => Some(device_stream(l)?.clone()),
+        Some(l) => Some(device_stream(l)?)
+            .filter(|s| !s.same_as(&stream))
+            .cloned(),
         None => None,
     };
-    let (qs, ks, vs) = (
-        device_stream(q)?.clone(),
-        device_stream(k)?.clone(),
-        device_stream(v)?.clone(),
-    );
+    let (qs, ks, vs) = (device_stream(q)?, device_stream(k)?, device_stream(v)?);
     // The index arrays (offsets or a page table) with their host copies. Arrays not on the
     // device reach C++ without buffers, which refuses them by location.
     let indices = match (seqs, pages) {
@@ -79,13 +80,13 @@ pub(crate) fn run<T: AttentionElement>(
         (None, Some(p)) => p.device().map(|(t, n)| (true, t, n, p.host())),
         (None, None) => None,
     };
-    let indices_stream = indices.map(|(_, first, _, _)| first.stream().clone());
+    let indices_stream = indices.map(|(_, first, _, _)| first.stream());
     let inputs = [
-        Some(&qs),
-        Some(&ks),
-        Some(&vs),
+        Some(qs),
+        Some(ks),
+        Some(vs),
         lse_stream.as_ref(),
-        indices_stream.as_ref(),
+        indices_stream,
     ];
     let inputs = inputs.iter().flatten().copied();
     for s in inputs.clone() {

@@ -424,7 +424,8 @@ pub(crate) enum HostProbe {
     Launch = 0,
     /// `flashcore::attention_forward`, the public C++ call: validate, plan, launch.
     PublicCall = 1,
-    /// A planned run: this run's addresses checked, then the launcher.
+    /// `flashcore::AttentionPlan::run` of the call's plan (made before the loop): this run's
+    /// addresses checked, then the launcher.
     PlannedRun = 2,
 }
 

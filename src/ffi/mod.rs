@@ -372,6 +372,7 @@ const OVERLAPPING_OUTPUT: i32 = 21;
 const INVALID_PAGE_TABLE: i32 = 22;
 const INVALID_SOFTCAP: i32 = 23;
 const OUT_OF_DEVICE_MEMORY: i32 = 24;
+const PLAN_MISMATCH: i32 = 25;
 
 // `flashcore::Field` values of the offsets rules.
 const FIRST_OFFSET: i32 = 12;
@@ -642,6 +643,7 @@ pub(crate) fn to_error(s: StatusFfi, described: &Described<'_>) -> Error {
             other: (a != 0).then(|| operand(a as i32, b)),
         },
         OUT_OF_DEVICE_MEMORY => Error::OutOfDeviceMemory { bytes: count(a) },
+        PLAN_MISMATCH => Error::PlanMismatch(op),
         _ => Error::Launch(s.message),
     }
 }

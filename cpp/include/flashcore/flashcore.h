@@ -23,6 +23,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <optional>
 
 #include "flashcore/plan.h"
@@ -75,6 +76,67 @@ struct LaunchInfo {
 // (with host copies) valid (Code::InvalidOffsets). Never throws.
 Status attention_forward(const AttentionArgs& args, cudaStream_t stream,
                          LaunchInfo* info = nullptr) noexcept;
+
+// The tensors of one AttentionPlan run: new addresses for operands of the dims, strides, dtype
+// and device the plan was made for. The batch composition (a variable-length batch's offsets, a
+// paged cache's block table and key lengths) is the plan's own; a paged plan's k and v are this
+// run's caches (one per layer).
+struct RunArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // given exactly when the plan was made with a logsumexp
+};
+
+namespace detail {
+struct Prepared;
+}
+
+// An attention call validated and planned once, run many times: a serving step plans a batch
+// once and runs it for each of its 32 to 80 layers. create() does all of attention_forward's
+// host work (the same checks, each with its Code, and the kernel, tile and split choice for the
+// current device); run() checks only what changes, the new addresses (16-byte alignment,
+// overlapping outputs, no null pointer), and launches.
+//
+//   flashcore::AttentionPlan plan;
+//   flashcore::Status s = flashcore::AttentionPlan::create(args, &plan);  // args as above
+//   for (int layer = 0; s.ok() && layer < layers; ++layer) {
+//     s = plan.run({q[layer], k_cache[layer], v_cache[layer], out[layer]}, stream);
+//   }
+//
+// run() does not ask CUDA where the new pointers live (that query costs more than the launch):
+// they must be device memory of the plan's device, as large as the planned dims and strides
+// address (attention_forward checks the place of every pointer). The offsets or page table in
+// `args` are kept by address, not copied: they must stay valid while the plan runs, and their
+// contents may change only within what the plan validated (with host copies) or, without host
+// copies, within the device contract of Sequences and Pages. A plan is immutable: copies share
+// it, and threads may run one plan at once on their own streams and outputs.
+class AttentionPlan {
+ public:
+  // An empty plan: run() returns Code::PlanMismatch (operand None).
+  AttentionPlan() noexcept;
+  ~AttentionPlan();
+  AttentionPlan(const AttentionPlan&) noexcept;
+  AttentionPlan& operator=(const AttentionPlan&) noexcept;
+
+  // Validates and plans `args` for the current device; on success `*plan` holds the plan (and is
+  // left unchanged otherwise). Never throws.
+  static Status create(const AttentionArgs& args, AttentionPlan* plan) noexcept;
+
+  // Enqueues the planned attention on `data`'s tensors on `stream`, which must belong to the
+  // plan's device (the current device, else Code::DeviceMismatch). Nothing is launched when the
+  // Status is not ok. Never throws.
+  Status run(const RunArgs& data, cudaStream_t stream) const noexcept;
+
+  // What every run launches: kernel, table row and key splits (default values when empty).
+  LaunchInfo info() const noexcept;
+  // Whether create() filled this plan.
+  explicit operator bool() const noexcept { return call_ != nullptr; }
+
+ private:
+  std::shared_ptr<const detail::Prepared> call_;
+};
 
 // One attention state: an output [batch, seq, heads, head_dim] and its logsumexp (float, dense
 // BHSD [batch, seq, heads, 1]), as attention_forward writes them for one set of keys.

@@ -49,6 +49,9 @@ enum class Code : int32_t {
   // Could not run here (continued).
   OutOfDeviceMemory,     // a device allocation of values[0] bytes failed (cudaErrorMemoryAllocation);
                          // the process can go on: nothing was launched, the error is cleared
+  // Argument errors (continued): nothing was launched.
+  PlanMismatch,          // an AttentionPlan run: operand (Lse) is given where the plan has none,
+                         // or missing where it has one, or (Operand::None) the plan is empty
 };
 
 // Which tensor a Status is about. State and StateLse are the output and the logsumexp of one of

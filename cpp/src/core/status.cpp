@@ -33,6 +33,7 @@ const char* name(Code code) noexcept {
     case Code::InvalidPageTable: return "invalid_page_table";
     case Code::InvalidSoftcap: return "invalid_softcap";
     case Code::OutOfDeviceMemory: return "out_of_device_memory";
+    case Code::PlanMismatch: return "plan_mismatch";
   }
   return "unknown";
 }
@@ -204,6 +205,10 @@ std::string message(const Status& s, const std::string& detail) {
       return "paged KV cache: " + pages_rule(s);
     case Code::InvalidSoftcap:
       return "softcap " + float_of(s.values[0]) + " is not a positive finite number";
+    case Code::PlanMismatch:
+      return s.operand == Operand::None ? "the plan is empty (made by no successful create)"
+                                        : op + " is given where the plan has none, or missing "
+                                               "where it has one";
     case Code::OverlappingOutput:
       return s.values[0] == 0
                  ? op + ": two of its elements share an address (its strides, ordered, must each "
