@@ -305,6 +305,34 @@ fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<[f64; 7]
     Ok(rows)
 }
 
+/// The score-modifier rows of issue 13 (bf16, d = 128, bottom-right causal, same run): a
+/// sliding window of 4096 keys on 1 x 32 x 16384 against the full causal call, both on the WMMA
+/// kernel (the family that applies modifiers) and the full call under Auto; a softcap of 30 on
+/// 4 x 32 x 4096 against the same call without it on WMMA. Returns (full WMMA us, windowed us,
+/// full Auto us, plain WMMA us, softcapped us), medians.
+fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 5]> {
+    let dev =
+        |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
+    let median = |mut t: Vec<f64>| percentiles(&mut t).0;
+    let wmma = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .backend(Backend::Kernel(Kernel::Wmma));
+    let time = |b: usize, s: usize, opts: AttentionOptions| -> flashcore::Result<f64> {
+        let x = dev(&[b, s, 32, 128])?;
+        let mut out = dev(&[b, s, 32, 128])?;
+        Ok(median(time_fn(stream, 3, iters, |_| {
+            attention_into(&x, &x, &x, &mut out, None, &opts).map(|_| ())
+        })?))
+    };
+    Ok([
+        time(1, 16384, wmma)?,
+        time(1, 16384, wmma.window(Some(4096), None))?,
+        time(1, 16384, wmma.backend(Backend::Auto))?,
+        time(4, 4096, wmma)?,
+        time(4, 4096, wmma.softcap(30.0))?,
+    ])
+}
+
 fn main() {
     let args = parse();
     if let Some(path) = &args.shapes_json {
@@ -415,6 +443,28 @@ fn main() {
             serde_json::Value::Null
         }
     };
+    let modifiers = match score_modifiers(&stream, args.iters) {
+        Ok([full, windowed, auto, plain, capped]) => {
+            println!(
+                "sliding window (1x32x16384x128 bf16 causal, wmma): full {full:.1} us, window 4096 \
+                 {windowed:.1} us, ratio {:.3}; full under Auto {auto:.1} us (window / Auto full \
+                 {:.3})",
+                windowed / full,
+                windowed / auto
+            );
+            println!(
+                "softcap 30 (4x32x4096x128 bf16 causal, wmma): {capped:.1} us vs {plain:.1} us \
+                 without, ratio {:.3}",
+                capped / plain
+            );
+            json!({ "full_us": full, "window_us": windowed, "auto_full_us": auto,
+                    "plain_us": plain, "softcap_us": capped })
+        }
+        Err(e) => {
+            eprintln!("score modifiers: {e}");
+            serde_json::Value::Null
+        }
+    };
     let overhead = match host_overhead(&stream) {
         Ok([rust, cpp, planned, cpp_planned, launch]) => {
             println!(
@@ -441,7 +491,8 @@ fn main() {
     };
     if let Some(path) = args.json {
         let doc = json!({ "device": device.name(), "records": rows, "host_overhead": overhead,
-                          "varlen_prefill": varlen, "paged_decode": paged });
+                          "varlen_prefill": varlen, "paged_decode": paged,
+                          "score_modifiers": modifiers });
         std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).expect("write json");
         eprintln!("wrote {path}");
     }

@@ -210,6 +210,15 @@ pub enum Error {
     /// The softcap is not positive and finite.
     #[error("softcap {0} is not a positive finite number")]
     InvalidSoftcap(f32),
+    /// A side of a sliding window is negative (only C++ callers can give one: Rust's sides are
+    /// `usize`; the C++ code `InvalidWindow` maps here).
+    #[error("sliding window: the {} side is {value}, a window side must not be negative", if *left { "left" } else { "right" })]
+    InvalidWindow {
+        /// Whether the left side (else the right) is the negative one.
+        left: bool,
+        /// Its value.
+        value: i64,
+    },
     /// A dimension or stride exceeds what a backend's 32-bit indexing can address.
     #[error("{what} = {value} exceeds the {backend} backend's limit of {limit}")]
     IndexOverflow {

@@ -82,10 +82,14 @@ pub struct AttentionOptions {
     pub scale: Option<f32>,
     /// Logit softcapping (Gemma 2, Grok): `scores = softcap * tanh(scale * q.k / softcap)`
     /// before the softmax; positive and finite ([`crate::Error::InvalidSoftcap`]). The CPU
-    /// reference applies it; no GPU kernel does yet ([`crate::Error::BackendUnavailable`]).
+    /// reference and the WMMA kernel apply it (`Backend::Auto` picks WMMA on a GPU; forcing
+    /// another kernel is [`crate::Error::BackendUnavailable`]).
     pub softcap: Option<f32>,
     /// Causal masking.
     pub causal: Causal,
+    /// Sliding-window (local) attention: keys to the left and to the right of each query's
+    /// diagonal that it may see (`None`: unbounded). See [`AttentionOptions::window`].
+    pub window: (Option<usize>, Option<usize>),
     /// Which backend to run.
     pub backend: Backend,
     /// Also return the per-row logsumexp (natural log, f32, `[batch, heads, seq_q]`).
@@ -105,6 +109,33 @@ impl AttentionOptions {
     /// Sets the logit softcap.
     pub fn softcap(mut self, cap: f32) -> Self {
         self.softcap = Some(cap);
+        self
+    }
+
+    /// Sets a sliding window (FlashAttention's definition): query `i` sees key `j` only when
+    ///
+    /// ```text
+    /// i + offset - left <= j <= i + offset + right
+    /// ```
+    ///
+    /// with `offset = seq_k - seq_q` (the bottom-right diagonal) under `Causal::BottomRight`
+    /// and `Causal::None`, and 0 under `Causal::TopLeft`. `None` leaves a side unbounded; a
+    /// causal mask also bounds the right side at 0. Rows the window leaves without keys are
+    /// [`crate::Error::NoVisibleKeys`], before anything runs. The CPU reference and the WMMA
+    /// kernel apply it; the WMMA kernel visits only the key tiles inside the band, so its time
+    /// scales with the window, not with `seq_k`.
+    ///
+    /// ```
+    /// use flashcore::{attention, AttentionOptions, Causal, Layout, Tensor};
+    /// use half::f16;
+    /// let x = Tensor::full(f16::ONE, &[1, 8, 1, 64], Layout::Bshd)?;
+    /// // Mistral-style: each token sees itself and the 3 tokens before it.
+    /// let opts = AttentionOptions::default().causal(Causal::BottomRight).window(Some(3), None);
+    /// let r = attention(&x, &x, &x, &opts)?;
+    /// # Ok::<(), flashcore::Error>(())
+    /// ```
+    pub fn window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
+        self.window = (left, right);
         self
     }
 

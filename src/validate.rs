@@ -27,6 +27,8 @@ pub(crate) struct Problem {
     pub scale: f32,
     /// Logit softcapping (validated: positive and finite).
     pub softcap: Option<f32>,
+    /// A sliding window's sides (`None`: unbounded; also a side as wide as the problem).
+    pub window: (Option<usize>, Option<usize>),
     pub causal: Causal,
     pub location: Location,
 }
@@ -37,15 +39,27 @@ impl Problem {
         self.batch == 0 || self.seq_q == 0 || self.heads_q == 0
     }
 
-    /// Keys visible to query row `i`: `0..visible_keys(i)`.
-    pub fn visible_keys(&self, i: usize) -> usize {
-        match self.causal {
-            Causal::None => self.seq_k,
-            Causal::TopLeft => (i + 1).min(self.seq_k),
-            Causal::BottomRight => (i + 1 + self.seq_k)
-                .saturating_sub(self.seq_q)
-                .min(self.seq_k),
-        }
+    /// Keys visible to query row `i` under the causal mask and the window (C++ `core::Band`):
+    /// `i + offset - left ..= i + offset + right`, clamped to the keys; offset 0 for top-left
+    /// alignment, `seq_k - seq_q` otherwise; a causal mask bounds the right side at 0.
+    pub fn visible(&self, i: usize) -> std::ops::Range<usize> {
+        // Validated sizes fit in i64 (they are tensor extents); sides were capped at seq_q + seq_k.
+        let (i, sq, sk) = (i as i64, self.seq_q as i64, self.seq_k as i64);
+        let offset = if self.causal == Causal::TopLeft {
+            0
+        } else {
+            sk - sq
+        };
+        let right = match self.causal {
+            Causal::None => self.window.1.map(|r| r as i64),
+            _ => Some(0),
+        };
+        let end = right.map_or(sk, |r| (i + offset + r + 1).clamp(0, sk));
+        let start = self
+            .window
+            .0
+            .map_or(0, |l| (i + offset - l as i64).clamp(0, sk));
+        start as usize..(end.max(start)) as usize
     }
 }
 
@@ -85,6 +99,8 @@ pub(crate) fn request<T: Element>(
         scale: opts.scale.unwrap_or(0.0),
         has_softcap: opts.softcap.is_some(),
         softcap: opts.softcap.unwrap_or(0.0),
+        window_left: window_side(opts.window.0),
+        window_right: window_side(opts.window.1),
         causal: ffi::causal_id(opts.causal),
         backend: ffi::backend_id(opts.backend),
         forced_arch: opts.force_arch_class.map_or(-1, ffi::arch_id),
@@ -94,6 +110,11 @@ pub(crate) fn request<T: Element>(
         paged: false,
         pages: ffi::PagesFfi::default(),
     })
+}
+
+/// A window side for C++ (-1: unbounded; a side beyond `i64::MAX` bounds nothing either).
+fn window_side(side: Option<usize>) -> i64 {
+    side.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX))
 }
 
 /// Checks `request` (C++ `core::validate`, with the host copies of a variable-length batch's
@@ -106,6 +127,7 @@ pub(crate) fn validate(
 ) -> Result<Problem> {
     let raw = ffi::validate(request, hosts.0, hosts.1)?;
     let size = |v: i64| v as usize; // validated: non-negative and within the tensors' extents
+    let side = |v: i64| usize::try_from(v).ok(); // -1: unbounded
     Ok(Problem {
         batch: size(raw.batch),
         seq_q: size(raw.seq_q),
@@ -115,6 +137,7 @@ pub(crate) fn validate(
         head_dim: size(raw.head_dim),
         scale: raw.scale,
         softcap: request.has_softcap.then_some(request.softcap),
+        window: (side(raw.window_left), side(raw.window_right)),
         causal: ffi::causal_of(raw.causal),
         location,
     })

@@ -707,8 +707,11 @@ fn softcap_matches_the_naive_formula() {
                 .softcap(cap)
                 .with_lse();
             let res = attention(&q, &k, &v, &opts).unwrap();
-            let (want, want_lse) =
-                common::naive_softcap(&q, &k, &v, f64::from(scale), causal, Some(f64::from(cap)));
+            let mods = common::Mods {
+                softcap: Some(f64::from(cap)),
+                ..Default::default()
+            };
+            let (want, want_lse) = common::naive_mods(&q, &k, &v, f64::from(scale), causal, mods);
             let err = rel_l2(&logical(&res.out), &want);
             let lse_err = rel_l2(&lse_values(res.lse.as_ref().unwrap()), &want_lse);
             assert!(
@@ -734,4 +737,75 @@ fn softcap_matches_the_naive_formula() {
             "{e:?}"
         );
     }
+}
+
+/// A sliding window on the CPU reference against the naive formula: every causal mode, Sq below
+/// and above Sk, GQA, windows of 0 and 1 keys, wider than Sk, one side only, with a softcap;
+/// rows a window leaves without keys are NoVisibleKeys, counted exactly.
+#[test]
+fn sliding_window_matches_the_naive_formula() {
+    let mut rng = Rng::fresh();
+    let mut checked = 0;
+    for (sq, sk) in [(9, 12), (12, 9), (1, 20), (16, 16)] {
+        let (qs, ks) = (Shape::new(2, sq, 4, 16), Shape::new(2, sk, 2, 16));
+        let q = randn::<f16>(&mut rng, &dims(qs, Layout::Bshd), Layout::Bshd);
+        let k = randn::<f16>(&mut rng, &dims(ks, Layout::Bshd), Layout::Bshd);
+        let v = randn::<f16>(&mut rng, &dims(ks, Layout::Bshd), Layout::Bshd);
+        for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+            for window in [
+                (Some(0), Some(0)),
+                (Some(1), None),
+                (Some(3), Some(2)),
+                (None, Some(1)),
+                (Some(40), Some(40)),
+            ] {
+                for softcap in [None, Some(5.0f32)] {
+                    let mut opts = AttentionOptions::default()
+                        .causal(causal)
+                        .window(window.0, window.1)
+                        .with_lse();
+                    opts.softcap = softcap;
+                    let mods = common::Mods {
+                        softcap: softcap.map(f64::from),
+                        window,
+                    };
+                    let scale = 1.0 / 4.0;
+                    let (want, want_lse) = common::naive_mods(&q, &k, &v, scale, causal, mods);
+                    let blind = want_lse
+                        .iter()
+                        .filter(|l| l.is_nan() || **l == f64::NEG_INFINITY);
+                    let blind_rows = blind.count() / (2 * 4);
+                    match attention(&q, &k, &v, &opts) {
+                        Ok(res) => {
+                            assert_eq!(blind_rows, 0, "{sq}x{sk} {causal:?} {window:?}");
+                            let err = rel_l2(&logical(&res.out), &want);
+                            let lse_err = rel_l2(&lse_values(res.lse.as_ref().unwrap()), &want_lse);
+                            assert!(
+                                err < 5e-4 && lse_err < 1e-6,
+                                "{sq}x{sk} {causal:?} {window:?} {softcap:?}: {err:.2e} {lse_err:.2e}"
+                            );
+                            checked += 1;
+                        }
+                        Err(Error::NoVisibleKeys { rows, .. }) => {
+                            assert_eq!(rows, blind_rows, "{sq}x{sk} {causal:?} {window:?}");
+                            assert!(rows > 0);
+                        }
+                        Err(e) => panic!("{sq}x{sk} {causal:?} {window:?}: {e}"),
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 80, "{checked} windowed calls compared");
+    // A window changes the result, so the comparisons are not vacuous.
+    let x = randn::<f16>(&mut rng, &[1, 32, 2, 16], Layout::Bshd);
+    let full = attention(&x, &x, &x, &AttentionOptions::default()).unwrap();
+    let local = attention(
+        &x,
+        &x,
+        &x,
+        &AttentionOptions::default().window(Some(2), Some(2)),
+    )
+    .unwrap();
+    assert!(rel_l2(&logical(&full.out), &logical(&local.out)) > 1e-2);
 }

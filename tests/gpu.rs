@@ -1792,3 +1792,213 @@ fn plans_for_paged_caches_and_varlen_batches_run_like_the_direct_calls() {
         assert_eq!(host(&out), host(&want), "planned varlen run");
     }
 }
+
+/// One dense call with score modifiers on the GPU (Auto: the WMMA kernel), NaN-poisoned, against
+/// the naive f64 formula; returns (out error, lse error) and the key splits it ran.
+#[allow(clippy::too_many_arguments)] // one case: sizes, mask, modifiers
+fn mods_case<T: AttentionElement>(
+    s: &Stream,
+    (b, sq, sk): (usize, usize, usize),
+    (hq, hk, d): (usize, usize, usize),
+    causal: Causal,
+    mods: common::Mods,
+) -> ((f64, f64), usize) {
+    let mut rng = Rng::fresh();
+    let (qs, ks) = (Shape::new(b, sq, hq, d), Shape::new(b, sk, hk, d));
+    let q = randn::<T>(&mut rng, &dims(qs, Layout::Bshd), Layout::Bshd);
+    let k = randn::<T>(&mut rng, &dims(ks, Layout::Bshd), Layout::Bshd);
+    let v = randn::<T>(&mut rng, &dims(ks, Layout::Bshd), Layout::Bshd);
+    let mut out = Tensor::full(T::from_f64(f64::NAN), &dims(qs, Layout::Bshd), Layout::Bshd)
+        .unwrap()
+        .to_device(s)
+        .unwrap();
+    let mut lse = Tensor::full(f32::NAN, &[b, hq, sq, 1], Layout::Bhsd)
+        .unwrap()
+        .to_device(s)
+        .unwrap();
+    let mut opts = AttentionOptions::default()
+        .causal(causal)
+        .window(mods.window.0, mods.window.1)
+        .with_lse();
+    opts.softcap = mods.softcap.map(|c| c as f32);
+    let exec = attention_into(
+        &q.to_device(s).unwrap(),
+        &k.to_device(s).unwrap(),
+        &v.to_device(s).unwrap(),
+        &mut out,
+        Some(&mut lse),
+        &opts,
+    )
+    .unwrap_or_else(|e| panic!("{b}x{sq}x{sk} {causal:?} {mods:?}: {e}"));
+    assert_eq!(exec.backend, BackendKind::Kernel(Kernel::Wmma));
+    let (want, want_lse) = common::naive_mods(&q, &k, &v, 1.0 / (d as f64).sqrt(), causal, mods);
+    let errs = (
+        rel_l2(&logical(&out.to_host().unwrap()), &want),
+        rel_l2(&lse_values(&lse.to_host().unwrap()), &want_lse),
+    );
+    (errs, exec.splits)
+}
+
+/// Sliding windows and softcaps on the GPU (the WMMA kernel's modifier instantiation) against
+/// the naive f64 formula: every causal alignment, Sq below, equal to and above Sk, GQA, both
+/// dtypes, head dims 64 / 128 / 256 and 72, the edge of the band (windows of 0 and 1, one side
+/// only, wider than Sk), small and large caps, both combined, one-query decode (split over the
+/// keys) with a window. Forcing another family is refused; variable-length and paged calls with
+/// a window and a softcap match the CPU reference.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn score_modifiers_match_the_reference() {
+    use common::Mods;
+    let s = stream();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    let mut check = |what: String, (err, lse_err): (f64, f64), tol: f64| {
+        println!("modifiers {what}: rel L2 {err:.2e} lse {lse_err:.2e}");
+        checked += 1;
+        if !(err < tol && lse_err < 1e-4) {
+            failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
+        }
+    };
+    let windows = [
+        (Some(0), Some(0)),
+        (Some(1), None),
+        (Some(64), Some(0)),
+        (Some(100), Some(37)),
+        (None, Some(5)),
+        (Some(5000), None),
+    ];
+    for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+        for (i, &window) in windows.iter().enumerate() {
+            // Every window fits every causal mode on these lengths (no row without keys).
+            let (sizes, heads) = match i % 3 {
+                0 => ((2, 200, 333), (8, 2, 128)),
+                1 => ((1, 150, 150), (4, 4, 64)),
+                _ => ((2, 97, 300), (6, 1, 256)),
+            };
+            let mods = Mods {
+                window,
+                softcap: None,
+            };
+            let what = format!("{sizes:?} {heads:?} {causal:?} window {window:?}");
+            check(
+                format!("f16 {what}"),
+                mods_case::<f16>(&s, sizes, heads, causal, mods).0,
+                2e-3,
+            );
+            check(
+                format!("bf16 {what}"),
+                mods_case::<bf16>(&s, sizes, heads, causal, mods).0,
+                1e-2,
+            );
+        }
+        for cap in [0.5, 30.0, 1e4] {
+            let mods = Mods {
+                softcap: Some(cap),
+                window: (None, None),
+            };
+            let what = format!("{causal:?} softcap {cap}");
+            check(
+                format!("f16 {what}"),
+                mods_case::<f16>(&s, (2, 130, 257), (8, 2, 128), causal, mods).0,
+                2e-3,
+            );
+            check(
+                format!("bf16 d72 {what}"),
+                mods_case::<bf16>(&s, (1, 64, 100), (4, 2, 72), causal, mods).0,
+                1e-2,
+            );
+        }
+        let both = Mods {
+            softcap: Some(20.0),
+            window: (Some(50), Some(10)),
+        };
+        // Sq > Sk (bottom-right causal would leave rows without keys: Sq < Sk there).
+        let sizes = match causal {
+            Causal::BottomRight => (1, 290, 300),
+            _ => (1, 300, 290),
+        };
+        check(
+            format!("f16 {causal:?} softcap and window {sizes:?}"),
+            mods_case::<f16>(&s, sizes, (8, 8, 64), causal, both).0,
+            2e-3,
+        );
+    }
+    // Decode: one query per head against 20k keys, a window of 1000: split over the keys.
+    let decode = Mods {
+        softcap: Some(30.0),
+        window: (Some(1000), None),
+    };
+    let (errs, splits) = mods_case::<bf16>(
+        &s,
+        (1, 1, 20_000),
+        (32, 8, 128),
+        Causal::BottomRight,
+        decode,
+    );
+    assert!(splits > 1, "a long decode splits its keys ({splits})");
+    check(
+        format!("bf16 decode 1x20000 window 1000, {splits} splits"),
+        errs,
+        1e-2,
+    );
+    assert!(checked >= 70, "{checked} checks");
+    assert_none_failed(&failures);
+
+    // Forcing a family without modifiers is refused before any launch.
+    let x = Tensor::full(f16::ONE, &[1, 64, 4, 64], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    for opts in [
+        AttentionOptions::default().window(Some(8), None),
+        AttentionOptions::default().softcap(10.0),
+    ] {
+        for kernel in [Kernel::CutlassSm80, Kernel::CutlassSm90] {
+            let err = attention(&x, &x, &x, &opts.backend(Backend::Kernel(kernel))).unwrap_err();
+            assert!(
+                matches!(err, Error::BackendUnavailable { .. }),
+                "{kernel:?}: {err}"
+            );
+        }
+    }
+
+    // Variable-length and paged calls with modifiers match the CPU reference's.
+    let mut rng = Rng::fresh();
+    let opts = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .window(Some(70), None)
+        .softcap(25.0);
+    let (batch, q, k, v) =
+        random_varlen::<f16>(&mut rng, 6, (300, 600), (8, 2), 128, true, Layout::Bshd);
+    let want = attention_varlen(&q, &k, &v, &batch, &opts.backend(Backend::Cpu)).unwrap();
+    let got = attention_varlen(
+        &q.to_device(&s).unwrap(),
+        &k.to_device(&s).unwrap(),
+        &v.to_device(&s).unwrap(),
+        &batch.to_device(&s).unwrap(),
+        &opts,
+    )
+    .unwrap();
+    let err = rel_l2(&logical(&got.out.to_host().unwrap()), &logical(&want.out));
+    println!("modifiers varlen: rel L2 {err:.2e}");
+    assert!(err < 2e-3, "varlen with a window and a softcap: {err:.3e}");
+    let lengths = [700, 33, 1500];
+    let (table, num_pages) = random_pages(&mut rng, 16, &lengths, 3);
+    let seqlens = lengths.iter().map(|&n| n as i32).collect();
+    let pages = PageTable::new(16, table, seqlens).unwrap();
+    let cache = |rng: &mut Rng| randn::<f16>(rng, &[num_pages, 16, 2, 128], Layout::Bshd);
+    let (kc, vc) = (cache(&mut rng), cache(&mut rng));
+    let q = randn::<f16>(&mut rng, &[3, 5, 8, 128], Layout::Bshd);
+    let want = attention_paged(&q, &kc, &vc, &pages, &opts.backend(Backend::Cpu)).unwrap();
+    let got = attention_paged(
+        &q.to_device(&s).unwrap(),
+        &kc.to_device(&s).unwrap(),
+        &vc.to_device(&s).unwrap(),
+        &pages.to_device(&s).unwrap(),
+        &opts,
+    )
+    .unwrap();
+    let err = rel_l2(&logical(&got.out.to_host().unwrap()), &logical(&want.out));
+    println!("modifiers paged: rel L2 {err:.2e}");
+    assert!(err < 2e-3, "paged with a window and a softcap: {err:.3e}");
+}

@@ -47,6 +47,9 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
     a.heads_q = p.heads_q;
     a.causal = p.causal;
   }
+  a.softcap = r.options.softcap.value_or(0.0f);
+  a.window_left = p.window_left;
+  a.window_right = p.window_right;
   a.tile = plan.row->tile;
   a.splits = plan.splits;
   if (p.varlen) {

@@ -53,6 +53,12 @@ inline core::Request from_ffi(const RequestFfi& r, rust::Slice<const int32_t> ho
   if (r.has_softcap) {
     out.options.softcap = r.softcap;
   }
+  if (r.window_left >= 0) {
+    out.options.window_left = r.window_left;
+  }
+  if (r.window_right >= 0) {
+    out.options.window_right = r.window_right;
+  }
   out.options.causal = static_cast<Causal>(r.causal);
   out.options.backend = static_cast<Backend>(r.backend);
   if (r.forced_arch >= 0) {
@@ -93,13 +99,16 @@ inline ProblemFfi to_ffi(const core::Problem& p) {
   out.location = p.location;
   out.varlen = p.varlen;
   out.paged = p.paged;
+  out.window_left = p.window_left;
+  out.window_right = p.window_right;
   return out;
 }
 
 inline core::Problem from_ffi(const ProblemFfi& p) {
   return core::Problem{p.batch,   p.seq_q,    p.seq_k,
                        p.heads_q, p.heads_kv, p.head_dim,
-                       p.scale,   static_cast<Causal>(p.causal), p.location, p.varlen, p.paged};
+                       p.scale,   static_cast<Causal>(p.causal), p.location, p.varlen, p.paged,
+                       p.window_left, p.window_right};
 }
 
 inline StatusFfi to_ffi(const Status& s) {

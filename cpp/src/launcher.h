@@ -58,6 +58,10 @@ struct FmhaArgs {
   int64_t o_stride[3];
   float scale;
   Causal causal;
+  // Score modifiers (only the WMMA kernel): a softcap (0: none), and a sliding window, each side
+  // -1 when unbounded (core::Problem's; the band is core::Band's, with the causal alignment).
+  float softcap = 0.0f;
+  int64_t window_left = -1, window_right = -1;
   Tile tile;
   // A variable-length batch (only the WMMA kernel takes one): batch + 1 int32 offsets each into
   // the token axis of q/out and of k/v, whose batch stride is then unused; seq_q and seq_k are

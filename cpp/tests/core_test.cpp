@@ -774,23 +774,103 @@ void paged_cache() {
   }
 }
 
-// Logit softcapping: a cap that is not positive and finite is refused; a valid one plans on no
-// GPU kernel yet (the CPU reference applies it).
-void softcap() {
+// Score modifiers. Logit softcapping: a cap that is not positive and finite is refused. A sliding
+// window: a negative side is refused naming it; the rows it leaves without keys are counted
+// exactly (against a row-by-row count); a side as wide as the problem bounds nothing. Both plan
+// on the WMMA kernel under Auto; forcing another family is refused.
+void score_modifiers() {
   for (const float bad : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(),
                           std::numeric_limits<float>::infinity()}) {
     Request r = valid();
     r.options.softcap = bad;
     expect_code(r, Code::InvalidSoftcap, Operand::None, "softcap " + std::to_string(bad));
   }
-  Request r = valid();
+  for (const Field side : {Field::WindowLeft, Field::WindowRight}) {
+    Request r = valid();
+    (side == Field::WindowLeft ? r.options.window_left : r.options.window_right) = -3;
+    const Status s = check(r);
+    expect(s.code == Code::InvalidWindow && s.field == side && s.values[0] == -3,
+           std::string("a negative ") + flashcore::name(side) + ": " + s.message);
+  }
+
+  // Blind rows, against the definition row by row.
+  using flashcore::Causal;
+  int cases = 0;
+  for (const Causal causal : {Causal::None, Causal::TopLeft, Causal::BottomRight}) {
+    for (const int64_t sq : {1, 5, 17}) {
+      for (const int64_t sk : {0, 1, 4, 17, 30}) {
+        for (const int64_t left : {-1, 0, 1, 3, 40}) {
+          for (const int64_t right : {-1, 0, 2, 40}) {
+            flashcore::Options o;
+            o.causal = causal;
+            if (left >= 0) o.window_left = left;
+            if (right >= 0) o.window_right = right;
+            const flashcore::core::Band band(o, sq, sk);
+            int64_t want = 0;
+            for (int64_t i = 0; i < sq; ++i) {
+              const int64_t off = causal == Causal::TopLeft ? 0 : sk - sq;
+              int64_t lo = left >= 0 ? i + off - left : 0;
+              int64_t hi = causal != Causal::None ? i + off : right >= 0 ? i + off + right : sk - 1;
+              lo = std::max<int64_t>(lo, 0);
+              hi = std::min<int64_t>(hi, sk - 1);
+              want += lo > hi ? 1 : 0;
+            }
+            const int64_t got = band.blind_rows(sq, sk);
+            ++cases;
+            expect(got == want, "blind rows " + std::to_string(got) + " != " +
+                                    std::to_string(want) + " (sq " + std::to_string(sq) +
+                                    ", sk " + std::to_string(sk) + ", left " +
+                                    std::to_string(left) + ", right " + std::to_string(right) +
+                                    ", causal " + std::to_string(int(causal)) + ")");
+          }
+        }
+      }
+    }
+  }
+  expect(cases == 900, "every blind-row case ran");
+  Request r = valid();  // 100 queries, 130 keys: bottom-right row 0 sees keys 30 - left ..
+  r.options.window_right = 0;
+  r.options.window_left = 0;
+  r.q.shape[1] = r.out.shape[1] = 140;  // rows 0-9 lie before key 0
+  r.q.stride[0] = r.out.stride[0] = 140 * 8 * 64;
+  Status s = check(r);
+  expect(s.code == Code::NoVisibleKeys && s.values[0] == 10,
+         "a window leaves 10 rows without keys: " + s.message);
+
+  r = valid();
   r.options.softcap = 30.0f;
+  r.options.window_left = 16;
   Problem p{};
-  expect(flashcore::core::validate(r, &p).ok(), "softcap 30 validates");
+  expect(flashcore::core::validate(r, &p).ok() && p.window_left == 16 && p.window_right == -1,
+         "softcap 30 and a left window of 16 validate");
+  r.options.window_left = 230;  // >= seq_q + seq_k: bounds nothing
+  expect(flashcore::core::validate(r, &p).ok() && p.window_left == -1,
+         "a window wider than the problem is unbounded");
+  r = valid();
+  r.q.shape[1] = r.out.shape[1] = 1;  // one-query GQA: packed, unless windowed
+  expect(flashcore::core::validate(r, &p).ok() && p.packs_heads(), "decode packs heads");
+  r.options.window_left = 64;
+  expect(flashcore::core::validate(r, &p).ok() && !p.packs_heads(),
+         "a windowed decode does not pack heads (each head's one row has its own band)");
+
   const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
-  flashcore::core::Plan plan{};
-  const Status s = flashcore::core::plan(r, p, h200, &plan);
-  expect(s.code == Code::BackendUnavailable, "no GPU kernel applies a softcap yet: " + s.message);
+  for (const bool window : {false, true}) {
+    r = valid();
+    (window ? r.options.window_left : r.options.window_right) = 8;
+    if (!window) r.options.softcap = 50.0f;
+    flashcore::core::validate(r, &p);
+    flashcore::core::Plan plan{};
+    s = flashcore::core::plan(r, p, h200, &plan);
+    expect(s.ok() && plan.kernel == Kernel::Wmma,
+           "Auto applies a score modifier with the WMMA kernel: " + s.message);
+    for (const auto forced : {flashcore::Backend::CutlassSm80, flashcore::Backend::CutlassSm90}) {
+      r.options.backend = forced;
+      s = flashcore::core::plan(r, p, h200, &plan);
+      expect(s.code == Code::BackendUnavailable &&
+                 s.values[0] == int64_t(*flashcore::kernel_of(forced)),
+             "a family without score modifiers, forced: " + s.message);
+    }
+  }
 }
 
 int main() {
@@ -800,7 +880,7 @@ int main() {
   addresses_and_locations();
   overlapping_outputs();
   paged_cache();
-  softcap();
+  score_modifiers();
   no_allocation_on_the_hot_path();
   scales();
   heads_and_head_dims();

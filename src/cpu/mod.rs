@@ -172,10 +172,11 @@ fn sequence<T: Element>(
     for h in 0..p.heads_q {
         let kvh = h / group;
         for i in 0..p.seq_q {
-            let n = p.visible_keys(i);
+            let keys = p.visible(i);
+            let (first, n) = (keys.start, keys.len());
             let q0 = q.offset(b, at.q0 + i, h, 0);
             for (j, s) in scores[..n].iter_mut().enumerate() {
-                let (kb, kj) = at.key(j);
+                let (kb, kj) = at.key(first + j);
                 let k0 = k.offset(kb, kj, kvh, 0);
                 let dot: f64 = (0..d)
                     .map(|x| qd[q0 + x].to_f64() * kd[k0 + x].to_f64())
@@ -194,7 +195,7 @@ fn sequence<T: Element>(
             for (j, s) in scores[..n].iter().enumerate() {
                 let w = (s - max).exp();
                 sum += w;
-                let (vb, vj) = at.key(j);
+                let (vb, vj) = at.key(first + j);
                 let v0 = v.offset(vb, vj, kvh, 0);
                 for (x, a) in acc.iter_mut().enumerate() {
                     *a += w * vd[v0 + x].to_f64();

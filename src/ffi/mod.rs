@@ -70,6 +70,9 @@ pub(crate) mod sys {
         scale: f32,
         has_softcap: bool,
         softcap: f32,
+        /// Sliding window sides, -1 when unbounded (`Options::window_left / _right`).
+        window_left: i64,
+        window_right: i64,
         causal: i32,
         backend: i32,
         forced_arch: i32,
@@ -94,6 +97,8 @@ pub(crate) mod sys {
         location: i32,
         varlen: bool,
         paged: bool,
+        window_left: i64,
+        window_right: i64,
     }
 
     /// `flashcore::Status`.
@@ -373,12 +378,14 @@ const INVALID_PAGE_TABLE: i32 = 22;
 const INVALID_SOFTCAP: i32 = 23;
 const OUT_OF_DEVICE_MEMORY: i32 = 24;
 const PLAN_MISMATCH: i32 = 25;
+const INVALID_WINDOW: i32 = 26;
 
 // `flashcore::Field` values of the offsets rules.
 const FIRST_OFFSET: i32 = 12;
 const OFFSET_ORDER: i32 = 13;
 const LAST_OFFSET: i32 = 14;
 const SEQUENCES: i32 = 16;
+const WINDOW_LEFT: i32 = 20;
 const PAGE_SIZE: i32 = 17;
 const KEYS_BEYOND_PAGES: i32 = 18;
 
@@ -644,6 +651,10 @@ pub(crate) fn to_error(s: StatusFfi, described: &Described<'_>) -> Error {
         },
         OUT_OF_DEVICE_MEMORY => Error::OutOfDeviceMemory { bytes: count(a) },
         PLAN_MISMATCH => Error::PlanMismatch(op),
+        INVALID_WINDOW => Error::InvalidWindow {
+            left: s.field == WINDOW_LEFT,
+            value: a,
+        },
         _ => Error::Launch(s.message),
     }
 }

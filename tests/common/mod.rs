@@ -60,19 +60,29 @@ pub fn naive<T: Element>(
     scale: f64,
     causal: Causal,
 ) -> (Vec<f64>, Vec<f64>) {
-    naive_softcap(q, k, v, scale, causal, None)
+    naive_mods(q, k, v, scale, causal, Mods::default())
 }
 
-/// [`naive`] with logit softcapping: each unmasked score `s = scale * q.k` becomes
-/// `cap * tanh(s / cap)`.
-pub fn naive_softcap<T: Element>(
+/// Score modifiers of [`naive_mods`].
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Mods {
+    /// Each unmasked score `s = scale * q.k` becomes `cap * tanh(s / cap)`.
+    pub softcap: Option<f64>,
+    /// Key `j` is visible to query `i` only within `i + off - left ..= i + off + right`
+    /// (`off`: the causal alignment's diagonal, bottom-right without a causal mask).
+    pub window: (Option<usize>, Option<usize>),
+}
+
+/// [`naive`] with score modifiers, straight from their definitions.
+pub fn naive_mods<T: Element>(
     q: &Tensor<T>,
     k: &Tensor<T>,
     v: &Tensor<T>,
     scale: f64,
     causal: Causal,
-    softcap: Option<f64>,
+    mods: Mods,
 ) -> (Vec<f64>, Vec<f64>) {
+    let softcap = mods.softcap;
     let (qs, ks) = (q.shape(), k.shape());
     let (b_n, sq, sk, hq, hk, d) = (qs.batch, qs.seq, ks.seq, qs.heads, ks.heads, qs.head_dim);
     let (qv, kv, vv) = (logical(q), logical(k), logical(v));
@@ -87,11 +97,16 @@ pub fn naive_softcap<T: Element>(
         for i in 0..sq {
             let scores: Vec<f64> = (0..sk)
                 .map(|j| {
+                    let (row, key) = (i as i64, j as i64);
+                    let off = match causal {
+                        Causal::TopLeft => 0,
+                        _ => sk as i64 - sq as i64,
+                    };
                     let masked = match causal {
                         Causal::None => false,
-                        Causal::TopLeft => j > i,
-                        Causal::BottomRight => j as i64 > i as i64 + sk as i64 - sq as i64,
-                    };
+                        _ => key > row + off,
+                    } || mods.window.0.is_some_and(|l| key < row + off - l as i64)
+                        || mods.window.1.is_some_and(|r| key > row + off + r as i64);
                     if masked {
                         f64::NEG_INFINITY
                     } else {

@@ -52,6 +52,8 @@ enum class Code : int32_t {
   // Argument errors (continued): nothing was launched.
   PlanMismatch,          // an AttentionPlan run: operand (Lse) is given where the plan has none,
                          // or missing where it has one, or (Operand::None) the plan is empty
+  InvalidWindow,         // the sliding window's side `field` (WindowLeft / WindowRight) is
+                         // values[0], which is negative
 };
 
 // Which tensor a Status is about. State and StateLse are the output and the logsumexp of one of
@@ -87,6 +89,9 @@ enum class Field : int32_t {
   KeysBeyondPages,  // sequence values[0] has values[1] keys, more than its pages (or than
                     // max_seqlen_k) hold (values[2]); values[0] = -1: max_seqlen_k itself
   PageIndex,     // sequence values[0] uses page values[1], outside [0, num_pages = values[2])
+  // The sides of a sliding window (InvalidWindow).
+  WindowLeft,
+  WindowRight,
 };
 
 struct Status {

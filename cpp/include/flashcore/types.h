@@ -118,10 +118,20 @@ struct Options {
   // Softmax scale; 1/sqrt(head_dim) when empty. Must be finite.
   std::optional<float> scale;
   // Logit softcapping (Gemma 2, Grok): scores = softcap * tanh(scale * q.k / softcap) before the
-  // softmax. Positive and finite (Code::InvalidSoftcap). The CPU reference applies it; no GPU
-  // kernel does yet (Code::BackendUnavailable).
+  // softmax. Positive and finite (Code::InvalidSoftcap). The WMMA kernel applies it on the GPU
+  // (Backend::Auto picks it; forcing another family is Code::BackendUnavailable).
   std::optional<float> softcap;
   Causal causal = Causal::None;
+  // Sliding-window (local) attention, in keys from the diagonal: query i sees key j only when
+  //   i + offset - window_left <= j <= i + offset + window_right,
+  // offset = seq_k - seq_q (the bottom-right diagonal, FlashAttention's definition) under
+  // Causal::BottomRight and Causal::None, 0 under Causal::TopLeft. An empty side is unbounded; a
+  // causal mask also bounds the right side at 0. Not negative (Code::InvalidWindow). Rows the
+  // window leaves without keys are Code::NoVisibleKeys. The WMMA kernel runs it on the GPU, and
+  // visits only the key tiles inside the band (Backend::Auto picks it; forcing another family is
+  // Code::BackendUnavailable).
+  std::optional<int64_t> window_left;
+  std::optional<int64_t> window_right;
   Backend backend = Backend::Auto;
   // Take the tile-table rows of this class instead of the device's own (testing the sm_89 rows
   // on another GPU). The rows must still fit the device's shared memory.

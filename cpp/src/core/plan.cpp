@@ -115,6 +115,8 @@ constexpr int64_t kU32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (heads, batch)
 // The family that takes variable-length batches and paged caches.
 constexpr Kernel kIndexedKernel = Kernel::Wmma;
+// The family that applies score modifiers (softcap, sliding window).
+constexpr Kernel kModifierKernel = Kernel::Wmma;
 
 Status limit(Kernel kernel, Field what, int64_t value, int64_t max) {
   if (value <= max) {
@@ -278,10 +280,22 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       }
       kernel = kIndexedKernel;
     }
-    if (r.options.softcap) {
-      return fail(Code::BackendUnavailable, Operand::None, Field::None,
-                  static_cast<int64_t>(kernel), 0, 0,
-                  "no GPU kernel applies a softcap yet (issue 13); the CPU reference does");
+    if (r.options.softcap || p.windowed()) {
+      // Score modifiers run on the WMMA kernel (the other families take them in later steps),
+      // which computes a window's band in 32-bit ints: every |i + offset -+ side| stays below
+      // 2 (seq_q + seq_k).
+      if (forced && *forced != kModifierKernel) {
+        return fail(Code::BackendUnavailable, Operand::None, Field::None,
+                    static_cast<int64_t>(*forced), 0, 0,
+                    std::string("it applies neither a softcap nor a sliding window yet; ") +
+                        name(kModifierKernel) + " does");
+      }
+      kernel = kModifierKernel;
+      if (p.windowed() && p.location != kHost) {
+        if (Status s = limit(kernel, Field::SeqK, p.seq_q + p.seq_k, kI32Max / 4); !s.ok()) {
+          return s;
+        }
+      }
     }
     if (p.location == kHost) {
       return fail(Code::BackendUnavailable, Operand::None, Field::None,

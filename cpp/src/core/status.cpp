@@ -34,6 +34,7 @@ const char* name(Code code) noexcept {
     case Code::InvalidSoftcap: return "invalid_softcap";
     case Code::OutOfDeviceMemory: return "out_of_device_memory";
     case Code::PlanMismatch: return "plan_mismatch";
+    case Code::InvalidWindow: return "invalid_window";
   }
   return "unknown";
 }
@@ -78,6 +79,8 @@ const char* name(Field field) noexcept {
     case Field::PageSize: return "page_size";
     case Field::KeysBeyondPages: return "keys_beyond_pages";
     case Field::PageIndex: return "page_index";
+    case Field::WindowLeft: return "window_left";
+    case Field::WindowRight: return "window_right";
   }
   return "unknown";
 }
@@ -205,6 +208,8 @@ std::string message(const Status& s, const std::string& detail) {
       return "paged KV cache: " + pages_rule(s);
     case Code::InvalidSoftcap:
       return "softcap " + float_of(s.values[0]) + " is not a positive finite number";
+    case Code::InvalidWindow:
+      return "sliding window: " + field + " is " + v(0) + ", a window side must not be negative";
     case Code::PlanMismatch:
       return s.operand == Operand::None ? "the plan is empty (made by no successful create)"
                                         : op + " is given where the plan has none, or missing "

@@ -2,6 +2,7 @@
 // failure is the one reported): sizes, devices, shapes, heads, head dim, strides and alignment,
 // overlapping outputs, a variable-length batch's offsets or a paged cache, scale, softcap,
 // visible keys.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -44,6 +45,37 @@ Failed positive_finite(Code code, float value) {
 }
 
 }  // namespace
+
+namespace {
+
+// `p` with the request's sliding window; a side of seq_q + seq_k keys or more bounds nothing.
+Problem with_window(Problem p, const Options& o) {
+  const int64_t span = p.seq_q + p.seq_k;
+  p.window_left = o.window_left && *o.window_left < span ? *o.window_left : -1;
+  p.window_right = o.window_right && *o.window_right < span ? *o.window_right : -1;
+  return p;
+}
+
+}  // namespace
+
+Band::Band(const Options& o, int64_t seq_q, int64_t seq_k)
+    : offset(o.causal == Causal::TopLeft ? 0 : seq_k - seq_q),
+      left(o.window_left),
+      right(o.causal != Causal::None ? std::optional<int64_t>(0) : o.window_right) {}
+
+int64_t Band::blind_rows(int64_t seq_q, int64_t seq_k) const {
+  if (seq_k <= 0) {
+    return seq_q;
+  }
+  // Both sides are at most seq_q + seq_k here, so no sum below overflows. Rows i < -(offset +
+  // right) end before key 0; rows i >= seq_k - offset + left start past the last key. The band
+  // is never empty (left, right >= 0), so the two sets are disjoint.
+  const int64_t span = seq_q + seq_k;
+  const auto clamp = [&](int64_t x) { return std::min(std::max(x, int64_t{0}), seq_q); };
+  const int64_t before = right ? clamp(-(offset + std::min(*right, span))) : 0;
+  const int64_t after = left ? clamp(seq_q - (seq_k - offset + std::min(*left, span))) : 0;
+  return std::min(seq_q, before + after);
+}
 
 Status check_addresses(const Request& r) noexcept {
   try {
@@ -121,31 +153,34 @@ Status validate(const Request& r, Problem* problem) noexcept {
     if (r.options.softcap) {
       FLASHCORE_TRY(positive_finite(Code::InvalidSoftcap, *r.options.softcap));
     }
+    for (const auto& [side, field] : {std::pair{r.options.window_left, Field::WindowLeft},
+                                      std::pair{r.options.window_right, Field::WindowRight}}) {
+      if (side && *side < 0) {
+        return fail(Code::InvalidWindow, Operand::None, field, *side);
+      }
+    }
     if (r.varlen) {
       FLASHCORE_TRY(check_sequence_keys(r));
-      *problem = Problem{r.cu_q.count, r.cu_q.max_len, r.cu_k.max_len, qs[2], ks[2], d, scale,
-                         r.options.causal, location, true};
+      *problem = with_window(Problem{r.cu_q.count, r.cu_q.max_len, r.cu_k.max_len, qs[2], ks[2],
+                                     d, scale, r.options.causal, location, true},
+                             r.options);
       return {};
     }
     if (r.paged) {
       FLASHCORE_TRY(check_paged_keys(r));
-      *problem = Problem{qs[0], qs[1], r.pages.max_seqlen_k, qs[2], ks[2], d, scale,
-                         r.options.causal, location, false, true};
+      *problem = with_window(Problem{qs[0], qs[1], r.pages.max_seqlen_k, qs[2], ks[2], d, scale,
+                                     r.options.causal, location, false, true},
+                             r.options);
       return {};
     }
-    const Problem p{qs[0], qs[1], ks[1], qs[2], ks[2], d, scale, r.options.causal, location};
+    Problem p{qs[0], qs[1], ks[1], qs[2], ks[2], d, scale, r.options.causal, location};
     if (!p.empty()) {
-      int64_t blind = 0;
-      if (p.seq_k == 0) {
-        blind = p.seq_q;
-      } else if (p.causal == Causal::BottomRight && p.seq_q > p.seq_k) {
-        blind = p.seq_q - p.seq_k;
-      }
+      const int64_t blind = Band(r.options, p.seq_q, p.seq_k).blind_rows(p.seq_q, p.seq_k);
       if (blind > 0) {
         return fail(Code::NoVisibleKeys, Operand::None, Field::None, blind, p.seq_q, p.seq_k);
       }
     }
-    *problem = p;
+    *problem = with_window(p, r.options);
     return {};
   } catch (...) {  // only std::bad_alloc from a message string can get here
     return out_of_host_memory();

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "flashcore/plan.h"
 #include "flashcore/status.h"
@@ -77,6 +78,9 @@ struct Problem {
   int32_t location;
   bool varlen = false;
   bool paged = false;
+  // A sliding window (Options::window_left / _right), each side -1 when unbounded (also when
+  // it is at least seq_q + seq_k, which no band can exceed).
+  int64_t window_left = -1, window_right = -1;
 
   // No output element: nothing to compute or launch.
   bool empty() const { return batch == 0 || seq_q == 0 || heads_q == 0; }
@@ -84,12 +88,27 @@ struct Problem {
   // because the one query sees every key).
   bool packs_heads() const {
     return !varlen && seq_q == 1 && heads_kv > 0 && heads_q > heads_kv &&
-           (causal == Causal::None || causal == Causal::BottomRight);
+           (causal == Causal::None || causal == Causal::BottomRight) && !windowed();
   }
+  // Whether a sliding window bounds a side.
+  bool windowed() const { return window_left >= 0 || window_right >= 0; }
   // Query rows per (batch, head) the kernel sees, after packing.
   int64_t query_rows() const { return packs_heads() ? heads_q / heads_kv : seq_q; }
   // The (batch, head) pairs the kernel sees, after packing.
   int64_t batch_heads() const { return batch * (packs_heads() ? heads_kv : heads_q); }
+};
+
+// The keys query row i of a sequence of seq_q queries and seq_k keys sees under a causal mask
+// and a sliding window: lo(i) = i + offset - left <= j <= hi(i) = i + offset + right, clamped to
+// [0, seq_k). offset = 0 for top-left alignment, seq_k - seq_q otherwise; an unbounded side is
+// empty; a causal mask bounds the right side at 0.
+struct Band {
+  int64_t offset = 0;
+  std::optional<int64_t> left, right;
+
+  Band(const Options& o, int64_t seq_q, int64_t seq_k);
+  // Rows of [0, seq_q) that see no key of [0, seq_k).
+  int64_t blind_rows(int64_t seq_q, int64_t seq_k) const;
 };
 
 // Checks `r` and describes the problem in `*problem`.

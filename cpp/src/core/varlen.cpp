@@ -61,12 +61,7 @@ Failed check_sequence_keys(const Request& r) {
   }
   for (int64_t b = 0; b < r.cu_q.count; ++b) {
     const int64_t sq = q[b + 1] - q[b], sk = k[b + 1] - k[b];
-    int64_t blind = 0;
-    if (sk == 0) {
-      blind = sq;
-    } else if (r.options.causal == Causal::BottomRight && sq > sk) {
-      blind = sq - sk;
-    }
+    const int64_t blind = sq > 0 ? Band(r.options, sq, sk).blind_rows(sq, sk) : 0;
     if (blind > 0) {
       return fail(Code::NoVisibleKeys, Operand::None, Field::Sequences, blind, sq, sk,
                   "sequence " + std::to_string(b));

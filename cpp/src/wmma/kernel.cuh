@@ -20,6 +20,7 @@
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>
 
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -48,7 +49,15 @@ struct Params {
   int32_t group;          // query heads per key/value head
   int32_t causal;         // 0: no mask; 1: key j visible to row i iff j <= i + causal offset
   int32_t bottom_right;   // causal offset seq_k - seq_q (per sequence) instead of 0
+  // A sliding window: the causal offset gains window_right (the band's upper side, j <= i +
+  // offset + window_right, with causal = 1); window_left >= 0 also hides keys j < i + offset -
+  // window_left (offset without window_right); -1: no lower side.
+  int32_t window_right, window_left;
   float scale_log2;       // softmax scale * log2(e): a positive normal float (launch.cuh)
+  // Logit softcapping: a score s becomes softcap_out * tanh(softcap_in * s) with softcap_in =
+  // scale / cap and softcap_out = cap * log2(e), the exponent itself (scale_log2 is then 1);
+  // softcap_out 0: none.
+  float softcap_in, softcap_out;
   // A variable-length batch: batch + 1 offsets into the token axis of q/out and k/v (null:
   // dense), clamped on read to [0, total] so that no offset leads outside the tensors.
   const int32_t* cu_q;
@@ -116,15 +125,18 @@ __device__ inline Sequence sequence(const Params& p, int64_t b, int64_t heads) {
     s.lse0 = q0;
     s.lse_head = p.total_q;
   }
-  s.causal_offset = p.bottom_right ? s.seq_k - s.seq_q : 0;
+  s.causal_offset = (p.bottom_right ? s.seq_k - s.seq_q : 0) + p.window_right;
   return s;
 }
 
-// Shared-memory plan of one instantiation (all sizes in elements unless named bytes).
-template <typename T, int BR, int BC, int D>
+// Shared-memory plan of one instantiation (all sizes in elements unless named bytes). Up to 4
+// warps share a block's rows; the score-modifier instantiation (kMods) takes up to 8, one 16-row
+// tile each, as the modifiers' registers leave no room for two row tiles per warp at d = 128.
+template <typename T, int BR, int BC, int D, bool kMods = false>
 struct Config {
   static_assert(BR % 16 == 0 && BC % 16 == 0 && D % 16 == 0, "wmma tiles are 16x16");
-  static constexpr int kWarps = BR / 16 < 4 ? BR / 16 : 4;
+  static constexpr int kMaxWarps = kMods ? 8 : 4;
+  static constexpr int kWarps = BR / 16 < kMaxWarps ? BR / 16 : kMaxWarps;
   static constexpr int kRowTiles = BR / (16 * kWarps);  // 16-row tiles per warp
   static_assert(BR == 16 * kWarps * kRowTiles, "BR must split evenly over the warps");
   static constexpr int kThreads = kWarps * 32;
@@ -192,11 +204,12 @@ __device__ inline void pv_tile(FragAcc (&o)[WM][D / 16], const FragAcc (&s)[WM][
   }
 }
 
-// Sets the scores of keys >= key_limit (the sequence's or the split's end), or past each row's
-// causal limit, to -inf. `row0`: the warp's first query row; `key0`: the tile's first key.
-template <int WM, int NF>
+// Sets the scores of keys >= key_limit (the sequence's or the split's end), past each row's
+// causal limit, or before its window's lower side (row + lower), to -inf. `row0`: the warp's
+// first query row; `key0`: the tile's first key.
+template <bool kMods, int WM, int NF>
 __device__ inline void mask_tile(FragAcc (&s)[WM][NF], const Params& p, const Sequence& seq,
-                                 int key_limit, int row0, int key0, int lane) {
+                                 int key_limit, int lower, int row0, int key0, int lane) {
 #pragma unroll
   for (int mt = 0; mt < WM; ++mt) {
 #pragma unroll
@@ -204,11 +217,30 @@ __device__ inline void mask_tile(FragAcc (&s)[WM][NF], const Params& p, const Se
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int key = key0 + n * 16 + acc_col(lane, i);
-        const int limit =
-            p.causal ? row0 + mt * 16 + acc_row(lane, i) + seq.causal_offset : key_limit;
-        if (key >= key_limit || key > limit) {
+        const int row = row0 + mt * 16 + acc_row(lane, i);
+        const int limit = p.causal ? row + seq.causal_offset : key_limit;
+        if (key >= key_limit || key > limit || (kMods && key < row + lower)) {
           s[mt][n].x[i] = -INFINITY;
         }
+      }
+    }
+  }
+}
+
+// Logit softcapping of one tile's raw scores: s = out * tanh(in * s), with tanh(x) = 1 - 2 /
+// (e^2x + 1) from ex2.approx and a fast reciprocal (absolute error about 1e-7; saturates to
+// +-1 for large |x|, as tanh does).
+template <int WM, int NF>
+__device__ inline void softcap_tile(FragAcc (&s)[WM][NF], float in, float out) {
+  constexpr float kTwoLog2e = 2.0f * 1.4426950408889634f;
+#pragma unroll
+  for (int mt = 0; mt < WM; ++mt) {
+#pragma unroll
+    for (int n = 0; n < NF; ++n) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float e = fast_exp2(s[mt][n].x[i] * (in * kTwoLog2e));
+        s[mt][n].x[i] = out * (1.0f - __fdividef(2.0f, e + 1.0f));
       }
     }
   }
@@ -259,10 +291,12 @@ __device__ inline void store_partial(const FragAcc (&o)[WM][NJ], RowState (&rows
   }
 }
 
-template <typename T, int BR, int BC, int D>
-__global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
+// kMods: the instantiation that applies score modifiers (a softcap, a sliding window); the
+// plain one compiles them out, as their registers would make its largest tiles spill.
+template <typename T, int BR, int BC, int D, bool kMods>
+__global__ void __launch_bounds__(Config<T, BR, BC, D, kMods>::kThreads, 1)
     fmha_wmma_kernel(const Params p) {
-  using C = Config<T, BR, BC, D>;
+  using C = Config<T, BR, BC, D, kMods>;
   constexpr int WM = C::kRowTiles;
   constexpr int NF = BC / 16;  // score fragments per row tile
   constexpr int NJ = D / 16;   // output fragments per row tile
@@ -295,16 +329,26 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
   const T* k = static_cast<const T*>(p.k) + seq.k + kvh * p.k_stride[2];
   const T* v = static_cast<const T*>(p.v) + seq.v + kvh * p.v_stride[2];
 
-  // Keys any row of this block may see: its split's, up to the causal limit. Validation gives
-  // every row key 0, so without splits the loop runs at least once; a later split may hold no
+  // Keys any row of this block may see: its split's, up to the causal limit, from its window's
+  // lower side. Validation gives every row a key, so without splits the loop runs at least
+  // once; a later split may hold no
   // visible key, and a variable-length batch whose device offsets break their contract may have
   // rows that see none (key_end <= key_begin): they end with l = 0, written as 0 and lse -inf.
   // (The loop holds only key_limit: keys past it are zero-filled by the copies and masked.)
-  const int key_begin = split * p.split_keys;
-  const int key_limit = min(seq.seq_k, key_begin + p.split_keys);
+  // A window's lower side: row i sees no key below i + lower (a large negative number
+  // without one). The block starts at the key tile holding its first row's first key.
+  const int lower = !kMods || p.window_left < 0
+                        ? INT_MIN / 2
+                        : seq.causal_offset - p.window_right - p.window_left;
+  const int split_begin = split * p.split_keys;
+  const int key_limit = min(seq.seq_k, split_begin + p.split_keys);
+  const int key_begin = kMods ? max(split_begin, max(row0 + lower, 0) / BC * BC) : split_begin;
   const int key_end = p.causal ? min(key_limit, row0 + BR + seq.causal_offset) : key_limit;
   // The last key the warp's last row may see (causal); the warp skips tiles past it, and every
   // tile when it has no query row (decode fills few of a block's rows).
+  // The first key the warp's first row may see (its window's lower side): the warp skips tiles
+  // before it.
+  const int warp_key_begin = warp_row0 + lower;
   const int warp_key_end = warp_row0 >= seq.seq_q ? -1
                            : p.causal             ? warp_row0 + 16 * WM - 1 + seq.causal_offset
                                                   : key_limit;
@@ -363,11 +407,17 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
     __pipeline_wait_prior(1);  // everything but the tile just requested has landed
     __syncthreads();
 
-    if (key0 <= warp_key_end) {  // else no row of this warp sees a key of the tile
+    // Else no row of this warp sees a key of the tile (past its causal limit or before its
+    // window).
+    if (key0 <= warp_key_end && (!kMods || key0 + BC > warp_key_begin)) {
       FragAcc s[WM][NF];
       qk_tile<T, WM, NF, D, C::kLd>(s, s_qw, s_k + stage * C::kKVElems, lane);
-      if (key0 + BC > key_limit || (p.causal && key0 + BC - 1 > warp_row0 + seq.causal_offset)) {
-        mask_tile(s, p, seq, key_limit, warp_row0, key0, lane);
+      if (kMods && p.softcap_out != 0.0f) {
+        softcap_tile(s, p.softcap_in, p.softcap_out);
+      }
+      if (key0 + BC > key_limit || (p.causal && key0 + BC - 1 > warp_row0 + seq.causal_offset) ||
+          (kMods && key0 < warp_key_begin + 16 * WM - 1)) {
+        mask_tile<kMods>(s, p, seq, key_limit, warp_key_begin - warp_row0, warp_row0, key0, lane);
       }
 #pragma unroll
       for (int mt = 0; mt < WM; ++mt) {

@@ -41,8 +41,20 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   p.seq_k = static_cast<int32_t>(a.seq_k);
   p.head_dim = static_cast<int32_t>(a.head_dim);
   p.group = static_cast<int32_t>(a.heads_q / a.heads_kv);
-  p.causal = a.causal != Causal::None;
-  p.bottom_right = a.causal == Causal::BottomRight;
+  // A window's sides are below INT32_MAX / 4 (the planner's limit). Without a causal mask its
+  // band follows the bottom-right diagonal, and its upper side (if any) is the causal limit
+  // moved right by window_right; a causal mask bounds the upper side at the diagonal itself.
+  const bool windowed = a.window_left >= 0 || a.window_right >= 0;
+  const bool upper_window = a.causal == Causal::None && a.window_right >= 0;
+  p.causal = a.causal != Causal::None || upper_window;
+  p.bottom_right = a.causal == Causal::BottomRight || (a.causal == Causal::None && windowed);
+  p.window_right = upper_window ? static_cast<int32_t>(a.window_right) : 0;
+  p.window_left = static_cast<int32_t>(a.window_left);
+  // With a softcap the kernel forms cap * log2(e) * tanh(scale s / cap), already in log2 units,
+  // so the softmax's factor is 1. (scale / cap may underflow to 0: every score is then 0, the
+  // limit; cap * log2(e) is kept finite.)
+  p.softcap_in = a.softcap > 0.0f ? a.scale / a.softcap : 0.0f;
+  p.softcap_out = a.softcap > 0.0f ? std::fmin(a.softcap * 1.4426950408889634f, FLT_MAX) : 0.0f;
   p.cu_q = a.cu_seqlens_q;
   p.cu_k = a.cu_seqlens_k;
   p.total_q = static_cast<int32_t>(a.total_q);  // planned: at most INT32_MAX
@@ -59,7 +71,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   }
   // The scale is positive (validated); a subnormal one becomes the smallest normal float, so that
   // -inf * scale stays -inf for masked keys (exp2 of |s| * 2^-126 rounds to 1 either way).
-  p.scale_log2 = std::fmax(a.scale * 1.4426950408889634f, FLT_MIN);
+  p.scale_log2 = a.softcap > 0.0f ? 1.0f : std::fmax(a.scale * 1.4426950408889634f, FLT_MIN);
   if (a.head_dim > D || a.head_dim % 8 != 0) {
     throw detail::Failure(Code::Launch, "",
                 "wmma kernel: head dim " + std::to_string(a.head_dim) + " is not a multiple of 8 "
@@ -76,11 +88,21 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   const int64_t m_blocks = (a.seq_q + BR - 1) / BR;
   const dim3 grid(static_cast<unsigned>(m_blocks * p.splits), static_cast<unsigned>(a.heads_q),
                   static_cast<unsigned>(a.batch));
-  constexpr auto kernel = fmha_wmma_kernel<T, BR, BC, D>;
+  // Problems with a score modifier run the instantiation that applies them (same tile and
+  // shared memory, more warps).
+  const bool mods = a.softcap > 0.0f || windowed;
+  static_assert(Config<T, BR, BC, D, true>::kSmemBytes == C::kSmemBytes, "one layout");
+  const auto kernel = mods ? fmha_wmma_kernel<T, BR, BC, D, true>
+                           : fmha_wmma_kernel<T, BR, BC, D, false>;
+  const int threads = mods ? Config<T, BR, BC, D, true>::kThreads : C::kThreads;
   const int smem_bytes = static_cast<int>(C::kSmemBytes);
-  ensure_smem_limit<kernel>(smem_bytes);
+  if (mods) {
+    ensure_smem_limit<fmha_wmma_kernel<T, BR, BC, D, true>>(smem_bytes);
+  } else {
+    ensure_smem_limit<fmha_wmma_kernel<T, BR, BC, D, false>>(smem_bytes);
+  }
   if (p.splits == 1) {
-    kernel<<<grid, C::kThreads, smem_bytes, stream>>>(p);
+    kernel<<<grid, threads, smem_bytes, stream>>>(p);
     check_cuda(cudaGetLastError(), "launch fmha_wmma_kernel");
     return;
   }
@@ -90,7 +112,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
                      stream);
   p.part_out = ws.floats();
   p.part_lse = p.part_out + int64_t(p.splits) * c.rows * a.head_dim;
-  kernel<<<grid, C::kThreads, smem_bytes, stream>>>(p);
+  kernel<<<grid, threads, smem_bytes, stream>>>(p);
   check_cuda(cudaGetLastError(), "launch fmha_wmma_kernel (split keys)");
   c.part_out = p.part_out;
   c.part_lse = p.part_lse;
