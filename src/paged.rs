@@ -23,7 +23,7 @@ use crate::tensor::{Location, Tensor};
 /// and every page a sequence's keys reach is in the cache (entries past its keys are never read).
 ///
 /// The CPU reference and the WMMA kernel read paged caches (Auto picks WMMA for device tensors).
-/// For a GPU call, copy the table to the device once with [`PageTable::to_device`] and reuse it.
+/// For a GPU call, copy the table to the device once with `PageTable::to_device` (feature `cuda`) and reuse it.
 ///
 /// ```
 /// use flashcore::PageTable;
@@ -40,7 +40,7 @@ pub struct PageTable {
     table: Vec<i32>,
     seqlens: Vec<i32>,
     max_seqlen_k: usize,
-    /// The device copy of `table` and `seqlens` ([`PageTable::to_device`]); immutable like the
+    /// The device copy of `table` and `seqlens` (`PageTable::to_device` (feature `cuda`)); immutable like the
     /// host copy, so the two never disagree.
     #[cfg(feature = "cuda")]
     device: Option<std::sync::Arc<DevicePages>>,
@@ -152,7 +152,7 @@ impl PageTable {
         &self.seqlens
     }
 
-    /// Where the kernels read the table: the device after [`PageTable::to_device`], else the
+    /// Where the kernels read the table: the device after `PageTable::to_device` (feature `cuda`), else the
     /// host.
     pub fn location(&self) -> Location {
         #[cfg(feature = "cuda")]
@@ -267,7 +267,7 @@ pub fn attention_paged<T: AttentionElement>(
 ///
 /// Everything is validated before anything runs, the pages against the cache included (through
 /// the table's host copy, which a device table keeps). Device tensors need a device table
-/// ([`PageTable::to_device`]; a host table gives [`Error::DeviceMismatch`] for
+/// (`PageTable::to_device` (feature `cuda`); a host table gives [`Error::DeviceMismatch`] for
 /// [`Operand::BlockTable`]). On the GPU the WMMA kernel runs it; forcing another kernel family is
 /// [`Error::BackendUnavailable`].
 pub fn attention_paged_into<T: AttentionElement>(
