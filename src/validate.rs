@@ -39,7 +39,8 @@ impl Problem {
         self.batch == 0 || self.seq_q == 0 || self.heads_q == 0
     }
 
-    /// Keys visible to query row `i` under the causal mask and the window (C++ `core::Band`):
+    /// Keys visible to query row `i` under the causal mask and the window (C++ `core::blind_rows`
+    /// counts the rows where this is empty):
     /// `i + offset - left ..= i + offset + right`, clamped to the keys; offset 0 for top-left
     /// alignment, `seq_k - seq_q` otherwise; a causal mask bounds the right side at 0.
     pub fn visible(&self, i: usize) -> std::ops::Range<usize> {

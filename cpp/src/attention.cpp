@@ -160,6 +160,10 @@ Status prepare(const AttentionArgs& args, Prepared* call) {
   return core::plan(call->request, call->problem, device_caps(call->device), &call->plan);
 }
 
+LaunchInfo launch_info(const core::Plan& plan) {
+  return LaunchInfo{plan.kernel, *plan.row, plan.splits};
+}
+
 Status run_planned(const core::Request& r, const core::Problem& p, const core::Plan& plan,
                    cudaStream_t stream) {
   if (Status s = core::check_addresses(r); !s.ok()) {
@@ -182,7 +186,7 @@ Status attention_forward(const AttentionArgs& args, cudaStream_t stream,
     }
     detail::run(call.request, call.problem, call.plan, stream);
     if (info != nullptr) {
-      *info = LaunchInfo{call.plan.kernel, *call.plan.row, call.plan.splits};
+      *info = detail::launch_info(call.plan);
     }
     return {};
   } catch (const std::exception& e) {

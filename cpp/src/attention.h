@@ -34,6 +34,9 @@ struct Prepared {
 // plans it: the whole host work of attention_forward but the launch.
 Status prepare(const AttentionArgs& args, Prepared* call);
 
+// What `plan` launches, as the public API reports it.
+LaunchInfo launch_info(const core::Plan& plan);
+
 // A planned run on new tensors of the planned dims and strides (the Rust AttentionPlan and the
 // C++ one): checks `r`'s addresses (alignment, overlapping outputs), then enqueues the launch.
 // Throws Failure for CUDA errors.

@@ -21,10 +21,15 @@ inline Status current_device(int* device) {
   return {};
 }
 
-// Where `data` lives: the device that owns it, the host, or (for an operand with no elements,
-// whose pointer is never dereferenced) `current`, where the call expects it.
+// Whether an operand of dims `shape` has no element (its pointer is never dereferenced).
+inline bool no_elements(const int64_t shape[4]) {
+  return shape[0] == 0 || shape[1] == 0 || shape[2] == 0 || shape[3] == 0;
+}
+
+// Where `data` lives: the device that owns it, the host, or (for an operand with no elements)
+// `current`, where the call expects it.
 inline int32_t location_of(const void* data, const int64_t shape[4], int32_t current) {
-  if (shape[0] == 0 || shape[1] == 0 || shape[2] == 0 || shape[3] == 0) {
+  if (no_elements(shape)) {
     return current;
   }
   if (data == nullptr) {

@@ -14,8 +14,7 @@ namespace {
 // (attention_forward would place it on the host): DeviceMismatch, like that call.
 Status readdress(Operand op, core::TensorDesc& d, const void* address, int32_t device) {
   d.address = reinterpret_cast<uint64_t>(address);
-  const bool empty = d.shape[0] == 0 || d.shape[1] == 0 || d.shape[2] == 0 || d.shape[3] == 0;
-  if (address == nullptr && !empty) {
+  if (address == nullptr && !detail::no_elements(d.shape)) {
     return core::fail(Code::DeviceMismatch, op, Field::None, core::kHost, device, 0);
   }
   return {};
@@ -63,15 +62,22 @@ Status AttentionPlan::run(const RunArgs& data, cudaStream_t stream) const noexce
       return core::fail(Code::PlanMismatch, Operand::Lse, Field::None, 0, 0, 0);
     }
     core::Request r = call.request;
-    const std::pair<Operand, std::pair<core::TensorDesc*, const void*>> operands[] = {
-        {Operand::Q, {&r.q, data.q}},     {Operand::K, {&r.k, data.k}},
-        {Operand::V, {&r.v, data.v}},     {Operand::Out, {&r.out, data.out}},
-        {Operand::Lse, {&r.lse, data.lse}}};
-    for (const auto& [op, t] : operands) {
-      if (op != Operand::Lse || r.has_lse) {
-        if (Status s = readdress(op, *t.first, t.second, device); !s.ok()) {
-          return s;
-        }
+    struct Slot {
+      Operand op;
+      core::TensorDesc* desc;
+      const void* address;
+    };
+    const Slot operands[] = {{Operand::Q, &r.q, data.q},
+                                 {Operand::K, &r.k, data.k},
+                                 {Operand::V, &r.v, data.v},
+                                 {Operand::Out, &r.out, data.out},
+                                 {Operand::Lse, &r.lse, data.lse}};
+    for (const Slot& o : operands) {
+      if (o.op == Operand::Lse && !r.has_lse) {
+        continue;
+      }
+      if (Status s = readdress(o.op, *o.desc, o.address, device); !s.ok()) {
+        return s;
       }
     }
     return detail::run_planned(r, call.problem, call.plan, stream);
@@ -81,10 +87,7 @@ Status AttentionPlan::run(const RunArgs& data, cudaStream_t stream) const noexce
 }
 
 LaunchInfo AttentionPlan::info() const noexcept {
-  if (call_ == nullptr) {
-    return LaunchInfo{};
-  }
-  return LaunchInfo{call_->plan.kernel, *call_->plan.row, call_->plan.splits};
+  return call_ == nullptr ? LaunchInfo{} : detail::launch_info(call_->plan);
 }
 
 }  // namespace flashcore

@@ -385,9 +385,10 @@ const FIRST_OFFSET: i32 = 12;
 const OFFSET_ORDER: i32 = 13;
 const LAST_OFFSET: i32 = 14;
 const SEQUENCES: i32 = 16;
-const WINDOW_LEFT: i32 = 20;
 const PAGE_SIZE: i32 = 17;
 const KEYS_BEYOND_PAGES: i32 = 18;
+// The `flashcore::Field` of a window's left side (InvalidWindow).
+const WINDOW_LEFT: i32 = 20;
 
 /// `flashcore::Field` names, by value.
 const FIELDS: [&str; 20] = [

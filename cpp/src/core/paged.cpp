@@ -73,7 +73,7 @@ Failed check_paged_keys(const Request& r) {
   }
   for (int64_t b = 0; b < r.pages.count; ++b) {
     const int64_t sk = keys[b];
-    const int64_t blind = Band(r.options, sq, sk).blind_rows(sq, sk);
+    const int64_t blind = blind_rows(r.options, sq, sk);
     if (blind > 0) {
       return fail(Code::NoVisibleKeys, Operand::None, Field::Sequences, blind, sq, sk,
                   "sequence " + std::to_string(b));

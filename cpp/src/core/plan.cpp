@@ -118,6 +118,16 @@ constexpr Kernel kIndexedKernel = Kernel::Wmma;
 // The family that applies score modifiers (softcap, sliding window).
 constexpr Kernel kModifierKernel = Kernel::Wmma;
 
+// A feature only `family` serves: a forced other family is refused, saying why (`lacks`) and
+// which family serves it.
+Status only_family(Kernel family, std::optional<Kernel> forced, const char* lacks) {
+  if (!forced || *forced == family) {
+    return {};
+  }
+  return fail(Code::BackendUnavailable, Operand::None, Field::None, static_cast<int64_t>(*forced),
+              0, 0, std::string(lacks) + name(family) + " does");
+}
+
 Status limit(Kernel kernel, Field what, int64_t value, int64_t max) {
   if (value <= max) {
     return {};
@@ -271,12 +281,10 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     if (p.varlen || p.paged) {
       // Variable-length batches and paged caches run on the WMMA kernel (docs/SERVING.md: the
       // other families take them in later steps).
-      if (forced && *forced != kIndexedKernel) {
-        return fail(Code::BackendUnavailable, Operand::None, Field::None,
-                    static_cast<int64_t>(*forced), 0, 0,
-                    std::string("it reads neither variable-length batches nor paged caches "
-                                "yet; ") +
-                        name(kIndexedKernel) + " does");
+      if (Status s = only_family(kIndexedKernel, forced,
+                                 "it reads neither variable-length batches nor paged caches yet; ");
+          !s.ok()) {
+        return s;
       }
       kernel = kIndexedKernel;
     }
@@ -284,11 +292,10 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       // Score modifiers run on the WMMA kernel (the other families take them in later steps),
       // which computes a window's band in 32-bit ints: every |i + offset -+ side| stays below
       // 2 (seq_q + seq_k).
-      if (forced && *forced != kModifierKernel) {
-        return fail(Code::BackendUnavailable, Operand::None, Field::None,
-                    static_cast<int64_t>(*forced), 0, 0,
-                    std::string("it applies neither a softcap nor a sliding window yet; ") +
-                        name(kModifierKernel) + " does");
+      if (Status s = only_family(kModifierKernel, forced,
+                                 "it applies neither a softcap nor a sliding window yet; ");
+          !s.ok()) {
+        return s;
       }
       kernel = kModifierKernel;
       if (p.windowed() && p.location != kHost) {

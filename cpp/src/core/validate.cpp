@@ -44,10 +44,6 @@ Failed positive_finite(Code code, float value) {
   return fail(code, Operand::None, Field::None, bits);
 }
 
-}  // namespace
-
-namespace {
-
 // `p` with the request's sliding window; a side of seq_q + seq_k keys or more bounds nothing.
 Problem with_window(Problem p, const Options& o) {
   const int64_t span = p.seq_q + p.seq_k;
@@ -58,15 +54,14 @@ Problem with_window(Problem p, const Options& o) {
 
 }  // namespace
 
-Band::Band(const Options& o, int64_t seq_q, int64_t seq_k)
-    : offset(o.causal == Causal::TopLeft ? 0 : seq_k - seq_q),
-      left(o.window_left),
-      right(o.causal != Causal::None ? std::optional<int64_t>(0) : o.window_right) {}
-
-int64_t Band::blind_rows(int64_t seq_q, int64_t seq_k) const {
+int64_t blind_rows(const Options& o, int64_t seq_q, int64_t seq_k) {
   if (seq_k <= 0) {
     return seq_q;
   }
+  const int64_t offset = o.causal == Causal::TopLeft ? 0 : seq_k - seq_q;
+  const std::optional<int64_t> left = o.window_left;
+  const std::optional<int64_t> right =
+      o.causal != Causal::None ? std::optional<int64_t>(0) : o.window_right;
   // Both sides are at most seq_q + seq_k here, so no sum below overflows. Rows i < -(offset +
   // right) end before key 0; rows i >= seq_k - offset + left start past the last key. The band
   // is never empty (left, right >= 0), so the two sets are disjoint.
@@ -175,7 +170,7 @@ Status validate(const Request& r, Problem* problem) noexcept {
     }
     Problem p{qs[0], qs[1], ks[1], qs[2], ks[2], d, scale, r.options.causal, location};
     if (!p.empty()) {
-      const int64_t blind = Band(r.options, p.seq_q, p.seq_k).blind_rows(p.seq_q, p.seq_k);
+      const int64_t blind = blind_rows(r.options, p.seq_q, p.seq_k);
       if (blind > 0) {
         return fail(Code::NoVisibleKeys, Operand::None, Field::None, blind, p.seq_q, p.seq_k);
       }

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 
 #include "flashcore/plan.h"
 #include "flashcore/status.h"
@@ -98,18 +97,11 @@ struct Problem {
   int64_t batch_heads() const { return batch * (packs_heads() ? heads_kv : heads_q); }
 };
 
-// The keys query row i of a sequence of seq_q queries and seq_k keys sees under a causal mask
-// and a sliding window: lo(i) = i + offset - left <= j <= hi(i) = i + offset + right, clamped to
-// [0, seq_k). offset = 0 for top-left alignment, seq_k - seq_q otherwise; an unbounded side is
+// Rows of a sequence of seq_q queries and seq_k keys that see no key under `o`'s causal mask and
+// sliding window. Row i sees keys i + offset - left <= j <= i + offset + right, clamped to
+// [0, seq_k): offset = 0 for top-left alignment, seq_k - seq_q otherwise; an unbounded side is
 // empty; a causal mask bounds the right side at 0.
-struct Band {
-  int64_t offset = 0;
-  std::optional<int64_t> left, right;
-
-  Band(const Options& o, int64_t seq_q, int64_t seq_k);
-  // Rows of [0, seq_q) that see no key of [0, seq_k).
-  int64_t blind_rows(int64_t seq_q, int64_t seq_k) const;
-};
+int64_t blind_rows(const Options& o, int64_t seq_q, int64_t seq_k);
 
 // Checks `r` and describes the problem in `*problem`.
 Status validate(const Request& r, Problem* problem) noexcept;

@@ -61,7 +61,7 @@ Failed check_sequence_keys(const Request& r) {
   }
   for (int64_t b = 0; b < r.cu_q.count; ++b) {
     const int64_t sq = q[b + 1] - q[b], sk = k[b + 1] - k[b];
-    const int64_t blind = sq > 0 ? Band(r.options, sq, sk).blind_rows(sq, sk) : 0;
+    const int64_t blind = blind_rows(r.options, sq, sk);
     if (blind > 0) {
       return fail(Code::NoVisibleKeys, Operand::None, Field::Sequences, blind, sq, sk,
                   "sequence " + std::to_string(b));

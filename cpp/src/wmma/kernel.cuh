@@ -331,12 +331,12 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D, kMods>::kThreads, 1)
 
   // Keys any row of this block may see: its split's, up to the causal limit, from its window's
   // lower side. Validation gives every row a key, so without splits the loop runs at least
-  // once; a later split may hold no
-  // visible key, and a variable-length batch whose device offsets break their contract may have
-  // rows that see none (key_end <= key_begin): they end with l = 0, written as 0 and lse -inf.
-  // (The loop holds only key_limit: keys past it are zero-filled by the copies and masked.)
-  // A window's lower side: row i sees no key below i + lower (a large negative number
-  // without one). The block starts at the key tile holding its first row's first key.
+  // once; a later split may hold no visible key, and a variable-length batch whose device
+  // offsets break their contract may have rows that see none (key_end <= key_begin): they end
+  // with l = 0, written as 0 and lse -inf. (The loop holds only key_limit: keys past it are
+  // zero-filled by the copies and masked.) A window's lower side: row i sees no key below
+  // i + lower (a large negative number without one); the block starts at the key tile holding
+  // its first row's first key.
   const int lower = !kMods || p.window_left < 0
                         ? INT_MIN / 2
                         : seq.causal_offset - p.window_right - p.window_left;
@@ -344,10 +344,9 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D, kMods>::kThreads, 1)
   const int key_limit = min(seq.seq_k, split_begin + p.split_keys);
   const int key_begin = kMods ? max(split_begin, max(row0 + lower, 0) / BC * BC) : split_begin;
   const int key_end = p.causal ? min(key_limit, row0 + BR + seq.causal_offset) : key_limit;
-  // The last key the warp's last row may see (causal); the warp skips tiles past it, and every
-  // tile when it has no query row (decode fills few of a block's rows).
-  // The first key the warp's first row may see (its window's lower side): the warp skips tiles
-  // before it.
+  // The first key the warp's first row may see (its window's lower side) and the last key its
+  // last row may see (causal): the warp skips tiles outside them, and every tile when it has no
+  // query row (decode fills few of a block's rows).
   const int warp_key_begin = warp_row0 + lower;
   const int warp_key_end = warp_row0 >= seq.seq_q ? -1
                            : p.causal             ? warp_row0 + 16 * WM - 1 + seq.causal_offset

@@ -22,6 +22,19 @@
 
 namespace flashcore::wmma_fa {
 
+// Enqueues the plain or the score-modifier instantiation of a tile (the same tile and shared
+// memory; the modifier one may take more warps) and checks the launch.
+template <typename T, int BR, int BC, int D, bool kMods>
+void enqueue(dim3 grid, const Params& p, cudaStream_t stream, const char* what) {
+  using C = Config<T, BR, BC, D, kMods>;
+  static_assert(C::kSmemBytes == Config<T, BR, BC, D>::kSmemBytes, "one layout per tile");
+  constexpr auto kernel = fmha_wmma_kernel<T, BR, BC, D, kMods>;
+  const int smem_bytes = static_cast<int>(C::kSmemBytes);
+  ensure_smem_limit<kernel>(smem_bytes);
+  kernel<<<grid, C::kThreads, smem_bytes, stream>>>(p);
+  check_cuda(cudaGetLastError(), what);
+}
+
 template <typename T, int BR, int BC, int D>
 void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   using C = Config<T, BR, BC, D>;
@@ -88,22 +101,17 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   const int64_t m_blocks = (a.seq_q + BR - 1) / BR;
   const dim3 grid(static_cast<unsigned>(m_blocks * p.splits), static_cast<unsigned>(a.heads_q),
                   static_cast<unsigned>(a.batch));
-  // Problems with a score modifier run the instantiation that applies them (same tile and
-  // shared memory, more warps).
+  // Problems with a score modifier run the instantiation that applies them.
   const bool mods = a.softcap > 0.0f || windowed;
-  static_assert(Config<T, BR, BC, D, true>::kSmemBytes == C::kSmemBytes, "one layout");
-  const auto kernel = mods ? fmha_wmma_kernel<T, BR, BC, D, true>
-                           : fmha_wmma_kernel<T, BR, BC, D, false>;
-  const int threads = mods ? Config<T, BR, BC, D, true>::kThreads : C::kThreads;
-  const int smem_bytes = static_cast<int>(C::kSmemBytes);
-  if (mods) {
-    ensure_smem_limit<fmha_wmma_kernel<T, BR, BC, D, true>>(smem_bytes);
-  } else {
-    ensure_smem_limit<fmha_wmma_kernel<T, BR, BC, D, false>>(smem_bytes);
-  }
+  const auto enqueue_attention = [&](const char* what) {
+    if (mods) {
+      enqueue<T, BR, BC, D, true>(grid, p, stream, what);
+    } else {
+      enqueue<T, BR, BC, D, false>(grid, p, stream, what);
+    }
+  };
   if (p.splits == 1) {
-    kernel<<<grid, threads, smem_bytes, stream>>>(p);
-    check_cuda(cudaGetLastError(), "launch fmha_wmma_kernel");
+    enqueue_attention("launch fmha_wmma_kernel");
     return;
   }
   CombineParams c{};
@@ -112,8 +120,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
                      stream);
   p.part_out = ws.floats();
   p.part_lse = p.part_out + int64_t(p.splits) * c.rows * a.head_dim;
-  kernel<<<grid, threads, smem_bytes, stream>>>(p);
-  check_cuda(cudaGetLastError(), "launch fmha_wmma_kernel (split keys)");
+  enqueue_attention("launch fmha_wmma_kernel (split keys)");
   c.part_out = p.part_out;
   c.part_lse = p.part_lse;
   c.out = a.out;
