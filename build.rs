@@ -50,6 +50,7 @@ fn main() {
         "src/core/merge.cpp",
         "src/core/varlen.cpp",
         "src/core/paged.cpp",
+        "src/core/alibi.cpp",
         "src/core/plan.cpp",
         "src/core/tables.cpp",
         "src/core/status.cpp",

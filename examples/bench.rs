@@ -13,8 +13,9 @@ use std::time::Instant;
 use common::{percentiles, shapes, time_calls, time_fn, BenchShape, Inputs};
 use flashcore::plan::{ArchClass, Kernel};
 use flashcore::{
-    attention, attention_into, attention_paged_into, attention_varlen_into, AttentionElement,
-    AttentionOptions, Backend, Causal, Device, Layout, PageTable, Stream, Tensor, VarlenBatch,
+    attention, attention_into, attention_paged_into, attention_varlen_into, AlibiSlopes,
+    AttentionElement, AttentionOptions, Backend, Causal, Device, Layout, PageTable, Stream, Tensor,
+    VarlenBatch,
 };
 use half::{bf16, f16};
 use serde_json::json;
@@ -308,9 +309,10 @@ fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<[f64; 7]
 /// The score-modifier rows of issue 13 (bf16, d = 128, bottom-right causal, same run): a
 /// sliding window of 4096 keys on 1 x 32 x 16384 against the full causal call, both on the WMMA
 /// kernel (the family that applies modifiers) and the full call under Auto; a softcap of 30 on
-/// 4 x 32 x 4096 against the same call without it on WMMA. Returns (full WMMA us, windowed us,
-/// full Auto us, plain WMMA us, softcapped us), medians.
-fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 5]> {
+/// 4 x 32 x 4096 against the same call without it on WMMA, and ALiBi (the paper's slopes for 32
+/// heads) on the same call. Returns (full WMMA us, windowed us, full Auto us, plain WMMA us,
+/// softcapped us, ALiBi us), medians.
+fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 6]> {
     let dev =
         |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
     let median = |mut t: Vec<f64>| percentiles(&mut t).0;
@@ -324,12 +326,14 @@ fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 5]>
             attention_into(&x, &x, &x, &mut out, None, &opts).map(|_| ())
         })?))
     };
+    let slopes = AlibiSlopes::geometric(32)?.to_device(stream)?;
     Ok([
-        time(1, 16384, wmma)?,
+        time(1, 16384, wmma.clone())?,
         time(1, 16384, wmma.window(Some(4096), None))?,
         time(1, 16384, wmma.backend(Backend::Auto))?,
-        time(4, 4096, wmma)?,
+        time(4, 4096, wmma.clone())?,
         time(4, 4096, wmma.softcap(30.0))?,
+        time(4, 4096, wmma.alibi(slopes))?,
     ])
 }
 
@@ -444,7 +448,7 @@ fn main() {
         }
     };
     let modifiers = match score_modifiers(&stream, args.iters) {
-        Ok([full, windowed, auto, plain, capped]) => {
+        Ok([full, windowed, auto, plain, capped, alibi]) => {
             println!(
                 "sliding window (1x32x16384x128 bf16 causal, wmma): full {full:.1} us, window 4096 \
                  {windowed:.1} us, ratio {:.3}; full under Auto {auto:.1} us (window / Auto full \
@@ -457,8 +461,13 @@ fn main() {
                  without, ratio {:.3}",
                 capped / plain
             );
+            println!(
+                "alibi (4x32x4096x128 bf16 causal, wmma, geometric slopes): {alibi:.1} us vs \
+                 {plain:.1} us without, ratio {:.3}",
+                alibi / plain
+            );
             json!({ "full_us": full, "window_us": windowed, "auto_full_us": auto,
-                    "plain_us": plain, "softcap_us": capped })
+                    "plain_us": plain, "softcap_us": capped, "alibi_us": alibi })
         }
         Err(e) => {
             eprintln!("score modifiers: {e}");

@@ -113,6 +113,7 @@ pub fn attention_into<T: AttentionElement>(
         lse,
         seqs: None,
         pages: None,
+        alibi: opts.alibi.as_ref(),
     };
     dispatch::run(&request, opts, call)
 }

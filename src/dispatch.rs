@@ -1,6 +1,7 @@
 //! Dispatch: send a call to the CPU reference, or to the C++ library, which validates, plans
 //! (resolves `Auto`, picks the tile) and launches GPU calls in one crossing.
 
+use crate::alibi::AlibiSlopes;
 use crate::element::AttentionElement;
 use crate::error::{Error, Result};
 use crate::ffi::RequestFfi;
@@ -99,14 +100,17 @@ pub(crate) struct Call<'a, T: AttentionElement> {
     pub lse: Option<&'a mut Tensor<f32>>,
     pub seqs: Option<&'a VarlenBatch>,
     pub pages: Option<&'a PageTable>,
+    /// ALiBi slopes ([`crate::AttentionOptions::alibi`]).
+    pub alibi: Option<&'a AlibiSlopes>,
 }
 
 impl<T: AttentionElement> Call<'_, T> {
-    /// The operands' locations, q's first (a variable-length batch's offsets or a page table
-    /// last).
+    /// The operands' locations, q's first (a variable-length batch's offsets or a page table,
+    /// then ALiBi slopes, last).
     fn locations(&self) -> impl Iterator<Item = Location> + '_ {
         locations(self.q, self.k, self.v, self.out, self.lse.as_deref())
             .chain(batch_location(self.seqs, self.pages))
+            .chain(self.alibi.map(AlibiSlopes::location))
     }
 
     fn hosts(&self) -> Hosts<'_> {
@@ -169,7 +173,12 @@ pub(crate) fn run_cpu<T: AttentionElement>(
             lse,
             seqs,
             pages,
+            alibi,
         } = call;
+        let problem = &Problem {
+            alibi: alibi.cloned(),
+            ..problem.clone()
+        };
         match (seqs, pages) {
             (Some(batch), _) => crate::cpu::attention_varlen(problem, batch, q, k, v, out, lse)?,
             (None, Some(pages)) => crate::cpu::attention_paged(problem, pages, q, k, v, out, lse)?,

@@ -27,6 +27,8 @@ pub enum Operand {
     BlockTable,
     /// The key lengths of a paged KV cache ([`crate::PageTable`]).
     SeqlensK,
+    /// The slopes of ALiBi ([`crate::AlibiSlopes`]).
+    AlibiSlopes,
 }
 
 /// Which rule a paged KV cache breaks ([`Error::InvalidPageTable`]).
@@ -93,6 +95,7 @@ impl std::fmt::Display for Operand {
             Operand::CuSeqlensK => f.write_str("cu_seqlens_k"),
             Operand::BlockTable => f.write_str("block_table"),
             Operand::SeqlensK => f.write_str("seqlens_k"),
+            Operand::AlibiSlopes => f.write_str("alibi_slopes"),
         }
     }
 }
@@ -218,6 +221,14 @@ pub enum Error {
         left: bool,
         /// Its value.
         value: i64,
+    },
+    /// An ALiBi slope is not finite (C++ `Code::InvalidAlibiSlope`).
+    #[error("ALiBi slope {index} is {value}, not finite")]
+    InvalidAlibiSlope {
+        /// Its position in the slopes (row-major `[batch, heads]`).
+        index: usize,
+        /// Its value.
+        value: f32,
     },
     /// A dimension or stride exceeds what a backend's 32-bit indexing can address.
     #[error("{what} = {value} exceeds the {backend} backend's limit of {limit}")]

@@ -82,6 +82,7 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+mod alibi;
 mod attention;
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -100,6 +101,7 @@ mod tensor;
 mod validate;
 mod varlen;
 
+pub use alibi::AlibiSlopes;
 pub use attention::{attention, attention_into, AttentionOutput};
 #[cfg(feature = "cuda")]
 #[doc(hidden)]

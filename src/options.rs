@@ -1,5 +1,6 @@
 //! Options of an attention call.
 
+use crate::alibi::AlibiSlopes;
 use crate::plan::{ArchClass, Kernel};
 
 /// Causal masking.
@@ -75,8 +76,10 @@ impl From<Kernel> for BackendKind {
     }
 }
 
-/// Options of [`crate::attention`] and [`crate::attention_into`].
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+/// Options of [`crate::attention`] and [`crate::attention_into`]. Each setter returns a new
+/// value and leaves `self` as it was (cheap: ALiBi slopes are shared, not copied), so one set of
+/// options can seed several calls.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct AttentionOptions {
     /// Softmax scale, positive and finite; `None` means `1 / sqrt(head_dim)`.
     pub scale: Option<f32>,
@@ -90,6 +93,9 @@ pub struct AttentionOptions {
     /// Sliding-window (local) attention: keys to the left and to the right of each query's
     /// diagonal that it may see (`None`: unbounded). See [`AttentionOptions::window`].
     pub window: (Option<usize>, Option<usize>),
+    /// ALiBi: a bias of `-slope * |i + offset - j|` per query head. See
+    /// [`AttentionOptions::alibi`].
+    pub alibi: Option<AlibiSlopes>,
     /// Which backend to run.
     pub backend: Backend,
     /// Also return the per-row logsumexp (natural log, f32, `[batch, heads, seq_q]`).
@@ -101,15 +107,19 @@ pub struct AttentionOptions {
 
 impl AttentionOptions {
     /// Sets the softmax scale.
-    pub fn scale(mut self, scale: f32) -> Self {
-        self.scale = Some(scale);
-        self
+    pub fn scale(&self, scale: f32) -> Self {
+        Self {
+            scale: Some(scale),
+            ..self.clone()
+        }
     }
 
     /// Sets the logit softcap.
-    pub fn softcap(mut self, cap: f32) -> Self {
-        self.softcap = Some(cap);
-        self
+    pub fn softcap(&self, cap: f32) -> Self {
+        Self {
+            softcap: Some(cap),
+            ..self.clone()
+        }
     }
 
     /// Sets a sliding window (FlashAttention's definition): query `i` sees key `j` only when
@@ -134,32 +144,61 @@ impl AttentionOptions {
     /// let r = attention(&x, &x, &x, &opts)?;
     /// # Ok::<(), flashcore::Error>(())
     /// ```
-    pub fn window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
-        self.window = (left, right);
-        self
+    pub fn window(&self, left: Option<usize>, right: Option<usize>) -> Self {
+        Self {
+            window: (left, right),
+            ..self.clone()
+        }
+    }
+
+    /// Sets ALiBi slopes (BLOOM, MPT): query head `h` of sequence `b` adds
+    ///
+    /// ```text
+    /// -slopes[b][h] * |i + offset - j|
+    /// ```
+    ///
+    /// to the score of query `i` and key `j`, after the scale and any softcap, with the
+    /// window's `offset` (`seq_k - seq_q`, or 0 under `Causal::TopLeft`). See
+    /// [`AlibiSlopes`] for their shapes; a GPU call needs them on the device
+    /// (`AlibiSlopes::to_device`, feature `cuda`, else [`crate::Error::DeviceMismatch`]). The
+    /// CPU reference and the WMMA kernel apply them (`Backend::Auto` picks WMMA on a GPU;
+    /// forcing another kernel is [`crate::Error::BackendUnavailable`]).
+    pub fn alibi(&self, slopes: AlibiSlopes) -> Self {
+        Self {
+            alibi: Some(slopes),
+            ..self.clone()
+        }
     }
 
     /// Sets causal masking.
-    pub fn causal(mut self, causal: Causal) -> Self {
-        self.causal = causal;
-        self
+    pub fn causal(&self, causal: Causal) -> Self {
+        Self {
+            causal,
+            ..self.clone()
+        }
     }
 
     /// Chooses the backend.
-    pub fn backend(mut self, backend: Backend) -> Self {
-        self.backend = backend;
-        self
+    pub fn backend(&self, backend: Backend) -> Self {
+        Self {
+            backend,
+            ..self.clone()
+        }
     }
 
     /// Asks for the logsumexp output.
-    pub fn with_lse(mut self) -> Self {
-        self.return_lse = true;
-        self
+    pub fn with_lse(&self) -> Self {
+        Self {
+            return_lse: true,
+            ..self.clone()
+        }
     }
 
     /// Forces a tile-table class.
-    pub fn force_arch_class(mut self, class: ArchClass) -> Self {
-        self.force_arch_class = Some(class);
-        self
+    pub fn force_arch_class(&self, class: ArchClass) -> Self {
+        Self {
+            force_arch_class: Some(class),
+            ..self.clone()
+        }
     }
 }

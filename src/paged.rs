@@ -288,6 +288,7 @@ pub fn attention_paged_into<T: AttentionElement>(
         lse,
         seqs: None,
         pages: Some(pages),
+        alibi: opts.alibi.as_ref(),
     };
     dispatch::run(&request, opts, call)
 }

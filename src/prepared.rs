@@ -5,6 +5,7 @@
 
 use std::marker::PhantomData;
 
+use crate::alibi::AlibiSlopes;
 use crate::dispatch::{route, Call, Execution, Route, CPU};
 use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
@@ -50,7 +51,7 @@ impl Batch {
 }
 
 /// Where a plan runs.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Target {
     Cpu(Problem),
     #[cfg(feature = "cuda")]
@@ -81,6 +82,8 @@ enum Target {
 pub struct AttentionPlan<T: AttentionElement> {
     request: RequestFfi,
     batch: Batch,
+    /// The ALiBi slopes the plan was made with (their device copy is read by every run).
+    alibi: Option<AlibiSlopes>,
     target: Target,
     execution: Execution,
     _element: PhantomData<fn() -> T>,
@@ -176,11 +179,14 @@ impl<T: AttentionElement> AttentionPlan<T> {
         opts: &AttentionOptions,
     ) -> Result<Self> {
         let locations = crate::dispatch::locations(q, k, v, out, lse).chain(batch.location());
+        let locations = locations.chain(opts.alibi.as_ref().map(AlibiSlopes::location));
+        let alibi = opts.alibi.clone();
         match route(&request, batch.hosts(), opts.backend, locations)? {
-            Route::Gpu => Self::plan_gpu(request, batch, out),
+            Route::Gpu => Self::plan_gpu(request, batch, alibi, out),
             Route::Cpu(problem) => Ok(AttentionPlan {
                 request,
                 batch,
+                alibi,
                 target: Target::Cpu(problem),
                 execution: CPU,
                 _element: PhantomData,
@@ -189,7 +195,12 @@ impl<T: AttentionElement> AttentionPlan<T> {
     }
 
     #[cfg(feature = "cuda")]
-    fn plan_gpu(request: RequestFfi, batch: Batch, out: &Tensor<T>) -> Result<Self> {
+    fn plan_gpu(
+        request: RequestFfi,
+        batch: Batch,
+        alibi: Option<AlibiSlopes>,
+        out: &Tensor<T>,
+    ) -> Result<Self> {
         let stream = out.stream().ok_or(Error::CudaNotBuilt)?;
         let (host_q, host_k) = batch.hosts();
         let problem = crate::ffi::validate(&request, host_q, host_k)?;
@@ -201,6 +212,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
         Ok(AttentionPlan {
             request,
             batch,
+            alibi,
             target: Target::Gpu(crate::ffi::cuda::Planned {
                 problem,
                 kernel,
@@ -213,7 +225,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn plan_gpu(_: RequestFfi, _: Batch, _: &Tensor<T>) -> Result<Self> {
+    fn plan_gpu(_: RequestFfi, _: Batch, _: Option<AlibiSlopes>, _: &Tensor<T>) -> Result<Self> {
         Err(Error::CudaNotBuilt)
     }
 
@@ -254,16 +266,17 @@ impl<T: AttentionElement> AttentionPlan<T> {
             lse,
             seqs: self.batch.seqs(),
             pages: self.batch.pages(),
+            alibi: self.alibi.as_ref(),
         };
-        match self.target {
+        match &self.target {
             Target::Cpu(problem) => {
-                crate::dispatch::run_cpu(&problem, call)?;
+                crate::dispatch::run_cpu(problem, call)?;
             }
             #[cfg(feature = "cuda")]
             Target::Gpu(planned) => {
                 // C++ checks this run's addresses (alignment, overlapping outputs) before it
                 // launches.
-                let entry = crate::cuda::launch::Entry::Planned(&planned, self.execution);
+                let entry = crate::cuda::launch::Entry::Planned(planned, self.execution);
                 crate::cuda::launch::run(entry, r, call)?;
             }
         }

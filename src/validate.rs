@@ -2,6 +2,7 @@
 //! validate.cpp`, shared with C++ callers), which checks every shape, stride, alignment, device,
 //! size and scale rule once for both languages. Nothing is launched before it passes.
 
+use crate::alibi::AlibiSlopes;
 use crate::element::Element;
 use crate::error::Result;
 use crate::ffi::{self, RequestFfi};
@@ -16,7 +17,7 @@ pub(crate) const DENSE: Hosts<'static> = (&[], &[]);
 
 /// A checked attention problem. For a variable-length batch, `batch` counts the sequences and
 /// `seq_q` / `seq_k` are the longest ones'.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Problem {
     pub batch: usize,
     pub seq_q: usize,
@@ -29,6 +30,8 @@ pub(crate) struct Problem {
     pub softcap: Option<f32>,
     /// A sliding window's sides (`None`: unbounded; also a side as wide as the problem).
     pub window: (Option<usize>, Option<usize>),
+    /// ALiBi slopes (given by the call, not by validation, which only checks their shape).
+    pub alibi: Option<AlibiSlopes>,
     pub causal: Causal,
     pub location: Location,
 }
@@ -39,18 +42,24 @@ impl Problem {
         self.batch == 0 || self.seq_q == 0 || self.heads_q == 0
     }
 
+    /// The diagonal's offset (query `i`'s diagonal key is `i + offset`): 0 for top-left
+    /// alignment, `seq_k - seq_q` otherwise (validated sizes fit in i64).
+    pub fn diagonal(&self) -> i64 {
+        if self.causal == Causal::TopLeft {
+            0
+        } else {
+            self.seq_k as i64 - self.seq_q as i64
+        }
+    }
+
     /// Keys visible to query row `i` under the causal mask and the window (C++ `core::blind_rows`
     /// counts the rows where this is empty):
     /// `i + offset - left ..= i + offset + right`, clamped to the keys; offset 0 for top-left
     /// alignment, `seq_k - seq_q` otherwise; a causal mask bounds the right side at 0.
     pub fn visible(&self, i: usize) -> std::ops::Range<usize> {
         // Validated sizes fit in i64 (they are tensor extents); sides were capped at seq_q + seq_k.
-        let (i, sq, sk) = (i as i64, self.seq_q as i64, self.seq_k as i64);
-        let offset = if self.causal == Causal::TopLeft {
-            0
-        } else {
-            sk - sq
-        };
+        let (i, sk) = (i as i64, self.seq_k as i64);
+        let offset = self.diagonal();
         let right = match self.causal {
             Causal::None => self.window.1.map(|r| r as i64),
             _ => Some(0),
@@ -102,6 +111,11 @@ pub(crate) fn request<T: Element>(
         softcap: opts.softcap.unwrap_or(0.0),
         window_left: window_side(opts.window.0),
         window_right: window_side(opts.window.1),
+        has_alibi: opts.alibi.is_some(),
+        alibi: opts
+            .alibi
+            .as_ref()
+            .map_or_else(ffi::AlibiFfi::default, AlibiSlopes::ffi),
         causal: ffi::causal_id(opts.causal),
         backend: ffi::backend_id(opts.backend),
         forced_arch: opts.force_arch_class.map_or(-1, ffi::arch_id),
@@ -139,6 +153,7 @@ pub(crate) fn validate(
         scale: raw.scale,
         softcap: request.has_softcap.then_some(request.softcap),
         window: (side(raw.window_left), side(raw.window_right)),
+        alibi: None,
         causal: ffi::causal_of(raw.causal),
         location,
     })

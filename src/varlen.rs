@@ -302,6 +302,7 @@ pub fn attention_varlen_into<T: AttentionElement>(
         lse,
         seqs: Some(batch),
         pages: None,
+        alibi: opts.alibi.as_ref(),
     };
     dispatch::run(&request, opts, call)
 }

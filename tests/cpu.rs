@@ -8,8 +8,8 @@ use flashcore::plan::{
     auto_kernel, choose_row, decode_table, kv_splits, select_row, tile_table, ArchClass, Kernel,
 };
 use flashcore::{
-    attention, attention_into, AttentionOptions, BackendKind, Causal, Error, Layout, Operand,
-    Shape, Tensor,
+    attention, attention_into, attention_varlen, AlibiSlopes, AttentionOptions, BackendKind,
+    Causal, Error, Layout, Operand, Shape, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 
@@ -768,6 +768,7 @@ fn sliding_window_matches_the_naive_formula() {
                     let mods = common::Mods {
                         softcap: softcap.map(f64::from),
                         window,
+                        alibi: None,
                     };
                     let scale = 1.0 / 4.0;
                     let (want, want_lse) = common::naive_mods(&q, &k, &v, scale, causal, mods);
@@ -808,4 +809,153 @@ fn sliding_window_matches_the_naive_formula() {
     )
     .unwrap();
     assert!(rel_l2(&logical(&full.out), &logical(&local.out)) > 1e-2);
+}
+
+/// ALiBi on the CPU reference against the naive formula: every causal mode, Sq below, equal to
+/// and above Sk, GQA, shared and per-sequence slopes (zero, negative, large), with a softcap and
+/// a window; a variable-length batch gives each sequence its own row of slopes; bad slopes are
+/// typed errors.
+#[test]
+fn alibi_matches_the_naive_formula() {
+    let mut rng = Rng::fresh();
+    let mut checked = 0;
+    let shared = vec![0.5, 0.0, -0.25, 16.0];
+    let per_sequence: Vec<f32> = (0..8).map(|i| 0.1 * (i as f32 + 1.0)).collect();
+    for (sq, sk) in [(9, 12), (12, 9), (1, 20), (16, 16)] {
+        let (qs, ks) = (Shape::new(2, sq, 4, 16), Shape::new(2, sk, 2, 16));
+        let q = randn::<f16>(&mut rng, &dims(qs, Layout::Bshd), Layout::Bshd);
+        let k = randn::<f16>(&mut rng, &dims(ks, Layout::Bshd), Layout::Bshd);
+        let v = randn::<f16>(&mut rng, &dims(ks, Layout::Bshd), Layout::Bshd);
+        for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+            if causal == Causal::BottomRight && sq > sk {
+                continue; // rows without keys
+            }
+            for (slopes, softcap, window) in [
+                (shared.clone(), None, (None, None)),
+                (per_sequence.clone(), None, (None, None)),
+                (per_sequence.clone(), Some(5.0f32), (Some(3), None)),
+            ] {
+                let alibi = if slopes.len() == 4 {
+                    AlibiSlopes::new(slopes.clone())
+                } else {
+                    AlibiSlopes::per_sequence(2, slopes.clone())
+                };
+                let mut opts = AttentionOptions::default()
+                    .causal(causal)
+                    .window(window.0, window.1)
+                    .alibi(alibi.unwrap())
+                    .with_lse();
+                opts.softcap = softcap;
+                let mods = common::Mods {
+                    softcap: softcap.map(f64::from),
+                    window,
+                    alibi: Some(slopes),
+                };
+                let (want, want_lse) = common::naive_mods(&q, &k, &v, 0.25, causal, mods);
+                let res = attention(&q, &k, &v, &opts)
+                    .unwrap_or_else(|e| panic!("{sq}x{sk} {causal:?}: {e}"));
+                let err = rel_l2(&logical(&res.out), &want);
+                let lse_err = rel_l2(&lse_values(res.lse.as_ref().unwrap()), &want_lse);
+                assert!(
+                    err < 5e-4 && lse_err < 1e-6,
+                    "{sq}x{sk} {causal:?} {softcap:?} {window:?}: {err:.2e} {lse_err:.2e}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 33, "every ALiBi case ran");
+
+    // A variable-length batch of two equal sequences is the dense batch: per-sequence slopes
+    // follow the sequence, not the token.
+    let q = randn::<f16>(&mut rng, &[2, 10, 4, 16], Layout::Bshd);
+    let k = randn::<f16>(&mut rng, &[2, 14, 2, 16], Layout::Bshd);
+    let packed = |t: &Tensor<f16>, s: usize, h: usize| {
+        let data = t.host_data().unwrap().to_vec();
+        Tensor::from_vec(data, &[1, 2 * s, h, 16], Layout::Bshd).unwrap()
+    };
+    let opts = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .alibi(AlibiSlopes::per_sequence(2, per_sequence.clone()).unwrap());
+    let dense = attention(&q, &k, &k, &opts).unwrap();
+    let batch = VarlenBatch::from_lengths(&[10, 10], &[14, 14]).unwrap();
+    let (qp, kp) = (packed(&q, 10, 4), packed(&k, 14, 2));
+    let varlen = attention_varlen(&qp, &kp, &kp, &batch, &opts).unwrap();
+    assert_eq!(
+        varlen.out.host_data().unwrap(),
+        dense.out.host_data().unwrap(),
+        "varlen rows use their sequence's slopes"
+    );
+    // ALiBi changes the result, so the comparisons are not vacuous.
+    let plain = attention(
+        &q,
+        &k,
+        &k,
+        &AttentionOptions::default().causal(Causal::BottomRight),
+    );
+    assert!(rel_l2(&logical(&plain.unwrap().out), &logical(&dense.out)) > 1e-2);
+
+    // Bad slopes: each its own error, before anything runs.
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let e = AlibiSlopes::new(vec![0.5, bad]).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidAlibiSlope { index: 1, value } if value.to_bits() == bad.to_bits()),
+            "{e:?}"
+        );
+    }
+    let e = AlibiSlopes::per_sequence(3, vec![0.5; 8]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ShapeMismatch {
+                operand: Operand::AlibiSlopes,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let wrong_heads = AttentionOptions::default().alibi(AlibiSlopes::geometric(2).unwrap());
+    let e = attention(&q, &k, &k, &wrong_heads).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ShapeMismatch {
+                operand: Operand::AlibiSlopes,
+                dim: "heads",
+                got: 2,
+                expected: 4
+            }
+        ),
+        "{e:?}"
+    );
+    let three = AlibiSlopes::per_sequence(3, vec![0.5; 12]).unwrap();
+    let e = attention(&q, &k, &k, &AttentionOptions::default().alibi(three)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ShapeMismatch {
+                operand: Operand::AlibiSlopes,
+                dim: "batch",
+                got: 3,
+                expected: 2
+            }
+        ),
+        "{e:?}"
+    );
+    let slopes = AlibiSlopes::geometric(12).unwrap();
+    let want = [
+        0.5f32,
+        0.25,
+        0.125,
+        0.0625,
+        0.03125,
+        0.015625,
+        0.0078125,
+        0.00390625,
+        0.70710677,
+        0.35355338,
+        0.17677669,
+        0.088388346,
+    ];
+    assert_eq!(slopes.values(), &want, "BLOOM's slopes for 12 heads");
 }

@@ -16,9 +16,9 @@ use flashcore::interop::{
 use flashcore::plan::{auto_kernel, decode_table, kv_splits, tile_table, ArchClass, Kernel};
 use flashcore::{
     attention, attention_into, attention_paged, attention_paged_into, attention_varlen,
-    attention_varlen_into, merge_state_into, merge_states, AttentionElement, AttentionOptions,
-    AttentionPlan, AttentionState, Backend, BackendKind, Causal, DType, Device, Error, Execution,
-    Layout, OffsetRule, Operand, PageTable, Shape, Stream, Tensor, VarlenBatch,
+    attention_varlen_into, merge_state_into, merge_states, AlibiSlopes, AttentionElement,
+    AttentionOptions, AttentionPlan, AttentionState, Backend, BackendKind, Causal, DType, Device,
+    Error, Execution, Layout, OffsetRule, Operand, PageTable, Shape, Stream, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 
@@ -1821,6 +1821,14 @@ fn mods_case<T: AttentionElement>(
         .window(mods.window.0, mods.window.1)
         .with_lse();
     opts.softcap = mods.softcap.map(|c| c as f32);
+    opts.alibi = mods.alibi.as_ref().map(|slopes| {
+        let slopes = if slopes.len() == hq {
+            AlibiSlopes::new(slopes.clone())
+        } else {
+            AlibiSlopes::per_sequence(b, slopes.clone())
+        };
+        slopes.unwrap().to_device(s).unwrap()
+    });
     let exec = attention_into(
         &q.to_device(s).unwrap(),
         &k.to_device(s).unwrap(),
@@ -1877,12 +1885,12 @@ fn score_modifiers_match_the_reference() {
             };
             let mods = Mods {
                 window,
-                softcap: None,
+                ..Mods::default()
             };
             let what = format!("{sizes:?} {heads:?} {causal:?} window {window:?}");
             check(
                 format!("f16 {what}"),
-                mods_case::<f16>(&s, sizes, heads, causal, mods).0,
+                mods_case::<f16>(&s, sizes, heads, causal, mods.clone()).0,
                 2e-3,
             );
             check(
@@ -1894,12 +1902,12 @@ fn score_modifiers_match_the_reference() {
         for cap in [0.5, 30.0, 1e4] {
             let mods = Mods {
                 softcap: Some(cap),
-                window: (None, None),
+                ..Mods::default()
             };
             let what = format!("{causal:?} softcap {cap}");
             check(
                 format!("f16 {what}"),
-                mods_case::<f16>(&s, (2, 130, 257), (8, 2, 128), causal, mods).0,
+                mods_case::<f16>(&s, (2, 130, 257), (8, 2, 128), causal, mods.clone()).0,
                 2e-3,
             );
             check(
@@ -1911,6 +1919,7 @@ fn score_modifiers_match_the_reference() {
         let both = Mods {
             softcap: Some(20.0),
             window: (Some(50), Some(10)),
+            alibi: None,
         };
         // Sq > Sk (bottom-right causal would leave rows without keys: Sq < Sk there).
         let sizes = match causal {
@@ -1927,6 +1936,7 @@ fn score_modifiers_match_the_reference() {
     let decode = Mods {
         softcap: Some(30.0),
         window: (Some(1000), None),
+        alibi: None,
     };
     let (errs, splits) = mods_case::<bf16>(
         &s,
@@ -2001,4 +2011,211 @@ fn score_modifiers_match_the_reference() {
     let err = rel_l2(&logical(&got.out.to_host().unwrap()), &logical(&want.out));
     println!("modifiers paged: rel L2 {err:.2e}");
     assert!(err < 2e-3, "paged with a window and a softcap: {err:.3e}");
+}
+
+/// ALiBi on the GPU (the WMMA kernel's modifier instantiation) against the naive f64 formula:
+/// every causal alignment, Sq below, equal to and above Sk, GQA and MQA, both dtypes, head dims
+/// 64 / 128 / 256 and 72, shared and per-sequence slopes (the paper's, random, zero, negative
+/// and large ones), ALiBi with a softcap and a window, one-query decode split over 20k keys.
+/// Variable-length and paged calls match the CPU reference (and a plan runs them); host slopes,
+/// slopes of the wrong shape and forced families without ALiBi are refused before any launch.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn alibi_matches_the_reference() {
+    use common::Mods;
+    let s = stream();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    let mut check = |what: String, (err, lse_err): (f64, f64), tol: f64| {
+        println!("alibi {what}: rel L2 {err:.2e} lse {lse_err:.2e}");
+        checked += 1;
+        if !(err < tol && lse_err < 1e-4) {
+            failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
+        }
+    };
+    let geometric = |heads: usize| AlibiSlopes::geometric(heads).unwrap().values().to_vec();
+    let mut rng = Rng::fresh();
+    // (sizes, heads, slopes, name)
+    let cases = [
+        ((2, 200, 333), (8, 2, 128), geometric(8), "geometric"),
+        (
+            (2, 97, 300),
+            (6, 1, 256),
+            random_slopes(&mut rng, 12),
+            "per sequence",
+        ),
+        (
+            (1, 150, 150),
+            (4, 4, 64),
+            vec![0.0, -0.05, 8.0, 100.0],
+            "zero, negative, large",
+        ),
+        (
+            (3, 64, 40),
+            (4, 2, 72),
+            random_slopes(&mut rng, 4),
+            "Sq > Sk",
+        ),
+    ];
+    for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+        for (sizes, heads, slopes, name) in &cases {
+            if causal == Causal::BottomRight && sizes.1 > sizes.2 {
+                continue; // rows without keys
+            }
+            let mods = Mods {
+                alibi: Some(slopes.clone()),
+                ..Mods::default()
+            };
+            let what = format!("{sizes:?} {heads:?} {causal:?} {name}");
+            check(
+                format!("f16 {what}"),
+                mods_case::<f16>(&s, *sizes, *heads, causal, mods.clone()).0,
+                2e-3,
+            );
+            check(
+                format!("bf16 {what}"),
+                mods_case::<bf16>(&s, *sizes, *heads, causal, mods).0,
+                1e-2,
+            );
+        }
+        let all = Mods {
+            softcap: Some(20.0),
+            window: (Some(50), Some(10)),
+            alibi: Some(geometric(8)),
+        };
+        let sizes = match causal {
+            Causal::BottomRight => (1, 290, 300),
+            _ => (1, 300, 290),
+        };
+        check(
+            format!("f16 {causal:?} ALiBi, softcap and window {sizes:?}"),
+            mods_case::<f16>(&s, sizes, (8, 8, 64), causal, all).0,
+            2e-3,
+        );
+    }
+    let decode = Mods {
+        alibi: Some(geometric(32)),
+        ..Mods::default()
+    };
+    let (errs, splits) = mods_case::<bf16>(
+        &s,
+        (1, 1, 20_000),
+        (32, 8, 128),
+        Causal::BottomRight,
+        decode,
+    );
+    assert!(splits > 1, "a long decode splits its keys ({splits})");
+    check(format!("bf16 decode 1x20000, {splits} splits"), errs, 1e-2);
+    assert_eq!(checked, 26, "every ALiBi case ran");
+    assert_none_failed(&failures);
+
+    // Refusals, before any launch.
+    let x = Tensor::full(f16::ONE, &[2, 64, 4, 64], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let host_slopes = AlibiSlopes::geometric(4).unwrap();
+    let opts = AttentionOptions::default().alibi(host_slopes.clone());
+    let err = attention(&x, &x, &x, &opts).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DeviceMismatch {
+                operand: Operand::AlibiSlopes,
+                ..
+            }
+        ),
+        "host slopes on a GPU call: {err}"
+    );
+    let three = AlibiSlopes::per_sequence(3, vec![0.5; 12]).unwrap();
+    let eight = AlibiSlopes::geometric(8).unwrap();
+    for (slopes, dim) in [(three, "batch"), (eight, "heads")] {
+        let opts = AttentionOptions::default().alibi(slopes.to_device(&s).unwrap());
+        let err = attention(&x, &x, &x, &opts).unwrap_err();
+        assert!(
+            matches!(err, Error::ShapeMismatch { operand: Operand::AlibiSlopes, dim: d, .. } if d == dim),
+            "slopes of the wrong {dim}: {err}"
+        );
+    }
+    let device_slopes = host_slopes.to_device(&s).unwrap();
+    for kernel in [Kernel::CutlassSm80, Kernel::CutlassSm90] {
+        let opts = AttentionOptions::default()
+            .alibi(device_slopes.clone())
+            .backend(Backend::Kernel(kernel));
+        let err = attention(&x, &x, &x, &opts).unwrap_err();
+        assert!(
+            matches!(err, Error::BackendUnavailable { .. }),
+            "{kernel:?}: {err}"
+        );
+    }
+
+    // Variable-length and paged calls with per-sequence slopes match the CPU reference's, and a
+    // plan made with slopes runs them.
+    let slopes = AlibiSlopes::per_sequence(6, random_slopes(&mut rng, 48)).unwrap();
+    let cpu = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .alibi(slopes.clone())
+        .backend(Backend::Cpu);
+    let gpu = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .alibi(slopes.to_device(&s).unwrap());
+    let (batch, q, k, v) =
+        random_varlen::<f16>(&mut rng, 6, (300, 600), (8, 2), 128, true, Layout::Bshd);
+    let want = attention_varlen(&q, &k, &v, &batch, &cpu).unwrap();
+    let (qd, kd, vd) = (
+        q.to_device(&s).unwrap(),
+        k.to_device(&s).unwrap(),
+        v.to_device(&s).unwrap(),
+    );
+    let batch = batch.to_device(&s).unwrap();
+    let got = attention_varlen(&qd, &kd, &vd, &batch, &gpu).unwrap();
+    let err = rel_l2(&logical(&got.out.to_host().unwrap()), &logical(&want.out));
+    println!("alibi varlen: rel L2 {err:.2e}");
+    assert!(err < 2e-3, "varlen with ALiBi: {err:.3e}");
+    let mut out = got.out.to_host().unwrap().to_device(&s).unwrap();
+    let plan = AttentionPlan::new_varlen(&qd, &kd, &vd, &batch, &out, None, &gpu).unwrap();
+    plan.run(&qd, &kd, &vd, &mut out, None).unwrap();
+    let host = |t: &Tensor<f16>| t.to_host().unwrap().host_data().unwrap().to_vec();
+    assert_eq!(
+        host(&out),
+        host(&got.out),
+        "a planned varlen run with ALiBi"
+    );
+
+    let lengths = [700, 33, 1500];
+    let (table, num_pages) = random_pages(&mut rng, 16, &lengths, 3);
+    let seqlens = lengths.iter().map(|&n| n as i32).collect();
+    let pages = PageTable::new(16, table, seqlens).unwrap();
+    let cache = |rng: &mut Rng| randn::<f16>(rng, &[num_pages, 16, 2, 128], Layout::Bshd);
+    let (kc, vc) = (cache(&mut rng), cache(&mut rng));
+    let q = randn::<f16>(&mut rng, &[3, 5, 8, 128], Layout::Bshd);
+    let slopes = AlibiSlopes::per_sequence(3, random_slopes(&mut rng, 24)).unwrap();
+    let cpu = cpu.alibi(slopes.clone());
+    let gpu = gpu.alibi(slopes.to_device(&s).unwrap());
+    let want = attention_paged(&q, &kc, &vc, &pages, &cpu).unwrap();
+    let got = attention_paged(
+        &q.to_device(&s).unwrap(),
+        &kc.to_device(&s).unwrap(),
+        &vc.to_device(&s).unwrap(),
+        &pages.to_device(&s).unwrap(),
+        &gpu,
+    )
+    .unwrap();
+    let err = rel_l2(&logical(&got.out.to_host().unwrap()), &logical(&want.out));
+    println!("alibi paged: rel L2 {err:.2e}");
+    assert!(err < 2e-3, "paged with ALiBi: {err:.3e}");
+}
+
+/// `n` slopes of magnitude about 0.1, a fifth of them negative.
+fn random_slopes(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let x = 0.1 * rng.normal().abs() as f32;
+            if i % 5 == 4 {
+                -x
+            } else {
+                x
+            }
+        })
+        .collect()
 }

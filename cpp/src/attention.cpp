@@ -50,6 +50,10 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
   a.softcap = r.options.softcap.value_or(0.0f);
   a.window_left = p.window_left;
   a.window_right = p.window_right;
+  if (p.alibi) {
+    a.alibi_slopes = reinterpret_cast<const float*>(r.alibi.address);
+    a.alibi_batch_stride = r.alibi.batch > 1 ? r.alibi.heads : 0;
+  }
   a.tile = plan.row->tile;
   a.splits = plan.splits;
   if (p.varlen) {
@@ -141,6 +145,10 @@ core::Request request_of(const AttentionArgs& args, int32_t device) {
   if (args.pages) {
     r.paged = true;
     r.pages = describe_pages(*args.pages, device);
+  }
+  if (args.alibi) {
+    r.has_alibi = true;
+    r.alibi = describe_alibi(*args.alibi, device);
   }
   return r;
 }

@@ -311,6 +311,13 @@ AttentionArgs public_args(const RequestFfi& request, rust::Slice<const int32_t> 
     pages.host_seqlens_k = hosts ? host_k.data() : nullptr;
     a.pages = pages;
   }
+  if (request.has_alibi) {
+    AlibiSlopes slopes;
+    slopes.data = reinterpret_cast<const float*>(request.alibi.address);
+    slopes.batch = request.alibi.batch;
+    slopes.heads = request.alibi.heads;
+    a.alibi = slopes;
+  }
   return a;
 }
 

@@ -27,6 +27,8 @@ struct PoolUsage;
 // ---- host-only (bridge_core.cpp) ----
 StatusFfi validate(const RequestFfi& request, rust::Slice<const int32_t> host_q,
                    rust::Slice<const int32_t> host_k, ProblemFfi& problem);
+// The ALiBi slopes' values (core::check_alibi_values), checked once when Rust makes them.
+StatusFfi check_alibi_slopes(rust::Slice<const float> slopes);
 StatusFfi validate_merge(int32_t dtype, rust::Slice<const DescFfi> outs,
                          rust::Slice<const DescFfi> lses, const DescFfi& out, const DescFfi& lse,
                          bool has_lse);

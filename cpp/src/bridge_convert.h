@@ -83,6 +83,13 @@ inline core::Request from_ffi(const RequestFfi& r, rust::Slice<const int32_t> ho
     d.host_table = sized && !host_k.empty() ? host_q.data() : nullptr;
     d.host_seqlens = sized && !host_k.empty() ? host_k.data() : nullptr;
   }
+  out.has_alibi = r.has_alibi;
+  if (r.has_alibi) {  // the Rust crate checked its host slopes when it made them
+    out.alibi.address = r.alibi.address;
+    out.alibi.location = r.alibi.location;
+    out.alibi.batch = r.alibi.batch;
+    out.alibi.heads = r.alibi.heads;
+  }
   return out;
 }
 
@@ -101,6 +108,7 @@ inline ProblemFfi to_ffi(const core::Problem& p) {
   out.paged = p.paged;
   out.window_left = p.window_left;
   out.window_right = p.window_right;
+  out.alibi = p.alibi;
   return out;
 }
 
@@ -108,7 +116,7 @@ inline core::Problem from_ffi(const ProblemFfi& p) {
   return core::Problem{p.batch,   p.seq_q,    p.seq_k,
                        p.heads_q, p.heads_kv, p.head_dim,
                        p.scale,   static_cast<Causal>(p.causal), p.location, p.varlen, p.paged,
-                       p.window_left, p.window_right};
+                       p.window_left, p.window_right, p.alibi};
 }
 
 inline StatusFfi to_ffi(const Status& s) {

@@ -4,6 +4,7 @@
 #include <array>
 
 #include "bridge_convert.h"
+#include "core/alibi.h"
 #include "core/merge.h"
 
 namespace flashcore::bridge {
@@ -17,7 +18,8 @@ static_assert(static_cast<int>(Code::ShapeMismatch) == 1 && static_cast<int>(Cod
                   static_cast<int>(Code::InvalidSoftcap) == 23 &&
                   static_cast<int>(Code::OutOfDeviceMemory) == 24 &&
                   static_cast<int>(Code::PlanMismatch) == 25 &&
-                  static_cast<int>(Code::InvalidWindow) == 26,
+                  static_cast<int>(Code::InvalidWindow) == 26 &&
+                  static_cast<int>(Code::InvalidAlibiSlope) == 27,
               "flashcore::Code values are part of the bridge: update src/ffi/mod.rs too");
 static_assert(kKernelCount == 3 && static_cast<int>(Kernel::CutlassSm90) == 2,
               "flashcore::Kernel values are part of the bridge: update plan::Kernel in src/plan/mod.rs");
@@ -28,6 +30,7 @@ static_assert(static_cast<int>(Field::WorkUnits) == 11 &&
                   static_cast<int>(Field::Sequences) == 16 && static_cast<int>(Operand::Lse) == 5 &&
                   static_cast<int>(Operand::StateLse) == 7 &&
                   static_cast<int>(Operand::CuSeqlensK) == 9 &&
+                  static_cast<int>(Operand::AlibiSlopes) == 12 &&
                   static_cast<int>(Field::WindowLeft) == 20 &&
                   static_cast<int>(Field::WindowRight) == 21,
               "flashcore::Field / Operand values are part of the bridge: update src/ffi/mod.rs");
@@ -40,6 +43,12 @@ StatusFfi validate(const RequestFfi& request, rust::Slice<const int32_t> host_q,
     problem = to_ffi(p);
   }
   return to_ffi(s);
+}
+
+StatusFfi check_alibi_slopes(rust::Slice<const float> slopes) {
+  const core::Failed f =
+      core::check_alibi_values(slopes.data(), static_cast<int64_t>(slopes.size()));
+  return to_ffi(f ? *f : Status{});
 }
 
 StatusFfi validate_merge(int32_t dtype, rust::Slice<const DescFfi> outs,

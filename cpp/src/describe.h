@@ -76,6 +76,18 @@ inline core::PagesDesc describe_pages(const Pages& pages, int32_t current) {
   return d;
 }
 
+// ALiBi slopes (their placement as for tensors).
+inline core::AlibiDesc describe_alibi(const AlibiSlopes& slopes, int32_t current) {
+  core::AlibiDesc d;
+  d.address = reinterpret_cast<uint64_t>(slopes.data);
+  const int64_t shape[4] = {slopes.batch, slopes.heads, 1, 1};
+  d.location = location_of(slopes.data, shape, current);
+  d.batch = slopes.batch;
+  d.heads = slopes.heads;
+  d.host = slopes.host;
+  return d;
+}
+
 }  // namespace flashcore::detail
 
 namespace flashcore::detail {

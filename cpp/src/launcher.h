@@ -62,6 +62,10 @@ struct FmhaArgs {
   // -1 when unbounded (core::Problem's; the band is core::Band's, with the causal alignment).
   float softcap = 0.0f;
   int64_t window_left = -1, window_right = -1;
+  // ALiBi slopes (only the WMMA kernel): float [batch or 1, heads_q], row stride
+  // alibi_batch_stride (0: one row for every sequence); null for none.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_batch_stride = 0;
   Tile tile;
   // A variable-length batch (only the WMMA kernel takes one): batch + 1 int32 offsets each into
   // the token axis of q/out and of k/v, whose batch stride is then unused; seq_q and seq_k are

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "core/alibi.h"
 #include "core/merge.h"
 #include "core/validate.h"
 
@@ -872,6 +873,71 @@ void score_modifiers() {
   }
 }
 
+// ALiBi slopes: each bad description gets its own code before any launch; with slopes, a
+// one-query GQA call is not head-packed and Auto runs WMMA (other families refused).
+void alibi_slopes() {
+  const auto with_slopes = [](int64_t batch, int64_t heads) {
+    Request r = valid();
+    r.has_alibi = true;
+    r.alibi.address = uint64_t{1} << 40;
+    r.alibi.location = 0;
+    r.alibi.batch = batch;
+    r.alibi.heads = heads;
+    return r;
+  };
+  Problem p{};
+  for (const int64_t batch : {1, 2}) {
+    expect(flashcore::core::validate(with_slopes(batch, 8), &p).ok() && p.alibi,
+           "slopes of [" + std::to_string(batch) + ", 8] validate");
+  }
+  Request r = with_slopes(3, 8);
+  Status s = check(r);
+  expect(s.code == Code::ShapeMismatch && s.operand == Operand::AlibiSlopes &&
+             s.field == Field::Batch && s.values[0] == 3 && s.values[1] == 2,
+         "slopes for 3 sequences on a batch of 2: " + s.message);
+  r = with_slopes(1, 2);
+  s = check(r);
+  expect(s.code == Code::ShapeMismatch && s.field == Field::Heads && s.values[0] == 2 &&
+             s.values[1] == 8,
+         "slopes for the kv heads, not the query heads: " + s.message);
+  r = with_slopes(1, 8);
+  r.alibi.location = flashcore::core::kHost;
+  expect_code(r, Code::DeviceMismatch, Operand::AlibiSlopes, "host slopes on a device call");
+  r = with_slopes(1, 8);
+  r.alibi.address += 2;
+  expect_code(r, Code::MisalignedPointer, Operand::AlibiSlopes, "slopes 2 bytes off");
+  float host[8] = {1, 0.5f, 0.25f, 0, -1, 3, 2, 1};
+  r = with_slopes(1, 8);
+  r.alibi.host = host;
+  expect(check(r).ok(), "finite host slopes (zero and negative included) pass");
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::infinity()}) {
+    host[5] = bad;
+    s = check(r);
+    expect(s.code == Code::InvalidAlibiSlope && s.operand == Operand::AlibiSlopes &&
+               s.values[0] == 5,
+           "a non-finite slope is named by index: " + s.message);
+  }
+  const auto checked = flashcore::core::check_alibi_values(host, 5);
+  expect(!checked, "the first five slopes are finite");
+
+  r = with_slopes(1, 8);
+  r.q.shape[1] = r.out.shape[1] = 1;
+  expect(flashcore::core::validate(r, &p).ok() && !p.packs_heads(),
+         "a decode with slopes does not pack heads (each head has its own slope)");
+  const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
+  r = with_slopes(2, 8);
+  flashcore::core::validate(r, &p);
+  flashcore::core::Plan plan{};
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma, "Auto applies ALiBi with WMMA: " + s.message);
+  for (const auto forced : {flashcore::Backend::CutlassSm80, flashcore::Backend::CutlassSm90}) {
+    r.options.backend = forced;
+    s = flashcore::core::plan(r, p, h200, &plan);
+    expect(s.code == Code::BackendUnavailable, "a family without ALiBi, forced: " + s.message);
+  }
+}
+
 int main() {
   valid_call_passes();
   negative_sizes_and_strides();
@@ -880,6 +946,7 @@ int main() {
   overlapping_outputs();
   paged_cache();
   score_modifiers();
+  alibi_slopes();
   no_allocation_on_the_hot_path();
   scales();
   heads_and_head_dims();

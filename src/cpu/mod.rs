@@ -14,8 +14,10 @@ use crate::varlen::VarlenBatch;
 
 /// Where one sequence's tokens start: batch entry `b`, query token `q0`, key token `k0`; with
 /// `pages`, its keys are in a paged cache instead (its row of the block table, the page size).
+/// `seq`: its position in the batch (its row of ALiBi slopes).
 #[derive(Clone, Copy)]
 struct At<'a> {
+    seq: usize,
     b: usize,
     q0: usize,
     k0: usize,
@@ -26,6 +28,7 @@ impl At<'_> {
     /// Batch entry `b` of a dense batch, from its first token.
     fn entry(b: usize) -> Self {
         At {
+            seq: b,
             b,
             q0: 0,
             k0: 0,
@@ -53,7 +56,7 @@ pub(crate) fn attention<T: Element>(
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<()> {
-    let entries = (0..p.batch).map(|b| (*p, At::entry(b)));
+    let entries = (0..p.batch).map(|b| (p.clone(), At::entry(b)));
     each_sequence(p, q, k, v, out, lse, entries)
 }
 
@@ -70,14 +73,16 @@ pub(crate) fn attention_varlen<T: Element>(
 ) -> Result<()> {
     let (cu_q, cu_k) = batch.host();
     let token = |x: i32| x as usize; // validated: non-negative
-    let sequences = cu_q.windows(2).zip(cu_k.windows(2)).map(|(qs, ks)| {
+    let pairs = cu_q.windows(2).zip(cu_k.windows(2));
+    let sequences = pairs.enumerate().map(|(seq, (qs, ks))| {
         let one = Problem {
             batch: 1,
             seq_q: token(qs[1]) - token(qs[0]),
             seq_k: token(ks[1]) - token(ks[0]),
-            ..*p
+            ..p.clone()
         };
         let at = At {
+            seq,
             q0: token(qs[0]),
             k0: token(ks[0]),
             ..At::entry(0)
@@ -104,7 +109,7 @@ pub(crate) fn attention_paged<T: Element>(
         let one = Problem {
             batch: 1,
             seq_k: keys as usize, // validated: non-negative
-            ..*p
+            ..p.clone()
         };
         let row = &table[b * width..(b + 1) * width];
         let at = At {
@@ -169,8 +174,10 @@ fn sequence<T: Element>(
     let scale = f64::from(p.scale);
     let RowBuffers { scores, acc } = rows;
     let b = at.b;
+    let diagonal = p.diagonal();
     for h in 0..p.heads_q {
         let kvh = h / group;
+        let slope = p.alibi.as_ref().map(|a| f64::from(a.slope(at.seq, h)));
         for i in 0..p.seq_q {
             let keys = p.visible(i);
             let (first, n) = (keys.start, keys.len());
@@ -181,10 +188,13 @@ fn sequence<T: Element>(
                 let dot: f64 = (0..d)
                     .map(|x| qd[q0 + x].to_f64() * kd[k0 + x].to_f64())
                     .sum();
-                *s = match p.softcap {
+                let score = match p.softcap {
                     Some(cap) => f64::from(cap) * (dot * scale / f64::from(cap)).tanh(),
                     None => dot * scale,
                 };
+                // ALiBi's distance from the diagonal (sizes fit in i64: tensor extents).
+                let gap = (i as i64 + diagonal - (first + j) as i64).unsigned_abs() as f64;
+                *s = score - slope.map_or(0.0, |m| m * gap);
             }
             let max = scores[..n]
                 .iter()

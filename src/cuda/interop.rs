@@ -36,6 +36,7 @@ pub fn cpp_attention_forward<T: AttentionElement>(
         lse,
         seqs: None,
         pages: None,
+        alibi: opts.alibi.as_ref(),
     };
     run(entry, &request, call)
 }
@@ -66,6 +67,7 @@ pub fn cpp_attention_varlen<T: AttentionElement>(
         lse,
         seqs: Some(batch),
         pages: None,
+        alibi: opts.alibi.as_ref(),
     };
     run(entry, &request, call)
 }
@@ -94,6 +96,7 @@ pub fn cpp_attention_paged<T: AttentionElement>(
         lse,
         seqs: None,
         pages: Some(pages),
+        alibi: opts.alibi.as_ref(),
     };
     run(Entry::PublicCpp { host_copies }, &request, call)
 }

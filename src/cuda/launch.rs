@@ -2,6 +2,7 @@
 //! planning and the launch arguments are the C++ library's).
 
 use super::stream::Stream;
+use crate::alibi::AlibiSlopes;
 use crate::dispatch::{Call, Execution};
 use crate::element::{AttentionElement, Element};
 use crate::error::{Error, Result};
@@ -61,6 +62,7 @@ pub(crate) fn run<T: AttentionElement>(
         lse,
         seqs,
         pages,
+        alibi,
     } = call;
     // Borrowed, not cloned (a clone costs atomic reference counts on every planned run); only
     // a logsumexp on another stream than the output's is cloned, as `out` and `lse` are
@@ -81,18 +83,22 @@ pub(crate) fn run<T: AttentionElement>(
         (None, None) => None,
     };
     let indices_stream = indices.map(|(_, first, _, _)| first.stream());
+    // ALiBi slopes not on the device reach C++ with their host address, refused by location.
+    let slopes = alibi.and_then(AlibiSlopes::device);
     let inputs = [
         Some(qs),
         Some(ks),
         Some(vs),
         lse_stream.as_ref(),
         indices_stream,
+        slopes.map(|s| s.stream()),
     ];
     let inputs = inputs.iter().flatten().copied();
     for s in inputs.clone() {
         order_after(&stream, &[s])?;
     }
     let mut operands = operands(q, k, v, out, lse)?;
+    operands.alibi = slopes.map(|s| s.raw());
     if let Some((paged, first, second, (host_first, host_second))) = indices {
         let hidden = matches!(entry, Entry::PublicCpp { host_copies: false });
         operands.indices = Some(IndexBuffers {
@@ -167,6 +173,7 @@ pub(crate) fn operands<'a, T: Element>(
             None => None,
         },
         indices: None,
+        alibi: None,
     })
 }
 

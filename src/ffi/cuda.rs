@@ -279,6 +279,8 @@ pub(crate) struct Operands<'a> {
     pub out: &'a mut RawBuffer,
     pub lse: Option<&'a mut RawBuffer>,
     pub indices: Option<IndexBuffers<'a>>,
+    /// ALiBi slopes on the device (`batch x heads` f32, equal to their checked host copy).
+    pub alibi: Option<&'a RawBuffer>,
 }
 
 /// A call's two int32 index arrays on the device, holding the same values as their host
@@ -303,6 +305,9 @@ fn with_addresses<'a>(request: &RequestFfi, b: Operands<'a>) -> (RequestFfi, &'a
     r.out.address = b.out.ptr as u64;
     if let Some(l) = b.lse {
         r.lse.address = l.ptr as u64;
+    }
+    if let Some(a) = b.alibi {
+        r.alibi.address = a.ptr as u64;
     }
     match b.indices {
         Some(i) if i.paged => {
@@ -361,7 +366,8 @@ pub(crate) fn attention(
     // offsets hold `count + 1` entries on the device, equal to the host copies that validation
     // checked against the token counts; a paged cache's table holds `count x pages_per_seq`
     // entries and its key counts `count`, equal to the host copies validation checked against
-    // the pages (and the kernel clamps both regardless).
+    // the pages (and the kernel clamps both regardless). ALiBi slopes hold the `batch x heads`
+    // floats validation checked against the call's shape.
     let l = unsafe {
         sys::attention(
             &r,

@@ -56,6 +56,16 @@ pub(crate) mod sys {
         max_seqlen_k: i64,
     }
 
+    /// ALiBi slopes (mirrors `core::AlibiDesc` but for the host copy: the crate checked its
+    /// slopes when it made them): `batch` x `heads` f32 at `address`.
+    #[derive(Clone, Copy, Default)]
+    struct AlibiFfi {
+        address: u64,
+        location: i32,
+        batch: i64,
+        heads: i64,
+    }
+
     /// One attention call (mirrors `core::Request`). `forced_arch`: -1 for none.
     #[derive(Clone, Copy)]
     struct RequestFfi {
@@ -81,6 +91,8 @@ pub(crate) mod sys {
         cu_k: OffsetsFfi,
         paged: bool,
         pages: PagesFfi,
+        has_alibi: bool,
+        alibi: AlibiFfi,
     }
 
     /// A validated problem (mirrors `core::Problem`).
@@ -99,6 +111,7 @@ pub(crate) mod sys {
         paged: bool,
         window_left: i64,
         window_right: i64,
+        alibi: bool,
     }
 
     /// `flashcore::Status`.
@@ -187,6 +200,8 @@ pub(crate) mod sys {
             host_k: &[i32],
             problem: &mut ProblemFfi,
         ) -> StatusFfi;
+        /// Checks that every ALiBi slope is finite (C++ `core::check_alibi_values`).
+        fn check_alibi_slopes(slopes: &[f32]) -> StatusFfi;
         /// Validates a merge of `outs.len()` states (C++ `core::validate_merge`).
         fn validate_merge(
             dtype: i32,
@@ -349,7 +364,7 @@ pub(crate) mod sys {
 }
 
 pub(crate) use sys::{
-    CapsFfi, DescFfi, OffsetsFfi, PagesFfi, ProblemFfi, RequestFfi, RowRef, StatusFfi,
+    AlibiFfi, CapsFfi, DescFfi, OffsetsFfi, PagesFfi, ProblemFfi, RequestFfi, RowRef, StatusFfi,
 };
 
 // ---- Status codes (cpp/include/flashcore/status.h; bridge_core.cpp static_asserts them) ----
@@ -379,6 +394,7 @@ const INVALID_SOFTCAP: i32 = 23;
 const OUT_OF_DEVICE_MEMORY: i32 = 24;
 const PLAN_MISMATCH: i32 = 25;
 const INVALID_WINDOW: i32 = 26;
+const INVALID_ALIBI_SLOPE: i32 = 27;
 
 // `flashcore::Field` values of the offsets rules.
 const FIRST_OFFSET: i32 = 12;
@@ -427,6 +443,7 @@ fn operand(value: i32, index: i64) -> Operand {
         9 => Operand::CuSeqlensK,
         10 => Operand::BlockTable,
         11 => Operand::SeqlensK,
+        12 => Operand::AlibiSlopes,
         _ => Operand::Q,
     }
 }
@@ -530,7 +547,8 @@ impl Described<'_> {
                 | Operand::CuSeqlensQ
                 | Operand::CuSeqlensK
                 | Operand::BlockTable
-                | Operand::SeqlensK => r.out,
+                | Operand::SeqlensK
+                | Operand::AlibiSlopes => r.out,
             }),
             (Described::Merge { outs, .. }, Operand::State(i)) => outs.get(i).copied(),
             (Described::Merge { lses, .. }, Operand::StateLse(i)) => lses.get(i).copied(),
@@ -656,6 +674,10 @@ pub(crate) fn to_error(s: StatusFfi, described: &Described<'_>) -> Error {
             left: s.field == WINDOW_LEFT,
             value: a,
         },
+        INVALID_ALIBI_SLOPE => Error::InvalidAlibiSlope {
+            index: count(a),
+            value: f32::from_bits(b as u32),
+        },
         _ => Error::Launch(s.message),
     }
 }
@@ -707,6 +729,11 @@ pub(crate) fn validate(
         &Described::Attention(request),
     )?;
     Ok(problem)
+}
+
+/// Checks ALiBi slopes' values (C++ `core::check_alibi_values`).
+pub(crate) fn check_alibi_slopes(slopes: &[f32]) -> crate::Result<()> {
+    check(sys::check_alibi_slopes(slopes), &Described::Nothing)
 }
 
 /// Validates a merge (C++ `core::validate_merge`).

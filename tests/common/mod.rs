@@ -64,13 +64,16 @@ pub fn naive<T: Element>(
 }
 
 /// Score modifiers of [`naive_mods`].
-#[derive(Clone, Copy, Default, Debug)]
+#[derive(Clone, Default, Debug)]
 pub struct Mods {
     /// Each unmasked score `s = scale * q.k` becomes `cap * tanh(s / cap)`.
     pub softcap: Option<f64>,
     /// Key `j` is visible to query `i` only within `i + off - left ..= i + off + right`
     /// (`off`: the causal alignment's diagonal, bottom-right without a causal mask).
     pub window: (Option<usize>, Option<usize>),
+    /// ALiBi slopes, `[heads_q]` or `[batch, heads_q]`: each score then loses
+    /// `slope * |i + off - j|`.
+    pub alibi: Option<Vec<f32>>,
 }
 
 /// [`naive`] with score modifiers, straight from their definitions.
@@ -112,7 +115,11 @@ pub fn naive_mods<T: Element>(
                     } else {
                         let (qr, kr) = (q_at(b, i, h), k_at(b, j, kh));
                         let s = scale * qr.iter().zip(kr).map(|(a, b)| a * b).sum::<f64>();
-                        softcap.map_or(s, |cap| cap * (s / cap).tanh())
+                        let s = softcap.map_or(s, |cap| cap * (s / cap).tanh());
+                        let slope = mods.alibi.as_ref().map_or(0.0, |a| {
+                            f64::from(a[if a.len() == hq { h } else { b * hq + h }])
+                        });
+                        s - slope * (row + off - key).abs() as f64
                     }
                 })
                 .collect();

@@ -50,6 +50,8 @@ struct AttentionArgs {
   // The WMMA kernel reads it (Backend::Auto picks it; forcing another family is
   // Code::BackendUnavailable).
   std::optional<Pages> pages;
+  // ALiBi slopes (see AlibiSlopes), kept by address by an AttentionPlan like the page table.
+  std::optional<AlibiSlopes> alibi;
 };
 
 // What a successful call ran: the kernel family, its table row, and into how many blocks per

@@ -54,13 +54,16 @@ enum class Code : int32_t {
                          // or missing where it has one, or (Operand::None) the plan is empty
   InvalidWindow,         // the sliding window's side `field` (WindowLeft / WindowRight) is
                          // values[0], which is negative
+  InvalidAlibiSlope,     // ALiBi slope values[0] (index into the host copy) is not finite
+                         // (values[1]: its IEEE bits)
 };
 
 // Which tensor a Status is about. State and StateLse are the output and the logsumexp of one of
 // merge_states' inputs; its position in the list is then values[2] (free in every code that
 // names an operand). CuSeqlensQ / CuSeqlensK are a variable-length batch's offsets (Sequences).
 enum class Operand : int32_t {
-  None = 0, Q, K, V, Out, Lse, State, StateLse, CuSeqlensQ, CuSeqlensK, BlockTable, SeqlensK
+  None = 0, Q, K, V, Out, Lse, State, StateLse, CuSeqlensQ, CuSeqlensK, BlockTable, SeqlensK,
+  AlibiSlopes
 };
 
 // Which dimension, stride or limit a Status is about.

@@ -114,6 +114,23 @@ struct Pages {
   const int32_t* host_seqlens_k = nullptr;
 };
 
+// ALiBi (BLOOM, MPT) slopes (AttentionArgs::alibi): query head h of sequence b adds
+//   -slopes[b * heads + h] * |i + offset - j|     (batch > 1), or -slopes[h] (batch 1),
+// to the score of its query i and key j, after the scale and any softcap; offset is the
+// diagonal's, as for the sliding window (seq_k - seq_q under Causal::BottomRight and None, 0
+// under TopLeft). float, row-major [batch, heads], on the call's device and 4-byte aligned;
+// batch is 1 (one slope per head for every sequence) or the call's batch (sequences of a
+// variable-length batch); heads is heads_q. The slopes must be finite: with the host copy every
+// one is checked (Code::InvalidAlibiSlope); without it a non-finite slope gives NaN rows, never
+// a read outside the array. The WMMA kernel applies them (Backend::Auto picks it; forcing
+// another family is Code::BackendUnavailable).
+struct AlibiSlopes {
+  const float* data = nullptr;  // device: batch x heads slopes
+  int64_t batch = 1;
+  int64_t heads = 0;
+  const float* host = nullptr;  // optional host copy of the batch x heads slopes
+};
+
 struct Options {
   // Softmax scale; 1/sqrt(head_dim) when empty. Must be finite.
   std::optional<float> scale;

@@ -115,7 +115,7 @@ constexpr int64_t kU32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (heads, batch)
 // The family that takes variable-length batches and paged caches.
 constexpr Kernel kIndexedKernel = Kernel::Wmma;
-// The family that applies score modifiers (softcap, sliding window).
+// The family that applies score modifiers (softcap, sliding window, ALiBi).
 constexpr Kernel kModifierKernel = Kernel::Wmma;
 
 // A feature only `family` serves: a forced other family is refused, saying why (`lacks`) and
@@ -288,17 +288,17 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       }
       kernel = kIndexedKernel;
     }
-    if (r.options.softcap || p.windowed()) {
+    if (r.options.softcap || p.windowed() || p.alibi) {
       // Score modifiers run on the WMMA kernel (the other families take them in later steps),
-      // which computes a window's band in 32-bit ints: every |i + offset -+ side| stays below
-      // 2 (seq_q + seq_k).
+      // which computes a window's band and ALiBi distances in 32-bit ints: every
+      // |i + offset -+ side| stays below 2 (seq_q + seq_k).
       if (Status s = only_family(kModifierKernel, forced,
-                                 "it applies neither a softcap nor a sliding window yet; ");
+                                 "it applies no softcap, sliding window or ALiBi yet; ");
           !s.ok()) {
         return s;
       }
       kernel = kModifierKernel;
-      if (p.windowed() && p.location != kHost) {
+      if ((p.windowed() || p.alibi) && p.location != kHost) {
         if (Status s = limit(kernel, Field::SeqK, p.seq_q + p.seq_k, kI32Max / 4); !s.ok()) {
           return s;
         }

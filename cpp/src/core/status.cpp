@@ -35,6 +35,7 @@ const char* name(Code code) noexcept {
     case Code::OutOfDeviceMemory: return "out_of_device_memory";
     case Code::PlanMismatch: return "plan_mismatch";
     case Code::InvalidWindow: return "invalid_window";
+    case Code::InvalidAlibiSlope: return "invalid_alibi_slope";
   }
   return "unknown";
 }
@@ -53,6 +54,7 @@ const char* name(Operand operand) noexcept {
     case Operand::CuSeqlensK: return "cu_seqlens_k";
     case Operand::BlockTable: return "block_table";
     case Operand::SeqlensK: return "seqlens_k";
+    case Operand::AlibiSlopes: return "alibi_slopes";
   }
   return "unknown";
 }
@@ -129,7 +131,8 @@ std::string offsets_rule(const Status& s) {
   }
 }
 
-// The float whose IEEE bits a status value holds (InvalidScale, InvalidSoftcap), as text.
+// The float whose IEEE bits a status value holds (InvalidScale, InvalidSoftcap, InvalidAlibiSlope),
+// as text.
 std::string float_of(int64_t value) {
   float f = 0;
   const uint32_t bits = static_cast<uint32_t>(value);
@@ -210,6 +213,8 @@ std::string message(const Status& s, const std::string& detail) {
       return "softcap " + float_of(s.values[0]) + " is not a positive finite number";
     case Code::InvalidWindow:
       return "sliding window: " + field + " is " + v(0) + ", a window side must not be negative";
+    case Code::InvalidAlibiSlope:
+      return "ALiBi slope " + v(0) + " is " + float_of(s.values[1]) + ", not finite";
     case Code::PlanMismatch:
       return s.operand == Operand::None ? "the plan is empty (made by no successful create)"
                                         : op + " is given where the plan has none, or missing "

@@ -1,7 +1,7 @@
 // Validation: see validate.h. The order of the checks is part of the contract (the first
 // failure is the one reported): sizes, devices, shapes, heads, head dim, strides and alignment,
 // overlapping outputs, a variable-length batch's offsets or a paged cache, scale, softcap,
-// visible keys.
+// window, ALiBi slopes, visible keys.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,6 +9,7 @@
 #include <optional>
 #include <utility>
 
+#include "core/alibi.h"
 #include "core/checks.h"
 #include "core/paged.h"
 #include "core/validate.h"
@@ -44,11 +45,14 @@ Failed positive_finite(Code code, float value) {
   return fail(code, Operand::None, Field::None, bits);
 }
 
-// `p` with the request's sliding window; a side of seq_q + seq_k keys or more bounds nothing.
-Problem with_window(Problem p, const Options& o) {
+// `p` with the request's score modifiers: its sliding window (a side of seq_q + seq_k keys or
+// more bounds nothing) and whether it has ALiBi slopes.
+Problem with_modifiers(Problem p, const Request& r) {
+  const Options& o = r.options;
   const int64_t span = p.seq_q + p.seq_k;
   p.window_left = o.window_left && *o.window_left < span ? *o.window_left : -1;
   p.window_right = o.window_right && *o.window_right < span ? *o.window_right : -1;
+  p.alibi = r.has_alibi;
   return p;
 }
 
@@ -154,18 +158,21 @@ Status validate(const Request& r, Problem* problem) noexcept {
         return fail(Code::InvalidWindow, Operand::None, field, *side);
       }
     }
+    if (r.has_alibi) {
+      FLASHCORE_TRY(check_alibi(r, r.varlen ? r.cu_q.count : qs[0]));
+    }
     if (r.varlen) {
       FLASHCORE_TRY(check_sequence_keys(r));
-      *problem = with_window(Problem{r.cu_q.count, r.cu_q.max_len, r.cu_k.max_len, qs[2], ks[2],
+      *problem = with_modifiers(Problem{r.cu_q.count, r.cu_q.max_len, r.cu_k.max_len, qs[2], ks[2],
                                      d, scale, r.options.causal, location, true},
-                             r.options);
+                             r);
       return {};
     }
     if (r.paged) {
       FLASHCORE_TRY(check_paged_keys(r));
-      *problem = with_window(Problem{qs[0], qs[1], r.pages.max_seqlen_k, qs[2], ks[2], d, scale,
+      *problem = with_modifiers(Problem{qs[0], qs[1], r.pages.max_seqlen_k, qs[2], ks[2], d, scale,
                                      r.options.causal, location, false, true},
-                             r.options);
+                             r);
       return {};
     }
     Problem p{qs[0], qs[1], ks[1], qs[2], ks[2], d, scale, r.options.causal, location};
@@ -175,7 +182,7 @@ Status validate(const Request& r, Problem* problem) noexcept {
         return fail(Code::NoVisibleKeys, Operand::None, Field::None, blind, p.seq_q, p.seq_k);
       }
     }
-    *problem = with_window(p, r.options);
+    *problem = with_modifiers(p, r);
     return {};
   } catch (...) {  // only std::bad_alloc from a message string can get here
     return out_of_host_memory();

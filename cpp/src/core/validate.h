@@ -52,6 +52,15 @@ struct PagesDesc {
   const int32_t* host_seqlens = nullptr;
 };
 
+// ALiBi slopes (flashcore::AlibiSlopes): batch x heads floats at `address` (device, or the host
+// for the CPU reference) and an optional host copy.
+struct AlibiDesc {
+  uint64_t address = 0;
+  int32_t location = kHost;
+  int64_t batch = 1, heads = 0;
+  const float* host = nullptr;
+};
+
 // One attention call: Q, K, V, the output and the optional logsumexp (f32). A variable-length
 // batch (`varlen`) packs its sequences along the token axis of batch-1 tensors, at the offsets
 // cu_q (queries) and cu_k (keys). A paged call (`paged`) reads K and V, [num_pages, page_size,
@@ -65,6 +74,8 @@ struct Request {
   OffsetsDesc cu_q, cu_k;
   bool paged = false;
   PagesDesc pages;
+  bool has_alibi = false;
+  AlibiDesc alibi;
 };
 
 // A checked problem. For a variable-length batch, `batch` counts its sequences and seq_q / seq_k
@@ -80,14 +91,16 @@ struct Problem {
   // A sliding window (Options::window_left / _right), each side -1 when unbounded (also when
   // it is at least seq_q + seq_k, which no band can exceed).
   int64_t window_left = -1, window_right = -1;
+  // ALiBi slopes are given (Request::alibi).
+  bool alibi = false;
 
   // No output element: nothing to compute or launch.
   bool empty() const { return batch == 0 || seq_q == 0 || heads_q == 0; }
   // One-query GQA/MQA: the query heads sharing a key/value head run as rows of one head (exact
-  // because the one query sees every key).
+  // because the one query sees every key, with the same scores: no window, no per-head slope).
   bool packs_heads() const {
     return !varlen && seq_q == 1 && heads_kv > 0 && heads_q > heads_kv &&
-           (causal == Causal::None || causal == Causal::BottomRight) && !windowed();
+           (causal == Causal::None || causal == Causal::BottomRight) && !windowed() && !alibi;
   }
   // Whether a sliding window bounds a side.
   bool windowed() const { return window_left >= 0 || window_right >= 0; }

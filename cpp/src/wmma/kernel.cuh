@@ -53,11 +53,19 @@ struct Params {
   // offset + window_right, with causal = 1); window_left >= 0 also hides keys j < i + offset -
   // window_left (offset without window_right); -1: no lower side.
   int32_t window_right, window_left;
-  float scale_log2;       // softmax scale * log2(e): a positive normal float (launch.cuh)
-  // Logit softcapping: a score s becomes softcap_out * tanh(softcap_in * s) with softcap_in =
-  // scale / cap and softcap_out = cap * log2(e), the exponent itself (scale_log2 is then 1);
-  // softcap_out 0: none.
-  float softcap_in, softcap_out;
+  // The softmax's factor: scale * log2(e), a positive normal float (launch.cuh), or 1 when the
+  // modifier pass (modify_tile) forms the exponents itself (with a softcap or ALiBi).
+  float scale_log2;
+  // Logit softcapping: a score s becomes softcap_out * tanh(scale * s / cap) with softcap_out =
+  // cap * log2(e), already in log2 units; softcap_in = 2 log2(e) scale / cap (tanh's ex2
+  // argument); softcap_out 0: none. Without a softcap, ALiBi's pass scales s by prescale
+  // (scale * log2(e)).
+  float softcap_in, softcap_out, prescale;
+  // ALiBi: query head h of sequence b subtracts alibi[b * alibi_batch_stride + h] * log2(e) *
+  // |i + diagonal - j| from its exponents (null: none; the diagonal's offset is the causal one
+  // without window_right).
+  const float* alibi;
+  int64_t alibi_batch_stride;
   // A variable-length batch: batch + 1 offsets into the token axis of q/out and k/v (null:
   // dense), clamped on read to [0, total] so that no offset leads outside the tensors.
   const int32_t* cu_q;
@@ -129,13 +137,12 @@ __device__ inline Sequence sequence(const Params& p, int64_t b, int64_t heads) {
   return s;
 }
 
-// Shared-memory plan of one instantiation (all sizes in elements unless named bytes). Up to 4
-// warps share a block's rows; the score-modifier instantiation (kMods) takes up to 8, one 16-row
-// tile each, as the modifiers' registers leave no room for two row tiles per warp at d = 128.
-template <typename T, int BR, int BC, int D, bool kMods = false>
+// Shared-memory plan of one tile (all sizes in elements unless named bytes), for both
+// instantiations: up to 4 warps share a block's rows.
+template <typename T, int BR, int BC, int D>
 struct Config {
   static_assert(BR % 16 == 0 && BC % 16 == 0 && D % 16 == 0, "wmma tiles are 16x16");
-  static constexpr int kMaxWarps = kMods ? 8 : 4;
+  static constexpr int kMaxWarps = 4;
   static constexpr int kWarps = BR / 16 < kMaxWarps ? BR / 16 : kMaxWarps;
   static constexpr int kRowTiles = BR / (16 * kWarps);  // 16-row tiles per warp
   static_assert(BR == 16 * kWarps * kRowTiles, "BR must split evenly over the warps");
@@ -227,20 +234,30 @@ __device__ inline void mask_tile(FragAcc (&s)[WM][NF], const Params& p, const Se
   }
 }
 
-// Logit softcapping of one tile's raw scores: s = out * tanh(in * s), with tanh(x) = 1 - 2 /
-// (e^2x + 1) from ex2.approx and a fast reciprocal (absolute error about 1e-7; saturates to
-// +-1 for large |x|, as tanh does).
+// The modifier pass of one tile's raw scores, which leaves them in log2 units (the softmax's
+// factor is then 1): the softcap, out * tanh(x) with tanh(x) = 1 - 2 / (e^2x + 1) from
+// ex2.approx and a fast reciprocal (absolute error about 1e-7; saturates to +-1 for large |x|,
+// as tanh does), or else the scale; then ALiBi's -slope * |row + diagonal - key| (`slope` in
+// log2 units, 0: none). `row0`: the warp's first query row; `key0`: the tile's first key.
 template <int WM, int NF>
-__device__ inline void softcap_tile(FragAcc (&s)[WM][NF], float in, float out) {
-  constexpr float kTwoLog2e = 2.0f * 1.4426950408889634f;
+__device__ inline void modify_tile(FragAcc (&s)[WM][NF], const Params& p, float slope,
+                                   int diagonal, int row0, int key0, int lane) {
 #pragma unroll
   for (int mt = 0; mt < WM; ++mt) {
 #pragma unroll
     for (int n = 0; n < NF; ++n) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const float e = fast_exp2(s[mt][n].x[i] * (in * kTwoLog2e));
-        s[mt][n].x[i] = out * (1.0f - __fdividef(2.0f, e + 1.0f));
+        float& x = s[mt][n].x[i];
+        if (p.softcap_out != 0.0f) {
+          x = p.softcap_out * (1.0f - __fdividef(2.0f, fast_exp2(x * p.softcap_in) + 1.0f));
+        } else {
+          x *= p.prescale;
+        }
+        if (slope != 0.0f) {
+          const int gap = row0 + mt * 16 + acc_row(lane, i) + diagonal - (key0 + n * 16 + acc_col(lane, i));
+          x -= slope * static_cast<float>(abs(gap));
+        }
       }
     }
   }
@@ -291,12 +308,12 @@ __device__ inline void store_partial(const FragAcc (&o)[WM][NJ], RowState (&rows
   }
 }
 
-// kMods: the instantiation that applies score modifiers (a softcap, a sliding window); the
+// kMods: the instantiation that applies score modifiers (a softcap, a sliding window, ALiBi); the
 // plain one compiles them out, as their registers would make its largest tiles spill.
 template <typename T, int BR, int BC, int D, bool kMods>
-__global__ void __launch_bounds__(Config<T, BR, BC, D, kMods>::kThreads, 1)
+__global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
     fmha_wmma_kernel(const Params p) {
-  using C = Config<T, BR, BC, D, kMods>;
+  using C = Config<T, BR, BC, D>;
   constexpr int WM = C::kRowTiles;
   constexpr int NF = BC / 16;  // score fragments per row tile
   constexpr int NJ = D / 16;   // output fragments per row tile
@@ -347,7 +364,18 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D, kMods>::kThreads, 1)
   // The first key the warp's first row may see (its window's lower side) and the last key its
   // last row may see (causal): the warp skips tiles outside them, and every tile when it has no
   // query row (decode fills few of a block's rows).
-  const int warp_key_begin = warp_row0 + lower;
+  // Block-wide constants of the modifiers, kept in shared memory rather than registers (the
+  // loop's accumulators leave none): the window's lower side, ALiBi's diagonal and slope.
+  __shared__ struct {
+    int lower, diagonal;
+    float slope;
+  } s_mods;
+  if (kMods && threadIdx.x == 0) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    s_mods.lower = lower;
+    s_mods.diagonal = seq.causal_offset - p.window_right;
+    s_mods.slope = p.alibi == nullptr ? 0.0f : p.alibi[b * p.alibi_batch_stride + h] * kLog2e;
+  }
   const int warp_key_end = warp_row0 >= seq.seq_q ? -1
                            : p.causal             ? warp_row0 + 16 * WM - 1 + seq.causal_offset
                                                   : key_limit;
@@ -408,11 +436,12 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D, kMods>::kThreads, 1)
 
     // Else no row of this warp sees a key of the tile (past its causal limit or before its
     // window).
+    const int warp_key_begin = kMods ? warp_row0 + s_mods.lower : 0;
     if (key0 <= warp_key_end && (!kMods || key0 + BC > warp_key_begin)) {
       FragAcc s[WM][NF];
       qk_tile<T, WM, NF, D, C::kLd>(s, s_qw, s_k + stage * C::kKVElems, lane);
-      if (kMods && p.softcap_out != 0.0f) {
-        softcap_tile(s, p.softcap_in, p.softcap_out);
+      if (kMods && (p.softcap_out != 0.0f || p.alibi != nullptr)) {
+        modify_tile(s, p, s_mods.slope, s_mods.diagonal, warp_row0, key0, lane);
       }
       if (key0 + BC > key_limit || (p.causal && key0 + BC - 1 > warp_row0 + seq.causal_offset) ||
           (kMods && key0 < warp_key_begin + 16 * WM - 1)) {

@@ -22,12 +22,11 @@
 
 namespace flashcore::wmma_fa {
 
-// Enqueues the plain or the score-modifier instantiation of a tile (the same tile and shared
-// memory; the modifier one may take more warps) and checks the launch.
+// Enqueues the plain or the score-modifier instantiation of a tile (the same tile, warps and
+// shared memory) and checks the launch.
 template <typename T, int BR, int BC, int D, bool kMods>
 void enqueue(dim3 grid, const Params& p, cudaStream_t stream, const char* what) {
-  using C = Config<T, BR, BC, D, kMods>;
-  static_assert(C::kSmemBytes == Config<T, BR, BC, D>::kSmemBytes, "one layout per tile");
+  using C = Config<T, BR, BC, D>;
   constexpr auto kernel = fmha_wmma_kernel<T, BR, BC, D, kMods>;
   const int smem_bytes = static_cast<int>(C::kSmemBytes);
   ensure_smem_limit<kernel>(smem_bytes);
@@ -57,17 +56,25 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   // A window's sides are below INT32_MAX / 4 (the planner's limit). Without a causal mask its
   // band follows the bottom-right diagonal, and its upper side (if any) is the causal limit
   // moved right by window_right; a causal mask bounds the upper side at the diagonal itself.
+  // ALiBi's distances follow the same diagonal.
   const bool windowed = a.window_left >= 0 || a.window_right >= 0;
+  const bool alibi = a.alibi_slopes != nullptr;
   const bool upper_window = a.causal == Causal::None && a.window_right >= 0;
   p.causal = a.causal != Causal::None || upper_window;
-  p.bottom_right = a.causal == Causal::BottomRight || (a.causal == Causal::None && windowed);
+  p.bottom_right =
+      a.causal == Causal::BottomRight || (a.causal == Causal::None && (windowed || alibi));
   p.window_right = upper_window ? static_cast<int32_t>(a.window_right) : 0;
   p.window_left = static_cast<int32_t>(a.window_left);
-  // With a softcap the kernel forms cap * log2(e) * tanh(scale s / cap), already in log2 units,
-  // so the softmax's factor is 1. (scale / cap may underflow to 0: every score is then 0, the
-  // limit; cap * log2(e) is kept finite.)
-  p.softcap_in = a.softcap > 0.0f ? a.scale / a.softcap : 0.0f;
-  p.softcap_out = a.softcap > 0.0f ? std::fmin(a.softcap * 1.4426950408889634f, FLT_MAX) : 0.0f;
+  // With a softcap or ALiBi the kernel's modifier pass forms the exponents in log2 units (cap *
+  // log2(e) * tanh(scale s / cap), or scale * log2(e) * s, minus ALiBi's bias), so the softmax's
+  // factor is 1. (scale / cap may underflow to 0: every score is then 0, the limit; cap *
+  // log2(e) is kept finite.)
+  constexpr float kLog2e = 1.4426950408889634f;
+  p.softcap_in = a.softcap > 0.0f ? 2.0f * kLog2e * (a.scale / a.softcap) : 0.0f;
+  p.softcap_out = a.softcap > 0.0f ? std::fmin(a.softcap * kLog2e, FLT_MAX) : 0.0f;
+  p.prescale = std::fmax(a.scale * kLog2e, FLT_MIN);
+  p.alibi = a.alibi_slopes;
+  p.alibi_batch_stride = a.alibi_batch_stride;
   p.cu_q = a.cu_seqlens_q;
   p.cu_k = a.cu_seqlens_k;
   p.total_q = static_cast<int32_t>(a.total_q);  // planned: at most INT32_MAX
@@ -84,7 +91,8 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   }
   // The scale is positive (validated); a subnormal one becomes the smallest normal float, so that
   // -inf * scale stays -inf for masked keys (exp2 of |s| * 2^-126 rounds to 1 either way).
-  p.scale_log2 = a.softcap > 0.0f ? 1.0f : std::fmax(a.scale * 1.4426950408889634f, FLT_MIN);
+  const bool log2_scores = a.softcap > 0.0f || alibi;
+  p.scale_log2 = log2_scores ? 1.0f : std::fmax(a.scale * kLog2e, FLT_MIN);
   if (a.head_dim > D || a.head_dim % 8 != 0) {
     throw detail::Failure(Code::Launch, "",
                 "wmma kernel: head dim " + std::to_string(a.head_dim) + " is not a multiple of 8 "
@@ -102,7 +110,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(m_blocks * p.splits), static_cast<unsigned>(a.heads_q),
                   static_cast<unsigned>(a.batch));
   // Problems with a score modifier run the instantiation that applies them.
-  const bool mods = a.softcap > 0.0f || windowed;
+  const bool mods = a.softcap > 0.0f || windowed || alibi;
   const auto enqueue_attention = [&](const char* what) {
     if (mods) {
       enqueue<T, BR, BC, D, true>(grid, p, stream, what);
