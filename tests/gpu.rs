@@ -1858,15 +1858,8 @@ fn mods_case<T: AttentionElement>(
 fn score_modifiers_match_the_reference() {
     use common::Mods;
     let s = stream();
-    let mut failures = Vec::new();
-    let mut checked = 0;
-    let mut check = |what: String, (err, lse_err): (f64, f64), tol: f64| {
-        println!("modifiers {what}: rel L2 {err:.2e} lse {lse_err:.2e}");
-        checked += 1;
-        if !(err < tol && lse_err < 1e-4) {
-            failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
-        }
-    };
+    let mut checks = Checks::new("modifiers");
+    let mut check = |what, errs, tol| checks.check(what, errs, tol);
     let windows = [
         (Some(0), Some(0)),
         (Some(1), None),
@@ -1951,8 +1944,8 @@ fn score_modifiers_match_the_reference() {
         errs,
         1e-2,
     );
-    assert_eq!(checked, 58, "every modifier case ran");
-    assert_none_failed(&failures);
+    assert_eq!(checks.count, 58, "every modifier case ran");
+    assert_none_failed(&checks.failures);
 
     // Forcing a family without modifiers is refused before any launch.
     let x = Tensor::full(f16::ONE, &[1, 64, 4, 64], Layout::Bshd)
@@ -1973,44 +1966,13 @@ fn score_modifiers_match_the_reference() {
     }
 
     // Variable-length and paged calls with modifiers match the CPU reference's.
-    let mut rng = Rng::fresh();
     let opts = AttentionOptions::default()
         .causal(Causal::BottomRight)
         .window(Some(70), None)
         .softcap(25.0);
-    let (batch, q, k, v) =
-        random_varlen::<f16>(&mut rng, 6, (300, 600), (8, 2), 128, true, Layout::Bshd);
-    let want = attention_varlen(&q, &k, &v, &batch, &opts.backend(Backend::Cpu)).unwrap();
-    let got = attention_varlen(
-        &q.to_device(&s).unwrap(),
-        &k.to_device(&s).unwrap(),
-        &v.to_device(&s).unwrap(),
-        &batch.to_device(&s).unwrap(),
-        &opts,
-    )
-    .unwrap();
-    let err = rel_l2(&logical(&got.out.to_host().unwrap()), &logical(&want.out));
-    println!("modifiers varlen: rel L2 {err:.2e}");
-    assert!(err < 2e-3, "varlen with a window and a softcap: {err:.3e}");
-    let lengths = [700, 33, 1500];
-    let (table, num_pages) = random_pages(&mut rng, 16, &lengths, 3);
-    let seqlens = lengths.iter().map(|&n| n as i32).collect();
-    let pages = PageTable::new(16, table, seqlens).unwrap();
-    let cache = |rng: &mut Rng| randn::<f16>(rng, &[num_pages, 16, 2, 128], Layout::Bshd);
-    let (kc, vc) = (cache(&mut rng), cache(&mut rng));
-    let q = randn::<f16>(&mut rng, &[3, 5, 8, 128], Layout::Bshd);
-    let want = attention_paged(&q, &kc, &vc, &pages, &opts.backend(Backend::Cpu)).unwrap();
-    let got = attention_paged(
-        &q.to_device(&s).unwrap(),
-        &kc.to_device(&s).unwrap(),
-        &vc.to_device(&s).unwrap(),
-        &pages.to_device(&s).unwrap(),
-        &opts,
-    )
-    .unwrap();
-    let err = rel_l2(&logical(&got.out.to_host().unwrap()), &logical(&want.out));
-    println!("modifiers paged: rel L2 {err:.2e}");
-    assert!(err < 2e-3, "paged with a window and a softcap: {err:.3e}");
+    modified_batches_match_the_cpu(&s, "a window and a softcap", |_| {
+        (opts.backend(Backend::Cpu), opts.clone())
+    });
 }
 
 /// ALiBi on the GPU (the WMMA kernel's modifier instantiation) against the naive f64 formula:
@@ -2024,15 +1986,8 @@ fn score_modifiers_match_the_reference() {
 fn alibi_matches_the_reference() {
     use common::Mods;
     let s = stream();
-    let mut failures = Vec::new();
-    let mut checked = 0;
-    let mut check = |what: String, (err, lse_err): (f64, f64), tol: f64| {
-        println!("alibi {what}: rel L2 {err:.2e} lse {lse_err:.2e}");
-        checked += 1;
-        if !(err < tol && lse_err < 1e-4) {
-            failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
-        }
-    };
+    let mut checks = Checks::new("alibi");
+    let mut check = |what, errs, tol| checks.check(what, errs, tol);
     let geometric = |heads: usize| AlibiSlopes::geometric(heads).unwrap().values().to_vec();
     let mut rng = Rng::fresh();
     // (sizes, heads, slopes, name)
@@ -2106,8 +2061,8 @@ fn alibi_matches_the_reference() {
     );
     assert!(splits > 1, "a long decode splits its keys ({splits})");
     check(format!("bf16 decode 1x20000, {splits} splits"), errs, 1e-2);
-    assert_eq!(checked, 26, "every ALiBi case ran");
-    assert_none_failed(&failures);
+    assert_eq!(checks.count, 26, "every ALiBi case ran");
+    assert_none_failed(&checks.failures);
 
     // Refusals, before any launch.
     let x = Tensor::full(f16::ONE, &[2, 64, 4, 64], Layout::Bshd)
@@ -2149,39 +2104,79 @@ fn alibi_matches_the_reference() {
         );
     }
 
-    // Variable-length and paged calls with per-sequence slopes match the CPU reference's, and a
-    // plan made with slopes runs them.
-    let slopes = AlibiSlopes::per_sequence(6, random_slopes(&mut rng, 48)).unwrap();
-    let cpu = AttentionOptions::default()
-        .causal(Causal::BottomRight)
-        .alibi(slopes.clone())
-        .backend(Backend::Cpu);
-    let gpu = AttentionOptions::default()
-        .causal(Causal::BottomRight)
-        .alibi(slopes.to_device(&s).unwrap());
+    // Variable-length and paged calls with per-sequence slopes match the CPU reference's.
+    modified_batches_match_the_cpu(&s, "ALiBi", |sequences| {
+        let slopes = AlibiSlopes::per_sequence(sequences, random_slopes(&mut rng, 8 * sequences));
+        let slopes = slopes.unwrap();
+        let opts = AttentionOptions::default().causal(Causal::BottomRight);
+        let gpu = opts.alibi(slopes.to_device(&s).unwrap());
+        (opts.alibi(slopes).backend(Backend::Cpu), gpu)
+    });
+}
+
+/// The checks of one modifier test: each case's (out, lse) errors against its tolerance
+/// (lse: 1e-4), printed; the failures are reported together at the end.
+struct Checks {
+    name: &'static str,
+    failures: Vec<String>,
+    count: usize,
+}
+
+impl Checks {
+    fn new(name: &'static str) -> Self {
+        Checks {
+            name,
+            failures: Vec::new(),
+            count: 0,
+        }
+    }
+
+    fn check(&mut self, what: String, (err, lse_err): (f64, f64), tol: f64) {
+        println!("{} {what}: rel L2 {err:.2e} lse {lse_err:.2e}", self.name);
+        self.count += 1;
+        if !(err < tol && lse_err < 1e-4) {
+            self.failures
+                .push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
+        }
+    }
+}
+
+/// A variable-length batch (6 sequences, 300-600 tokens, GQA 8:2, d 128, f16) and a paged
+/// decode-and-prefill (3 sequences of 700 / 33 / 1500 keys in shuffled pages of 16, 5 queries
+/// each) with score modifiers on the GPU against the CPU reference; `opts(sequences)` gives
+/// (CPU options, GPU options) for a batch of that many sequences. A plan made for the varlen
+/// batch runs it bit for bit as the direct call.
+fn modified_batches_match_the_cpu(
+    s: &Stream,
+    what: &str,
+    mut opts: impl FnMut(usize) -> (AttentionOptions, AttentionOptions),
+) {
+    let mut rng = Rng::fresh();
+    let (cpu, gpu) = opts(6);
     let (batch, q, k, v) =
         random_varlen::<f16>(&mut rng, 6, (300, 600), (8, 2), 128, true, Layout::Bshd);
     let want = attention_varlen(&q, &k, &v, &batch, &cpu).unwrap();
     let (qd, kd, vd) = (
-        q.to_device(&s).unwrap(),
-        k.to_device(&s).unwrap(),
-        v.to_device(&s).unwrap(),
+        q.to_device(s).unwrap(),
+        k.to_device(s).unwrap(),
+        v.to_device(s).unwrap(),
     );
-    let batch = batch.to_device(&s).unwrap();
+    let batch = batch.to_device(s).unwrap();
     let got = attention_varlen(&qd, &kd, &vd, &batch, &gpu).unwrap();
     let err = rel_l2(&logical(&got.out.to_host().unwrap()), &logical(&want.out));
-    println!("alibi varlen: rel L2 {err:.2e}");
-    assert!(err < 2e-3, "varlen with ALiBi: {err:.3e}");
-    let mut out = got.out.to_host().unwrap().to_device(&s).unwrap();
+    println!("{what} varlen: rel L2 {err:.2e}");
+    assert!(err < 2e-3, "varlen with {what}: {err:.3e}");
+    let mut out = got.out.to_host().unwrap().to_device(s).unwrap();
     let plan = AttentionPlan::new_varlen(&qd, &kd, &vd, &batch, &out, None, &gpu).unwrap();
     plan.run(&qd, &kd, &vd, &mut out, None).unwrap();
     let host = |t: &Tensor<f16>| t.to_host().unwrap().host_data().unwrap().to_vec();
     assert_eq!(
         host(&out),
         host(&got.out),
-        "a planned varlen run with ALiBi"
+        "a planned varlen run with {what}"
     );
 
+    let (cpu, gpu) = opts(3);
     let lengths = [700, 33, 1500];
     let (table, num_pages) = random_pages(&mut rng, 16, &lengths, 3);
     let seqlens = lengths.iter().map(|&n| n as i32).collect();
@@ -2189,21 +2184,18 @@ fn alibi_matches_the_reference() {
     let cache = |rng: &mut Rng| randn::<f16>(rng, &[num_pages, 16, 2, 128], Layout::Bshd);
     let (kc, vc) = (cache(&mut rng), cache(&mut rng));
     let q = randn::<f16>(&mut rng, &[3, 5, 8, 128], Layout::Bshd);
-    let slopes = AlibiSlopes::per_sequence(3, random_slopes(&mut rng, 24)).unwrap();
-    let cpu = cpu.alibi(slopes.clone());
-    let gpu = gpu.alibi(slopes.to_device(&s).unwrap());
     let want = attention_paged(&q, &kc, &vc, &pages, &cpu).unwrap();
     let got = attention_paged(
-        &q.to_device(&s).unwrap(),
-        &kc.to_device(&s).unwrap(),
-        &vc.to_device(&s).unwrap(),
-        &pages.to_device(&s).unwrap(),
+        &q.to_device(s).unwrap(),
+        &kc.to_device(s).unwrap(),
+        &vc.to_device(s).unwrap(),
+        &pages.to_device(s).unwrap(),
         &gpu,
     )
     .unwrap();
     let err = rel_l2(&logical(&got.out.to_host().unwrap()), &logical(&want.out));
-    println!("alibi paged: rel L2 {err:.2e}");
-    assert!(err < 2e-3, "paged with ALiBi: {err:.3e}");
+    println!("{what} paged: rel L2 {err:.2e}");
+    assert!(err < 2e-3, "paged with {what}: {err:.3e}");
 }
 
 /// `n` slopes of magnitude about 0.1, a fifth of them negative.
