@@ -176,15 +176,20 @@ impl AlibiSlopes {
         Location::Host
     }
 
-    /// The bridge's view (the address is the device copy's, else the host values').
+    /// The address the kernels read: the device copy's, else the host values'.
+    fn address(&self) -> u64 {
+        #[cfg(feature = "cuda")]
+        if let Some(d) = self.device() {
+            return d.raw().ptr() as u64;
+        }
+        self.values.as_ptr() as u64
+    }
+
+    /// The bridge's view.
     pub(crate) fn ffi(&self) -> AlibiFfi {
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        #[cfg(feature = "cuda")]
-        let device = self.device().map(|d| d.raw().ptr() as u64);
-        #[cfg(not(feature = "cuda"))]
-        let device = None;
         AlibiFfi {
-            address: device.unwrap_or(self.values.as_ptr() as u64),
+            address: self.address(),
             location: match self.location() {
                 Location::Host => -1,
                 Location::Cuda(i) => i32::try_from(i).unwrap_or(i32::MAX),
