@@ -178,8 +178,9 @@ impl<T: AttentionElement> AttentionPlan<T> {
         lse: Option<&Tensor<f32>>,
         opts: &AttentionOptions,
     ) -> Result<Self> {
-        let locations = crate::dispatch::locations(q, k, v, out, lse).chain(batch.location());
-        let locations = locations.chain(opts.alibi.as_ref().map(AlibiSlopes::location));
+        let locations = crate::dispatch::locations(q, k, v, out, lse)
+            .chain(batch.location())
+            .chain(opts.alibi.as_ref().map(AlibiSlopes::location));
         let alibi = opts.alibi.clone();
         match route(&request, batch.hosts(), opts.backend, locations)? {
             Route::Gpu => Self::plan_gpu(request, batch, alibi, out),

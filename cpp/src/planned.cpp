@@ -36,6 +36,7 @@ Status AttentionPlan::create(const AttentionArgs& args, AttentionPlan* plan) noe
     // Host copies are read by validation only; a run never looks at them.
     call->request.cu_q.host = call->request.cu_k.host = nullptr;
     call->request.pages.host_table = call->request.pages.host_seqlens = nullptr;
+    call->request.alibi.host = nullptr;
     if (plan != nullptr) {
       plan->call_ = std::move(call);
     }

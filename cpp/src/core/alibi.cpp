@@ -19,14 +19,7 @@ Failed check_alibi_values(const float* host, int64_t count) {
 
 Failed check_alibi(const Request& r, int64_t sequences) {
   const AlibiDesc& a = r.alibi;
-  if (a.location != r.q.location) {
-    return fail(Code::DeviceMismatch, Operand::AlibiSlopes, Field::None, a.location,
-                r.q.location);
-  }
-  if (a.location != kHost && a.address % alignof(float) != 0) {
-    return fail(Code::MisalignedPointer, Operand::AlibiSlopes, Field::None,
-                static_cast<int64_t>(a.address), alignof(float));
-  }
+  FLASHCORE_TRY(check_word_array(Operand::AlibiSlopes, a.address, a.location, r.q.location));
   if (a.batch != 1 && a.batch != sequences) {
     return fail(Code::ShapeMismatch, Operand::AlibiSlopes, Field::Batch, a.batch, sequences);
   }

@@ -206,6 +206,16 @@ Failed check_disjoint(Operand out_op, const TensorDesc& out, int64_t out_index, 
               in_index, out_index);
 }
 
+Failed check_word_array(Operand op, uint64_t address, int32_t location, int32_t expected) {
+  if (location != expected) {
+    return fail(Code::DeviceMismatch, op, Field::None, location, expected);
+  }
+  if (location != kHost && address % 4 != 0) {
+    return fail(Code::MisalignedPointer, op, Field::None, static_cast<int64_t>(address), 4);
+  }
+  return std::nullopt;
+}
+
 Failed check_head_dim(int64_t d) {
   if (d == 0 || d > kMaxHeadDim || d % kHeadDimMultiple != 0) {
     return fail(Code::UnsupportedHeadDim, Operand::None, Field::HeadDim, d);

@@ -32,6 +32,10 @@ Failed check_strides(Operand op, const TensorDesc& t, int64_t index = 0);
 Failed check_aligned(Operand op, const TensorDesc& t, int64_t index = 0);
 // A head dim the kernels serve: a multiple of 8 from 8 to kMaxHeadDim.
 Failed check_head_dim(int64_t d);
+// An array of 4-byte elements the kernels read (a variable-length batch's offsets, a page table,
+// ALiBi slopes) lives at `expected` (DeviceMismatch) and, on a device, is 4-byte aligned
+// (MisalignedPointer).
+Failed check_word_array(Operand op, uint64_t address, int32_t location, int32_t expected);
 // An output's elements each have their own address: ordered by stride, the strides of its
 // dimensions longer than 1 each exceed the span of the smaller ones (a stride-0 or interleaved
 // layout is refused, even one whose elements happen not to collide). After check_extent.

@@ -8,17 +8,6 @@ namespace {
 
 constexpr int64_t kMinPageSize = 16, kMaxPageSize = 1024;
 
-Failed check_array(Operand op, uint64_t address, int32_t location, int32_t expected) {
-  if (location != expected) {
-    return fail(Code::DeviceMismatch, op, Field::None, location, expected);
-  }
-  if (location != kHost && address % alignof(int32_t) != 0) {
-    return fail(Code::MisalignedPointer, op, Field::None, static_cast<int64_t>(address),
-                alignof(int32_t));
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 Failed check_pages(const Request& r) {
@@ -28,8 +17,8 @@ Failed check_pages(const Request& r) {
     return fail(Code::InvalidPageTable, Operand::None, Field::PageSize, -1, ps, kMaxPageSize);
   }
   FLASHCORE_TRY(expect_dim(Operand::K, 1, r.k.shape[1], ps));
-  FLASHCORE_TRY(check_array(Operand::BlockTable, g.table, g.table_location, r.q.location));
-  FLASHCORE_TRY(check_array(Operand::SeqlensK, g.seqlens, g.seqlens_location, r.q.location));
+  FLASHCORE_TRY(check_word_array(Operand::BlockTable, g.table, g.table_location, r.q.location));
+  FLASHCORE_TRY(check_word_array(Operand::SeqlensK, g.seqlens, g.seqlens_location, r.q.location));
   FLASHCORE_TRY(expect_dim(Operand::BlockTable, 0, g.count, r.q.shape[0]));
   if (g.pages_per_seq < 0) {
     return fail(Code::SizeOverflow, Operand::BlockTable, Field::None, g.pages_per_seq, 0, 0,

@@ -5,13 +5,7 @@ namespace flashcore::core {
 namespace {
 
 Failed check_one(Operand op, const OffsetsDesc& o, int64_t tokens, int32_t location) {
-  if (o.location != location) {
-    return fail(Code::DeviceMismatch, op, Field::None, o.location, location);
-  }
-  if (o.location != kHost && o.address % alignof(int32_t) != 0) {
-    return fail(Code::MisalignedPointer, op, Field::None, static_cast<int64_t>(o.address),
-                alignof(int32_t));
-  }
+  FLASHCORE_TRY(check_word_array(op, o.address, o.location, location));
   if (o.count < 0) {
     return fail(Code::SizeOverflow, op, Field::Sequences, o.count, 0, 0,
                 "negative sequence count");

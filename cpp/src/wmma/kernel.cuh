@@ -241,13 +241,14 @@ __device__ inline void mask_tile(FragAcc (&s)[WM][NF], const Params& p, const Se
 // log2 units, 0: none). `row0`: the warp's first query row; `key0`: the tile's first key.
 //
 // ALiBi's distances are formed in float from one conversion per tile (the lane's share of row -
-// key; the rest are constants), so each score costs one add and one fused multiply-add: an
-// int-to-float conversion per score runs at a quarter of the FMA rate and made ALiBi cost 1.42x
-// (H200, 2026-11-24). Exact below 2^24; beyond, relative error 6e-8.
+// key; the rest are constants), so each score costs one add and one fused multiply-add (an
+// int-to-float conversion per score measured 1.42x against 1.39x for this form: H200,
+// 2026-11-24). Exact below 2^24; beyond, relative error 6e-8.
 template <int WM, int NF>
 __device__ inline void modify_tile(FragAcc (&s)[WM][NF], const Params& p, float slope,
                                    int diagonal, int row0, int key0, int lane) {
-  const float lane_gap = static_cast<float>(row0 + diagonal - key0 + lane / 4 - 2 * (lane % 4));
+  const float lane_gap =
+      static_cast<float>(row0 + diagonal - key0 + acc_row(lane, 0) - acc_col(lane, 0));
 #pragma unroll
   for (int mt = 0; mt < WM; ++mt) {
 #pragma unroll
@@ -261,7 +262,8 @@ __device__ inline void modify_tile(FragAcc (&s)[WM][NF], const Params& p, float 
           x *= p.prescale;
         }
         if (slope != 0.0f) {
-          // row - key of element i: the lane's share plus constants.
+          // row - key of element i: the lane's share plus constants (acc_row - acc_col is the
+          // lane's share plus a function of i alone).
           const int fixed = 16 * (mt - n) + acc_row(0, i) - acc_col(0, i);
           const float gap = lane_gap + static_cast<float>(fixed);
           x = fmaf(-slope, fabsf(gap), x);
