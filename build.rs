@@ -51,6 +51,7 @@ fn main() {
         "src/core/varlen.cpp",
         "src/core/paged.cpp",
         "src/core/alibi.cpp",
+        "src/core/bias.cpp",
         "src/core/plan.cpp",
         "src/core/tables.cpp",
         "src/core/status.cpp",

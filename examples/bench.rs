@@ -14,8 +14,8 @@ use common::{percentiles, shapes, time_calls, time_fn, BenchShape, Inputs};
 use flashcore::plan::{ArchClass, Kernel};
 use flashcore::{
     attention, attention_into, attention_paged_into, attention_varlen_into, AlibiSlopes,
-    AttentionElement, AttentionOptions, Backend, Causal, Device, Layout, PageTable, Stream, Tensor,
-    VarlenBatch,
+    AttentionElement, AttentionOptions, Backend, Bias, Causal, Device, Layout, PageTable, Stream,
+    Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 use serde_json::json;
@@ -337,6 +337,35 @@ fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 6]>
     ])
 }
 
+/// The additive-bias rows of issue 13 (4 x 16 x 2048 x 128 bf16, no causal mask: PyTorch takes
+/// `attn_mask` or `is_causal`, not both; `scripts/torch_sdpa.py` times the same bias as
+/// `attn_mask`): the call without a bias on WMMA and under Auto, with a full bf16 bias
+/// `[4, 16, 2048, 2048]` (PyTorch's memory order), and with one broadcast over the batch
+/// `[1, 16, 2048, 2048]`. Returns (plain WMMA, plain Auto, full bias, broadcast bias) us, medians.
+fn bias_rows(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 4]> {
+    let (b, h, s, d) = (4, 16, 2048, 128);
+    let dev = |dims: &[usize], layout| {
+        Tensor::full(bf16::from_f32(0.01), dims, layout)?.to_device(stream)
+    };
+    let x = dev(&[b, s, h, d], Layout::Bshd)?;
+    let mut out = dev(&[b, s, h, d], Layout::Bshd)?;
+    let median = |mut t: Vec<f64>| percentiles(&mut t).0;
+    let mut time = |opts: AttentionOptions| -> flashcore::Result<f64> {
+        Ok(median(time_fn(stream, 3, iters, |_| {
+            attention_into(&x, &x, &x, &mut out, None, &opts).map(|_| ())
+        })?))
+    };
+    let plain = AttentionOptions::default();
+    let full = Bias::from(dev(&[b, h, s, s], Layout::Bhsd)?);
+    let shared = Bias::from(dev(&[1, h, s, s], Layout::Bhsd)?);
+    Ok([
+        time(plain.backend(Backend::Kernel(Kernel::Wmma)))?,
+        time(plain.clone())?,
+        time(plain.bias(full))?,
+        time(plain.bias(shared))?,
+    ])
+}
+
 fn main() {
     let args = parse();
     if let Some(path) = &args.shapes_json {
@@ -474,6 +503,23 @@ fn main() {
             serde_json::Value::Null
         }
     };
+    let bias = match bias_rows(&stream, args.iters) {
+        Ok([wmma, auto, full, shared]) => {
+            println!(
+                "bias (4x16x2048x128 bf16, bf16 bias, wmma): full [4,16,2048,2048] {full:.1} us, \
+                 broadcast [1,16,2048,2048] {shared:.1} us; without a bias {wmma:.1} us on wmma \
+                 (ratios {:.3} / {:.3}), {auto:.1} us under Auto",
+                full / wmma,
+                shared / wmma
+            );
+            json!({ "plain_wmma_us": wmma, "plain_auto_us": auto, "full_bias_us": full,
+                    "broadcast_bias_us": shared })
+        }
+        Err(e) => {
+            eprintln!("bias: {e}");
+            serde_json::Value::Null
+        }
+    };
     let overhead = match host_overhead(&stream) {
         Ok([rust, cpp, planned, cpp_planned, launch]) => {
             println!(
@@ -501,7 +547,7 @@ fn main() {
     if let Some(path) = args.json {
         let doc = json!({ "device": device.name(), "records": rows, "host_overhead": overhead,
                           "varlen_prefill": varlen, "paged_decode": paged,
-                          "score_modifiers": modifiers });
+                          "score_modifiers": modifiers, "bias": bias });
         std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).expect("write json");
         eprintln!("wrote {path}");
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Times torch.nn.functional.scaled_dot_product_attention (flash, efficient, cudnn backends) on
 the shapes written by `bench --shapes-json`, with triton.testing.do_bench (median; L2 flushed
-between runs), and measures the ceilings: bf16 matmul TFLOP/s and device copy bandwidth.
+between runs), the additive-bias rows with attn_mask, and measures the ceilings: bf16 matmul
+TFLOP/s and device copy bandwidth.
 
 Usage: torch_sdpa.py SHAPES_JSON OUT_JSON
 """
@@ -37,6 +38,30 @@ def ceilings():
         "bf16_matmul_tflops": 2 * 8192**3 / (mm_us * 1e-6) / 1e12,
         "copy_gbps": 2 * src.numel() * 4 / (cp_us * 1e-6) / 1e9,
     }
+
+
+def bias_rows():
+    """The additive-bias rows of examples/bench.rs (bias_rows): 4x16x2048x128 bf16 with a full
+    bf16 attn_mask [4, 16, 2048, 2048] and one broadcast over the batch [1, 16, 2048, 2048]."""
+    b, h, s, d = 4, 16, 2048, 128
+    q = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    records = []
+    for name, batch in [("full", b), ("broadcast", 1)]:
+        mask = torch.randn(batch, h, s, s, device="cuda", dtype=torch.bfloat16)
+        for bname, backend in BACKENDS.items():
+            rec = {"impl": f"torch/{bname}", "bias": name}
+            try:
+                with sdpa_kernel(backend):
+                    fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731
+                    fn()
+                    rec["median_us"] = bench(fn)
+            except Exception as e:  # a backend that takes no attn_mask
+                rec["error"] = str(e).splitlines()[0][:120]
+            records.append(rec)
+            print(f"torch bias {name} {bname}: {rec}", file=sys.stderr, flush=True)
+        del mask
+    return records
 
 
 def main():
@@ -75,6 +100,7 @@ def main():
         "cudnn": torch.backends.cudnn.version(),
         "ceilings": ceilings(),
         "records": records,
+        "bias": bias_rows(),
     }
     json.dump(doc, open(sys.argv[2], "w"), indent=1)
     print(json.dumps(doc["ceilings"]), file=sys.stderr)

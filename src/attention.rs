@@ -1,6 +1,6 @@
 //! The public attention entry points.
 
-use crate::dispatch::{self, Execution};
+use crate::dispatch::{self, Execution, ScoreTensors};
 use crate::element::{AttentionElement, Element};
 use crate::error::Result;
 use crate::options::AttentionOptions;
@@ -113,7 +113,7 @@ pub fn attention_into<T: AttentionElement>(
         lse,
         seqs: None,
         pages: None,
-        alibi: opts.alibi.as_ref(),
+        scores: ScoreTensors::of(opts),
     };
     dispatch::run(&request, opts, call)
 }

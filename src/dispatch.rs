@@ -2,6 +2,7 @@
 //! (resolves `Auto`, picks the tile) and launches GPU calls in one crossing.
 
 use crate::alibi::AlibiSlopes;
+use crate::bias::Bias;
 use crate::element::AttentionElement;
 use crate::error::{Error, Result};
 use crate::ffi::RequestFfi;
@@ -100,17 +101,40 @@ pub(crate) struct Call<'a, T: AttentionElement> {
     pub lse: Option<&'a mut Tensor<f32>>,
     pub seqs: Option<&'a VarlenBatch>,
     pub pages: Option<&'a PageTable>,
-    /// ALiBi slopes ([`crate::AttentionOptions::alibi`]).
+    pub scores: ScoreTensors<'a>,
+}
+
+/// The tensors of a call's score modifiers, from its options: ALiBi slopes
+/// ([`crate::AttentionOptions::alibi`]) and an additive bias ([`crate::AttentionOptions::bias`]).
+#[derive(Clone, Copy)]
+pub(crate) struct ScoreTensors<'a> {
     pub alibi: Option<&'a AlibiSlopes>,
+    pub bias: Option<&'a Bias>,
+}
+
+impl<'a> ScoreTensors<'a> {
+    /// Those of `opts`.
+    pub fn of(opts: &'a AttentionOptions) -> Self {
+        ScoreTensors {
+            alibi: opts.alibi.as_ref(),
+            bias: opts.bias.as_ref(),
+        }
+    }
+
+    /// Their locations (ALiBi slopes first).
+    pub fn locations(self) -> impl Iterator<Item = Location> + 'a {
+        let alibi = self.alibi.map(AlibiSlopes::location);
+        alibi.into_iter().chain(self.bias.map(Bias::location))
+    }
 }
 
 impl<T: AttentionElement> Call<'_, T> {
     /// The operands' locations, q's first (a variable-length batch's offsets or a page table,
-    /// then ALiBi slopes, last).
+    /// then the score modifiers' tensors, last).
     fn locations(&self) -> impl Iterator<Item = Location> + '_ {
         locations(self.q, self.k, self.v, self.out, self.lse.as_deref())
             .chain(batch_location(self.seqs, self.pages))
-            .chain(self.alibi.map(AlibiSlopes::location))
+            .chain(self.scores.locations())
     }
 
     fn hosts(&self) -> Hosts<'_> {
@@ -173,10 +197,11 @@ pub(crate) fn run_cpu<T: AttentionElement>(
             lse,
             seqs,
             pages,
-            alibi,
+            scores,
         } = call;
         let problem = &Problem {
-            alibi: alibi.cloned(),
+            alibi: scores.alibi.cloned(),
+            bias: scores.bias.cloned(),
             ..problem.clone()
         };
         match (seqs, pages) {

@@ -29,6 +29,8 @@ pub enum Operand {
     SeqlensK,
     /// The slopes of ALiBi ([`crate::AlibiSlopes`]).
     AlibiSlopes,
+    /// An additive bias ([`crate::Bias`]).
+    Bias,
 }
 
 /// Which rule a paged KV cache breaks ([`Error::InvalidPageTable`]).
@@ -96,6 +98,7 @@ impl std::fmt::Display for Operand {
             Operand::BlockTable => f.write_str("block_table"),
             Operand::SeqlensK => f.write_str("seqlens_k"),
             Operand::AlibiSlopes => f.write_str("alibi_slopes"),
+            Operand::Bias => f.write_str("bias"),
         }
     }
 }
@@ -229,6 +232,13 @@ pub enum Error {
         index: usize,
         /// Its value.
         value: f32,
+    },
+    /// A bias's element type code is none of f16 (0), bf16 (1) and f32 (2) (C++
+    /// `Code::UnsupportedBiasType`; a Rust [`crate::Bias`] always has one of them).
+    #[error("bias element type {value} is none of f16 (0), bf16 (1) and f32 (2)")]
+    UnsupportedBiasType {
+        /// The code given.
+        value: i64,
     },
     /// A dimension or stride exceeds what a backend's 32-bit indexing can address.
     #[error("{what} = {value} exceeds the {backend} backend's limit of {limit}")]

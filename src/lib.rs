@@ -84,6 +84,7 @@
 
 mod alibi;
 mod attention;
+mod bias;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -103,6 +104,7 @@ mod varlen;
 
 pub use alibi::AlibiSlopes;
 pub use attention::{attention, attention_into, AttentionOutput};
+pub use bias::Bias;
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
 pub use cuda::interop;

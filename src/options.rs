@@ -1,6 +1,7 @@
 //! Options of an attention call.
 
 use crate::alibi::AlibiSlopes;
+use crate::bias::Bias;
 use crate::plan::{ArchClass, Kernel};
 
 /// Causal masking.
@@ -77,8 +78,8 @@ impl From<Kernel> for BackendKind {
 }
 
 /// Options of [`crate::attention`] and [`crate::attention_into`]. Each setter returns a new
-/// value and leaves `self` as it was (cheap: ALiBi slopes are shared, not copied), so one set of
-/// options can seed several calls.
+/// value and leaves `self` as it was (cheap: ALiBi slopes and a bias are shared, not copied), so
+/// one set of options can seed several calls.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct AttentionOptions {
     /// Softmax scale, positive and finite; `None` means `1 / sqrt(head_dim)`.
@@ -96,6 +97,8 @@ pub struct AttentionOptions {
     /// ALiBi: a bias of `-slope * |i + offset - j|` per query head. See
     /// [`AttentionOptions::alibi`].
     pub alibi: Option<AlibiSlopes>,
+    /// An additive bias or mask on the scores. See [`AttentionOptions::bias`].
+    pub bias: Option<Bias>,
     /// Which backend to run.
     pub backend: Backend,
     /// Also return the per-row logsumexp (natural log, f32, `[batch, heads, seq_q]`).
@@ -166,6 +169,20 @@ impl AttentionOptions {
     pub fn alibi(&self, slopes: AlibiSlopes) -> Self {
         Self {
             alibi: Some(slopes),
+            ..self.clone()
+        }
+    }
+
+    /// Sets an additive bias or mask: `bias[b, i, h, j]` is added to the score of query `i` and
+    /// key `j` of sequence `b` and query head `h`, after the scale, any softcap and ALiBi. See
+    /// [`Bias`] for its dims, broadcasting and element types; `-inf` masks, and a row whose
+    /// every key is masked gets output 0 and logsumexp `-inf`. A GPU call needs it on the
+    /// device (else [`crate::Error::DeviceMismatch`]). The CPU reference and the WMMA kernel
+    /// apply it (`Backend::Auto` picks WMMA on a GPU; forcing another kernel is
+    /// [`crate::Error::BackendUnavailable`]).
+    pub fn bias(&self, bias: Bias) -> Self {
+        Self {
+            bias: Some(bias),
             ..self.clone()
         }
     }

@@ -1,7 +1,7 @@
 //! A paged KV cache: K and V in pages of `page_size` keys, each sequence's pages named by a block
 //! table (vLLM's paged attention; FlashAttention's `block_table`).
 
-use crate::dispatch::{self, Execution};
+use crate::dispatch::{self, Execution, ScoreTensors};
 use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
 use crate::ffi::PagesFfi;
@@ -288,7 +288,7 @@ pub fn attention_paged_into<T: AttentionElement>(
         lse,
         seqs: None,
         pages: Some(pages),
-        alibi: opts.alibi.as_ref(),
+        scores: ScoreTensors::of(opts),
     };
     dispatch::run(&request, opts, call)
 }

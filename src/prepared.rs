@@ -5,8 +5,7 @@
 
 use std::marker::PhantomData;
 
-use crate::alibi::AlibiSlopes;
-use crate::dispatch::{route, Call, Execution, Route, CPU};
+use crate::dispatch::{route, Call, Execution, Route, ScoreTensors, CPU};
 use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
 use crate::ffi::{DescFfi, RequestFfi};
@@ -82,8 +81,8 @@ enum Target {
 pub struct AttentionPlan<T: AttentionElement> {
     request: RequestFfi,
     batch: Batch,
-    /// The ALiBi slopes the plan was made with (their device copy is read by every run).
-    alibi: Option<AlibiSlopes>,
+    /// The options the plan was made with: every run reads their ALiBi slopes and bias.
+    opts: AttentionOptions,
     target: Target,
     execution: Execution,
     _element: PhantomData<fn() -> T>,
@@ -180,14 +179,14 @@ impl<T: AttentionElement> AttentionPlan<T> {
     ) -> Result<Self> {
         let locations = crate::dispatch::locations(q, k, v, out, lse)
             .chain(batch.location())
-            .chain(opts.alibi.as_ref().map(AlibiSlopes::location));
-        let alibi = opts.alibi.clone();
+            .chain(ScoreTensors::of(opts).locations());
+        let opts = opts.clone();
         match route(&request, batch.hosts(), opts.backend, locations)? {
-            Route::Gpu => Self::plan_gpu(request, batch, alibi, out),
+            Route::Gpu => Self::plan_gpu(request, batch, opts, out),
             Route::Cpu(problem) => Ok(AttentionPlan {
                 request,
                 batch,
-                alibi,
+                opts,
                 target: Target::Cpu(problem),
                 execution: CPU,
                 _element: PhantomData,
@@ -199,7 +198,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
     fn plan_gpu(
         request: RequestFfi,
         batch: Batch,
-        alibi: Option<AlibiSlopes>,
+        opts: AttentionOptions,
         out: &Tensor<T>,
     ) -> Result<Self> {
         let stream = out.stream().ok_or(Error::CudaNotBuilt)?;
@@ -213,7 +212,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
         Ok(AttentionPlan {
             request,
             batch,
-            alibi,
+            opts,
             target: Target::Gpu(crate::ffi::cuda::Planned {
                 problem,
                 kernel,
@@ -226,7 +225,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn plan_gpu(_: RequestFfi, _: Batch, _: Option<AlibiSlopes>, _: &Tensor<T>) -> Result<Self> {
+    fn plan_gpu(_: RequestFfi, _: Batch, _: AttentionOptions, _: &Tensor<T>) -> Result<Self> {
         Err(Error::CudaNotBuilt)
     }
 
@@ -267,7 +266,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
             lse,
             seqs: self.batch.seqs(),
             pages: self.batch.pages(),
-            alibi: self.alibi.as_ref(),
+            scores: ScoreTensors::of(&self.opts),
         };
         match &self.target {
             Target::Cpu(problem) => {

@@ -3,6 +3,7 @@
 //! size and scale rule once for both languages. Nothing is launched before it passes.
 
 use crate::alibi::AlibiSlopes;
+use crate::bias::Bias;
 use crate::element::Element;
 use crate::error::Result;
 use crate::ffi::{self, RequestFfi};
@@ -32,6 +33,8 @@ pub(crate) struct Problem {
     pub window: (Option<usize>, Option<usize>),
     /// ALiBi slopes (given by the call, not by validation, which only checks their shape).
     pub alibi: Option<AlibiSlopes>,
+    /// An additive bias (given by the call, as the slopes are).
+    pub bias: Option<Bias>,
     pub causal: Causal,
     pub location: Location,
 }
@@ -116,6 +119,12 @@ pub(crate) fn request<T: Element>(
             .alibi
             .as_ref()
             .map_or_else(ffi::AlibiFfi::default, AlibiSlopes::ffi),
+        has_bias: opts.bias.is_some(),
+        bias_dtype: opts.bias.as_ref().map_or(0, |b| ffi::dtype_id(b.dtype())),
+        bias: match &opts.bias {
+            Some(b) => b.desc()?,
+            None => q_desc,
+        },
         causal: ffi::causal_id(opts.causal),
         backend: ffi::backend_id(opts.backend),
         forced_arch: opts.force_arch_class.map_or(-1, ffi::arch_id),
@@ -154,6 +163,7 @@ pub(crate) fn validate(
         softcap: request.has_softcap.then_some(request.softcap),
         window: (side(raw.window_left), side(raw.window_right)),
         alibi: None,
+        bias: None,
         causal: ffi::causal_of(raw.causal),
         location,
     })

@@ -1,7 +1,7 @@
 //! Variable-length batches: sequences of different lengths packed along the token axis, each
 //! attended on its own (FlashAttention's `cu_seqlens`).
 
-use crate::dispatch::{self, Execution};
+use crate::dispatch::{self, Execution, ScoreTensors};
 use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
 use crate::ffi::OffsetsFfi;
@@ -302,7 +302,7 @@ pub fn attention_varlen_into<T: AttentionElement>(
         lse,
         seqs: Some(batch),
         pages: None,
-        alibi: opts.alibi.as_ref(),
+        scores: ScoreTensors::of(opts),
     };
     dispatch::run(&request, opts, call)
 }

@@ -768,7 +768,7 @@ fn sliding_window_matches_the_naive_formula() {
                     let mods = common::Mods {
                         softcap: softcap.map(f64::from),
                         window,
-                        alibi: None,
+                        ..common::Mods::default()
                     };
                     let scale = 1.0 / 4.0;
                     let (want, want_lse) = common::naive_mods(&q, &k, &v, scale, causal, mods);
@@ -850,6 +850,7 @@ fn alibi_matches_the_naive_formula() {
                     softcap: softcap.map(f64::from),
                     window,
                     alibi: Some(slopes),
+                    ..common::Mods::default()
                 };
                 let (want, want_lse) = common::naive_mods(&q, &k, &v, 0.25, causal, mods);
                 let res = attention(&q, &k, &v, &opts)
@@ -958,4 +959,139 @@ fn alibi_matches_the_naive_formula() {
         0.088388346,
     ];
     assert_eq!(slopes.values(), &want, "BLOOM's slopes for 12 heads");
+}
+
+/// An additive bias on the CPU reference against the naive formula: every causal mode, Sq
+/// below, equal to and above Sk, GQA, f16 / bf16 / f32 biases, full and broadcast (dims of 1,
+/// zero strides), PyTorch's memory order, -inf masks with whole rows masked (output 0, lse
+/// -inf), with ALiBi, a softcap and a window; a variable-length batch indexes it per sequence;
+/// wrong shapes are typed errors.
+#[test]
+fn bias_matches_the_naive_formula() {
+    use common::{lse_error, Mods, NaiveBias};
+    use flashcore::{Bias, DType};
+    let mut rng = Rng::fresh();
+    let mut checked = 0;
+    for (sq, sk) in [(9, 12), (12, 9), (1, 20), (16, 16)] {
+        let (qs, ks) = (Shape::new(2, sq, 4, 16), Shape::new(2, sk, 2, 16));
+        let q = randn::<f16>(&mut rng, &dims(qs, Layout::Bshd), Layout::Bshd);
+        let k = randn::<f16>(&mut rng, &dims(ks, Layout::Bshd), Layout::Bshd);
+        let v = randn::<f16>(&mut rng, &dims(ks, Layout::Bshd), Layout::Bshd);
+        // (dims, dtype, layout, -inf fraction, also ALiBi + softcap + window)
+        let cases = [
+            ([2, sq, 4, sk], DType::F32, Layout::Bhsd, 0.2, false),
+            ([1, sq, 1, sk], DType::F16, Layout::Bshd, 0.0, false),
+            ([2, 1, 4, sk], DType::BF16, Layout::Bhsd, 0.3, false),
+            ([1, 1, 1, 1], DType::F32, Layout::Bshd, 0.0, false),
+            ([2, sq, 4, sk], DType::F16, Layout::Bshd, 0.1, true),
+        ];
+        for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+            if causal == Causal::BottomRight && sq > sk {
+                continue; // rows without keys
+            }
+            for (bias_dims, dtype, layout, masked, all) in cases {
+                let mut nb = NaiveBias::random(&mut rng, bias_dims, (2.0, masked), dtype, layout);
+                if sq > 1 && bias_dims[1] > 1 {
+                    // Query 1 of every head sees no key through the bias.
+                    for (n, x) in nb.values.iter_mut().enumerate() {
+                        if n / (bias_dims[2] * bias_dims[3]) % bias_dims[1] == 1 {
+                            *x = f64::NEG_INFINITY;
+                        }
+                    }
+                }
+                let mut opts = AttentionOptions::default()
+                    .causal(causal)
+                    .bias(nb.bias())
+                    .with_lse();
+                let mut mods = Mods {
+                    bias: Some(nb.clone()),
+                    ..Mods::default()
+                };
+                if all {
+                    let slopes = vec![0.5, 0.0, -0.25, 1.0];
+                    opts = opts
+                        .alibi(AlibiSlopes::new(slopes.clone()).unwrap())
+                        .softcap(5.0)
+                        .window(Some(4), None);
+                    mods.alibi = Some(slopes);
+                    mods.softcap = Some(5.0);
+                    mods.window = (Some(4), None);
+                }
+                let what = format!("{sq}x{sk} {causal:?} {bias_dims:?} {dtype:?} {layout:?}");
+                let (want, want_lse) = common::naive_mods(&q, &k, &v, 0.25, causal, mods);
+                let res = attention(&q, &k, &v, &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let err = rel_l2(&logical(&res.out), &want);
+                let lse_err = lse_error(&lse_values(res.lse.as_ref().unwrap()), &want_lse);
+                assert!(
+                    err < 5e-4 && lse_err < 1e-6,
+                    "{what}: {err:.2e} {lse_err:.2e}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 55, "every bias case ran");
+
+    // Zero strides broadcast like dims of 1, and the bias changes the result (the comparisons
+    // above are not vacuous).
+    let q = randn::<f16>(&mut rng, &[2, 10, 4, 16], Layout::Bshd);
+    let k = randn::<f16>(&mut rng, &[2, 14, 2, 16], Layout::Bshd);
+    let row: Vec<f32> = (0..14).map(|j| j as f32 * 0.3).collect();
+    let strided = Tensor::from_vec_strided(row.clone(), Shape::new(2, 10, 4, 14), [0, 0, 0, 1]);
+    let strided = AttentionOptions::default().bias(Bias::from(strided.unwrap()));
+    let one = Tensor::from_vec(row, &[1, 1, 1, 14], Layout::Bshd).unwrap();
+    let one = AttentionOptions::default().bias(Bias::from(one));
+    let a = attention(&q, &k, &k, &strided).unwrap();
+    let b = attention(&q, &k, &k, &one).unwrap();
+    assert_eq!(a.out.host_data().unwrap(), b.out.host_data().unwrap());
+    let plain = attention(&q, &k, &k, &AttentionOptions::default()).unwrap();
+    assert!(rel_l2(&logical(&plain.out), &logical(&a.out)) > 1e-2);
+
+    // A variable-length batch of two equal sequences is the dense batch: the bias's batch axis
+    // follows the sequence and its rows and keys count from the sequence's start.
+    let nb = NaiveBias::random(
+        &mut rng,
+        [2, 10, 4, 14],
+        (1.0, 0.2),
+        DType::F32,
+        Layout::Bhsd,
+    );
+    let opts = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .bias(nb.bias());
+    let dense = attention(&q, &k, &k, &opts).unwrap();
+    let packed = |t: &Tensor<f16>, s: usize, h: usize| {
+        let data = t.host_data().unwrap().to_vec();
+        Tensor::from_vec(data, &[1, 2 * s, h, 16], Layout::Bshd).unwrap()
+    };
+    let batch = VarlenBatch::from_lengths(&[10, 10], &[14, 14]).unwrap();
+    let (qp, kp) = (packed(&q, 10, 4), packed(&k, 14, 2));
+    let varlen = attention_varlen(&qp, &kp, &kp, &batch, &opts).unwrap();
+    assert_eq!(
+        varlen.out.host_data().unwrap(),
+        dense.out.host_data().unwrap(),
+        "varlen rows use their sequence's bias"
+    );
+
+    // Wrong shapes: each names its dim, before anything runs.
+    for (bias_dims, dim) in [
+        ([3, 10, 4, 14], "batch"),
+        ([2, 9, 4, 14], "seq_q"),
+        ([2, 10, 2, 14], "heads"),
+        ([2, 10, 4, 15], "seq_k"),
+    ] {
+        let nb = NaiveBias::random(&mut rng, bias_dims, (1.0, 0.0), DType::F16, Layout::Bshd);
+        let opts = AttentionOptions::default().bias(nb.bias());
+        let e = attention(&q, &k, &k, &opts).unwrap_err();
+        assert!(
+            matches!(e, Error::ShapeMismatch { operand: Operand::Bias, dim: d, .. } if d == dim),
+            "{dim}: {e:?}"
+        );
+    }
+    // Forcing a family that applies no bias is refused (here: the operands are on the host
+    // first of all, so the CPU path's refusal comes from the location).
+    let opts = AttentionOptions::default()
+        .bias(nb.bias())
+        .backend(flashcore::Backend::Kernel(Kernel::CutlassSm80));
+    assert!(attention(&q, &k, &k, &opts).is_err());
 }

@@ -17,8 +17,9 @@ use flashcore::plan::{auto_kernel, decode_table, kv_splits, tile_table, ArchClas
 use flashcore::{
     attention, attention_into, attention_paged, attention_paged_into, attention_varlen,
     attention_varlen_into, merge_state_into, merge_states, AlibiSlopes, AttentionElement,
-    AttentionOptions, AttentionPlan, AttentionState, Backend, BackendKind, Causal, DType, Device,
-    Error, Execution, Layout, OffsetRule, Operand, PageTable, Shape, Stream, Tensor, VarlenBatch,
+    AttentionOptions, AttentionPlan, AttentionState, Backend, BackendKind, Bias, Causal, DType,
+    Device, Error, Execution, Layout, OffsetRule, Operand, PageTable, Shape, Stream, Tensor,
+    VarlenBatch,
 };
 use half::{bf16, f16};
 
@@ -1829,6 +1830,7 @@ fn mods_case<T: AttentionElement>(
         };
         slopes.unwrap().to_device(s).unwrap()
     });
+    opts.bias = mods.bias.as_ref().map(|nb| device_bias(nb, s));
     let exec = attention_into(
         &q.to_device(s).unwrap(),
         &k.to_device(s).unwrap(),
@@ -1842,7 +1844,7 @@ fn mods_case<T: AttentionElement>(
     let (want, want_lse) = common::naive_mods(&q, &k, &v, 1.0 / (d as f64).sqrt(), causal, mods);
     let errs = (
         rel_l2(&logical(&out.to_host().unwrap()), &want),
-        rel_l2(&lse_values(&lse.to_host().unwrap()), &want_lse),
+        common::lse_error(&lse_values(&lse.to_host().unwrap()), &want_lse),
     );
     (errs, exec.splits)
 }
@@ -1912,7 +1914,7 @@ fn score_modifiers_match_the_reference() {
         let both = Mods {
             softcap: Some(20.0),
             window: (Some(50), Some(10)),
-            alibi: None,
+            ..Mods::default()
         };
         // Sq > Sk (bottom-right causal would leave rows without keys: Sq < Sk there).
         let sizes = match causal {
@@ -1929,7 +1931,7 @@ fn score_modifiers_match_the_reference() {
     let decode = Mods {
         softcap: Some(30.0),
         window: (Some(1000), None),
-        alibi: None,
+        ..Mods::default()
     };
     let (errs, splits) = mods_case::<bf16>(
         &s,
@@ -1970,7 +1972,7 @@ fn score_modifiers_match_the_reference() {
         .causal(Causal::BottomRight)
         .window(Some(70), None)
         .softcap(25.0);
-    modified_batches_match_the_cpu(&s, "a window and a softcap", |_| {
+    modified_batches_match_the_cpu(&s, "a window and a softcap", |_, _, _| {
         (opts.backend(Backend::Cpu), opts.clone())
     });
 }
@@ -2037,6 +2039,7 @@ fn alibi_matches_the_reference() {
             softcap: Some(20.0),
             window: (Some(50), Some(10)),
             alibi: Some(geometric(8)),
+            ..Mods::default()
         };
         let sizes = match causal {
             Causal::BottomRight => (1, 290, 300),
@@ -2105,12 +2108,177 @@ fn alibi_matches_the_reference() {
     }
 
     // Variable-length and paged calls with per-sequence slopes match the CPU reference's.
-    modified_batches_match_the_cpu(&s, "ALiBi", |sequences| {
+    modified_batches_match_the_cpu(&s, "ALiBi", |sequences, _, _| {
         let slopes = AlibiSlopes::per_sequence(sequences, random_slopes(&mut rng, 8 * sequences));
         let slopes = slopes.unwrap();
         let opts = AttentionOptions::default().causal(Causal::BottomRight);
         let gpu = opts.alibi(slopes.to_device(&s).unwrap());
         (opts.alibi(slopes).backend(Backend::Cpu), gpu)
+    });
+}
+
+/// `nb` as a device [`Bias`] on `s`.
+fn device_bias(nb: &common::NaiveBias, s: &Stream) -> Bias {
+    match nb.dtype {
+        DType::F16 => Bias::from(nb.tensor::<f16>().to_device(s).unwrap()),
+        DType::BF16 => Bias::from(nb.tensor::<bf16>().to_device(s).unwrap()),
+        DType::F32 => Bias::from(nb.tensor::<f32>().to_device(s).unwrap()),
+    }
+}
+
+/// An additive bias on the GPU (the WMMA kernel's modifier instantiation) against the naive f64
+/// formula: every causal alignment, Sq below, equal to and above Sk, GQA and MQA, both dtypes,
+/// head dims 64 / 128 / 256 and 72, f32 / f16 / bf16 biases, full (PyTorch's memory order) and
+/// broadcast, -inf masks with whole rows masked (output 0, lse -inf), with ALiBi, a softcap and
+/// a window, one-query decode split over 20k keys. Variable-length and paged calls match the
+/// CPU reference (a plan runs them); a host bias and forced families without a bias are
+/// refused before any launch.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bias_matches_the_reference() {
+    use common::{Mods, NaiveBias};
+    let s = stream();
+    let mut checks = Checks::new("bias");
+    let mut rng = Rng::fresh();
+    // (sizes, heads, bias dims, bias dtype, layout, -inf fraction)
+    let cases = [
+        (
+            (2, 200, 333),
+            (8, 2, 128),
+            [2, 200, 8, 333],
+            DType::F32,
+            Layout::Bhsd,
+            0.1,
+        ),
+        (
+            (2, 97, 300),
+            (6, 1, 256),
+            [1, 97, 1, 300],
+            DType::BF16,
+            Layout::Bshd,
+            0.0,
+        ),
+        (
+            (1, 150, 150),
+            (4, 4, 64),
+            [1, 1, 4, 150],
+            DType::F16,
+            Layout::Bhsd,
+            0.5,
+        ),
+        (
+            (3, 64, 40),
+            (4, 2, 72),
+            [3, 64, 4, 40],
+            DType::F32,
+            Layout::Bshd,
+            0.3,
+        ),
+    ];
+    let mut bias = |dims: [usize; 4], dtype, layout, masked| {
+        let mut nb = NaiveBias::random(&mut rng, dims, (3.0, masked), dtype, layout);
+        if dims[1] > 5 {
+            // Query 5 of every sequence and head sees no key through the bias.
+            for (n, x) in nb.values.iter_mut().enumerate() {
+                if n / (dims[2] * dims[3]) % dims[1] == 5 {
+                    *x = f64::NEG_INFINITY;
+                }
+            }
+        }
+        nb
+    };
+    for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+        for &(sizes, heads, dims, dtype, layout, masked) in &cases {
+            if causal == Causal::BottomRight && sizes.1 > sizes.2 {
+                continue; // rows without keys
+            }
+            let mods = Mods {
+                bias: Some(bias(dims, dtype, layout, masked)),
+                ..Mods::default()
+            };
+            let what = format!("{sizes:?} {heads:?} {causal:?} {dims:?} {dtype:?} {layout:?}");
+            checks.check(
+                format!("f16 {what}"),
+                mods_case::<f16>(&s, sizes, heads, causal, mods.clone()).0,
+                2e-3,
+            );
+            checks.check(
+                format!("bf16 {what}"),
+                mods_case::<bf16>(&s, sizes, heads, causal, mods).0,
+                1e-2,
+            );
+        }
+        let sizes = match causal {
+            Causal::BottomRight => (1, 290, 300),
+            _ => (1, 300, 290),
+        };
+        let all = Mods {
+            softcap: Some(20.0),
+            window: (Some(50), Some(10)),
+            alibi: Some(AlibiSlopes::geometric(8).unwrap().values().to_vec()),
+            bias: Some(bias(
+                [1, sizes.1, 8, sizes.2],
+                DType::BF16,
+                Layout::Bhsd,
+                0.2,
+            )),
+        };
+        checks.check(
+            format!("f16 {causal:?} bias, ALiBi, softcap and window {sizes:?}"),
+            mods_case::<f16>(&s, sizes, (8, 8, 64), causal, all).0,
+            2e-3,
+        );
+    }
+    let decode = Mods {
+        bias: Some(bias([1, 1, 32, 20_000], DType::F32, Layout::Bhsd, 0.5)),
+        ..Mods::default()
+    };
+    let (errs, splits) = mods_case::<bf16>(
+        &s,
+        (1, 1, 20_000),
+        (32, 8, 128),
+        Causal::BottomRight,
+        decode,
+    );
+    assert!(splits > 1, "a long decode splits its keys ({splits})");
+    checks.check(format!("bf16 decode 1x20000, {splits} splits"), errs, 1e-2);
+    assert_eq!(checks.count, 26, "every bias case ran");
+    assert_none_failed(&checks.failures);
+
+    // Refusals, before any launch.
+    let x = Tensor::full(f16::ONE, &[2, 64, 4, 64], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let host = bias([2, 64, 4, 64], DType::F16, Layout::Bshd, 0.0);
+    let err = attention(&x, &x, &x, &AttentionOptions::default().bias(host.bias())).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DeviceMismatch {
+                operand: Operand::Bias,
+                ..
+            }
+        ),
+        "a host bias on a GPU call: {err}"
+    );
+    for kernel in [Kernel::CutlassSm80, Kernel::CutlassSm90] {
+        let opts = AttentionOptions::default()
+            .bias(device_bias(&host, &s))
+            .backend(Backend::Kernel(kernel));
+        let err = attention(&x, &x, &x, &opts).unwrap_err();
+        assert!(
+            matches!(err, Error::BackendUnavailable { .. }),
+            "{kernel:?}: {err}"
+        );
+    }
+
+    // Variable-length and paged calls with a per-sequence bias match the CPU reference's.
+    modified_batches_match_the_cpu(&s, "a bias", |sequences, queries, keys| {
+        let nb = bias([sequences, queries, 8, keys], DType::F16, Layout::Bhsd, 0.1);
+        let opts = AttentionOptions::default().causal(Causal::BottomRight);
+        let gpu = opts.bias(device_bias(&nb, &s));
+        (opts.bias(nb.bias()).backend(Backend::Cpu), gpu)
     });
 }
 
@@ -2144,17 +2312,17 @@ impl Checks {
 /// A variable-length batch (6 sequences, 300-600 tokens, GQA 8:2, d 128, f16) and a paged
 /// decode-and-prefill (3 sequences of 700 / 33 / 1500 keys in shuffled pages of 16, 5 queries
 /// each) with score modifiers on the GPU against the CPU reference; `opts(sequences)` gives
-/// (CPU options, GPU options) for a batch of that many sequences. A plan made for the varlen
-/// batch runs it bit for bit as the direct call.
+/// (CPU options, GPU options) for a batch of that many sequences, (at most) that many queries
+/// and keys. A plan made for the varlen batch runs it bit for bit as the direct call.
 fn modified_batches_match_the_cpu(
     s: &Stream,
     what: &str,
-    mut opts: impl FnMut(usize) -> (AttentionOptions, AttentionOptions),
+    mut opts: impl FnMut(usize, usize, usize) -> (AttentionOptions, AttentionOptions),
 ) {
     let mut rng = Rng::fresh();
-    let (cpu, gpu) = opts(6);
     let (batch, q, k, v) =
         random_varlen::<f16>(&mut rng, 6, (300, 600), (8, 2), 128, true, Layout::Bshd);
+    let (cpu, gpu) = opts(6, batch.max_seqlen_q(), batch.max_seqlen_k());
     let want = attention_varlen(&q, &k, &v, &batch, &cpu).unwrap();
     let (qd, kd, vd) = (
         q.to_device(s).unwrap(),
@@ -2176,7 +2344,7 @@ fn modified_batches_match_the_cpu(
         "a planned varlen run with {what}"
     );
 
-    let (cpu, gpu) = opts(3);
+    let (cpu, gpu) = opts(3, 5, 1500);
     let lengths = [700, 33, 1500];
     let (table, num_pages) = random_pages(&mut rng, 16, &lengths, 3);
     let seqlens = lengths.iter().map(|&n| n as i32).collect();

@@ -54,6 +54,15 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
     a.alibi_slopes = reinterpret_cast<const float*>(r.alibi.address);
     a.alibi_batch_stride = r.alibi.batch > 1 ? r.alibi.heads : 0;
   }
+  if (p.bias) {
+    a.bias = reinterpret_cast<const void*>(r.bias.address);
+    a.bias_type = r.bias_type;
+    for (int i = 0; i < 4; ++i) {  // a dim of 1 broadcasts: its index is always 0
+      a.bias_stride[i] = r.bias.shape[i] == 1 ? 0 : r.bias.stride[i];
+    }
+    a.bias_rows = r.bias.shape[1];
+    a.bias_keys = r.bias.shape[3];
+  }
   a.tile = plan.row->tile;
   a.splits = plan.splits;
   if (p.varlen) {
@@ -149,6 +158,11 @@ core::Request request_of(const AttentionArgs& args, int32_t device) {
   if (args.alibi) {
     r.has_alibi = true;
     r.alibi = describe_alibi(*args.alibi, device);
+  }
+  if (args.bias) {
+    r.has_bias = true;
+    r.bias_type = args.bias->dtype;
+    r.bias = describe_bias(*args.bias, device);
   }
   return r;
 }

@@ -318,6 +318,9 @@ AttentionArgs public_args(const RequestFfi& request, rust::Slice<const int32_t> 
     slopes.heads = request.alibi.heads;
     a.alibi = slopes;
   }
+  if (request.has_bias) {
+    a.bias = Bias{static_cast<BiasType>(request.bias_dtype), to_ref<TensorRef>(request.bias)};
+  }
   return a;
 }
 

@@ -90,6 +90,11 @@ inline core::Request from_ffi(const RequestFfi& r, rust::Slice<const int32_t> ho
     out.alibi.batch = r.alibi.batch;
     out.alibi.heads = r.alibi.heads;
   }
+  out.has_bias = r.has_bias;
+  if (r.has_bias) {
+    out.bias_type = static_cast<BiasType>(r.bias_dtype);
+    out.bias = from_ffi(r.bias);
+  }
   return out;
 }
 
@@ -109,6 +114,7 @@ inline ProblemFfi to_ffi(const core::Problem& p) {
   out.window_left = p.window_left;
   out.window_right = p.window_right;
   out.alibi = p.alibi;
+  out.bias = p.bias;
   return out;
 }
 
@@ -116,7 +122,7 @@ inline core::Problem from_ffi(const ProblemFfi& p) {
   return core::Problem{p.batch,   p.seq_q,    p.seq_k,
                        p.heads_q, p.heads_kv, p.head_dim,
                        p.scale,   static_cast<Causal>(p.causal), p.location, p.varlen, p.paged,
-                       p.window_left, p.window_right, p.alibi};
+                       p.window_left, p.window_right, p.alibi, p.bias};
 }
 
 inline StatusFfi to_ffi(const Status& s) {

@@ -19,7 +19,8 @@ static_assert(static_cast<int>(Code::ShapeMismatch) == 1 && static_cast<int>(Cod
                   static_cast<int>(Code::OutOfDeviceMemory) == 24 &&
                   static_cast<int>(Code::PlanMismatch) == 25 &&
                   static_cast<int>(Code::InvalidWindow) == 26 &&
-                  static_cast<int>(Code::InvalidAlibiSlope) == 27,
+                  static_cast<int>(Code::InvalidAlibiSlope) == 27 &&
+                  static_cast<int>(Code::UnsupportedBiasType) == 28,
               "flashcore::Code values are part of the bridge: update src/ffi/mod.rs too");
 static_assert(kKernelCount == 3 && static_cast<int>(Kernel::CutlassSm90) == 2,
               "flashcore::Kernel values are part of the bridge: update plan::Kernel in src/plan/mod.rs");
@@ -31,6 +32,7 @@ static_assert(static_cast<int>(Field::WorkUnits) == 11 &&
                   static_cast<int>(Operand::StateLse) == 7 &&
                   static_cast<int>(Operand::CuSeqlensK) == 9 &&
                   static_cast<int>(Operand::AlibiSlopes) == 12 &&
+                  static_cast<int>(Operand::Bias) == 13 &&
                   static_cast<int>(Field::WindowLeft) == 20 &&
                   static_cast<int>(Field::WindowRight) == 21,
               "flashcore::Field / Operand values are part of the bridge: update src/ffi/mod.rs");

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/bias.h"
 #include "core/validate.h"
 
 namespace flashcore::detail {
@@ -86,6 +87,11 @@ inline core::AlibiDesc describe_alibi(const AlibiSlopes& slopes, int32_t current
   d.heads = slopes.heads;
   d.host = slopes.host;
   return d;
+}
+
+// An additive bias (its element size from its type: 0 for a value that is none).
+inline core::TensorDesc describe_bias(const Bias& bias, int32_t current) {
+  return describe(bias.tensor, core::bias_element_bytes(bias.dtype), current);
 }
 
 }  // namespace flashcore::detail

@@ -66,6 +66,12 @@ struct FmhaArgs {
   // alibi_batch_stride (0: one row for every sequence); null for none.
   const float* alibi_slopes = nullptr;
   int64_t alibi_batch_stride = 0;
+  // An additive bias (only the WMMA kernel): element [b, i, h, j] at b * bias_stride[0] + ...
+  // (strides in elements, 0 on broadcast axes), bias_rows x bias_keys per (b, h); null for none.
+  const void* bias = nullptr;
+  BiasType bias_type = BiasType::F32;
+  int64_t bias_stride[4] = {0, 0, 0, 0};
+  int64_t bias_rows = 0, bias_keys = 0;
   Tile tile;
   // A variable-length batch (only the WMMA kernel takes one): batch + 1 int32 offsets each into
   // the token axis of q/out and of k/v, whose batch stride is then unused; seq_q and seq_k are

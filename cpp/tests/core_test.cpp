@@ -938,6 +938,90 @@ void alibi_slopes() {
   }
 }
 
+void additive_bias() {
+  // valid(): batch 2, 100 queries, 8 query heads, 130 keys. A torch-like dense f32 bias
+  // [2, 8, 100, 130] (BHSD order) at its own address.
+  const auto with_bias = [](int64_t b, int64_t sq, int64_t h, int64_t sk) {
+    Request r = valid();
+    r.has_bias = true;
+    r.bias_type = flashcore::BiasType::F32;
+    r.bias.address = (uint64_t{1} << 41) + (uint64_t{1} << 20);  // between bshd()s addresses
+    r.bias.location = 0;
+    r.bias.element_bytes = 4;
+    const int64_t shape[4] = {b, sq, h, sk};
+    const int64_t stride[4] = {h * sq * sk, sk, sq * sk, 1};
+    for (int i = 0; i < 4; ++i) {
+      r.bias.shape[i] = shape[i];
+      r.bias.stride[i] = stride[i];
+    }
+    return r;
+  };
+  Problem p{};
+  expect(flashcore::core::validate(with_bias(2, 100, 8, 130), &p).ok() && p.bias,
+         "a full bias validates");
+  expect(check(with_bias(1, 100, 1, 130)).ok(), "a bias broadcast over batch and heads");
+  expect(check(with_bias(1, 1, 1, 1)).ok(), "a bias broadcast over every axis");
+  Request r = with_bias(2, 100, 8, 130);
+  r.bias.stride[0] = r.bias.stride[2] = 0;  // broadcast through strides
+  expect(check(r).ok(), "a bias broadcast by zero strides");
+  const struct {
+    int64_t shape[4];
+    Field field;
+  } wrong[] = {{{3, 100, 8, 130}, Field::Batch},
+               {{2, 130, 8, 130}, Field::SeqQ},
+               {{2, 100, 2, 130}, Field::Heads},
+               {{2, 100, 8, 100}, Field::SeqK}};
+  for (const auto& w : wrong) {
+    Status s = check(with_bias(w.shape[0], w.shape[1], w.shape[2], w.shape[3]));
+    expect(s.code == Code::ShapeMismatch && s.operand == Operand::Bias && s.field == w.field,
+           std::string("a bias with a wrong ") + flashcore::name(w.field) + ": " + s.message);
+  }
+  r = with_bias(2, 100, 8, 130);
+  r.bias_type = static_cast<flashcore::BiasType>(7);
+  Status s = check(r);
+  expect(s.code == Code::UnsupportedBiasType && s.values[0] == 7,
+         "an element type that is no BiasType: " + s.message);
+  r = with_bias(2, 100, 8, 130);
+  r.bias.location = flashcore::core::kHost;
+  expect_code(r, Code::DeviceMismatch, Operand::Bias, "a host bias on a device call");
+  r = with_bias(2, 100, 8, 130);
+  r.bias.address += 2;
+  expect_code(r, Code::MisalignedPointer, Operand::Bias, "an f32 bias 2 bytes off");
+  r.bias_type = flashcore::BiasType::BF16;
+  r.bias.element_bytes = 2;
+  expect(check(r).ok(), "a bf16 bias 2 bytes off is aligned");
+  r = with_bias(2, 100, 8, 130);
+  r.bias.stride[3] = -1;
+  expect_code(r, Code::SizeOverflow, Operand::Bias, "a negative bias stride");
+  r = with_bias(2, 100, 8, 130);
+  r.bias.stride[0] = int64_t{1} << 62;
+  expect_code(r, Code::SizeOverflow, Operand::Bias, "a bias whose extent overflows");
+  r = with_bias(2, 100, 8, 130);
+  r.bias.address = r.out.address;
+  s = check(r);
+  expect(s.code == Code::OverlappingOutput && s.operand == Operand::Out &&
+             s.values[0] == static_cast<int64_t>(Operand::Bias),
+         "an output over the bias: " + s.message);
+  expect(flashcore::core::check_addresses(r).code == Code::OverlappingOutput,
+         "a planned run checks the bias's overlap with its new output");
+
+  r = with_bias(2, 1, 8, 130);
+  r.q.shape[1] = r.out.shape[1] = 1;
+  expect(flashcore::core::validate(r, &p).ok() && !p.packs_heads(),
+         "a decode with a bias does not pack heads (each head has its own bias row)");
+  const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
+  r = with_bias(2, 100, 8, 130);
+  flashcore::core::validate(r, &p);
+  flashcore::core::Plan plan{};
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma, "Auto applies a bias with WMMA: " + s.message);
+  for (const auto forced : {flashcore::Backend::CutlassSm80, flashcore::Backend::CutlassSm90}) {
+    r.options.backend = forced;
+    s = flashcore::core::plan(r, p, h200, &plan);
+    expect(s.code == Code::BackendUnavailable, "a family without a bias, forced: " + s.message);
+  }
+}
+
 int main() {
   valid_call_passes();
   negative_sizes_and_strides();
@@ -947,6 +1031,7 @@ int main() {
   paged_cache();
   score_modifiers();
   alibi_slopes();
+  additive_bias();
   no_allocation_on_the_hot_path();
   scales();
   heads_and_head_dims();

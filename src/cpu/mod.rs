@@ -194,15 +194,22 @@ fn sequence<T: Element>(
                 };
                 // ALiBi's distance from the diagonal (sizes fit in i64: tensor extents).
                 let gap = (i as i64 + diagonal - (first + j) as i64).unsigned_abs() as f64;
-                *s = score - slope.map_or(0.0, |m| m * gap);
+                // The bias is on the host (validated), so `value` finds it.
+                let bias = p
+                    .bias
+                    .as_ref()
+                    .map_or(Some(0.0), |x| x.value(at.seq, i, h, first + j));
+                *s = score - slope.map_or(0.0, |m| m * gap) + bias.unwrap_or(f64::NAN);
             }
             let max = scores[..n]
                 .iter()
                 .copied()
                 .fold(f64::NEG_INFINITY, f64::max);
+            // A row whose every key the bias masks (-inf) gets output 0 and lse -inf.
+            let live = max > f64::NEG_INFINITY;
             acc.fill(0.0);
             let mut sum = 0.0;
-            for (j, s) in scores[..n].iter().enumerate() {
+            for (j, s) in scores[..n].iter().enumerate().filter(|_| live) {
                 let w = (s - max).exp();
                 sum += w;
                 let (vb, vj) = at.key(first + j);
@@ -214,11 +221,16 @@ fn sequence<T: Element>(
             let o0 = out.offset(b, at.q0 + i, h, 0);
             let od = out.host_data_mut().expect("validated host output");
             for (x, a) in acc.iter().enumerate() {
-                od[o0 + x] = T::from_f64(a / sum);
+                od[o0 + x] = T::from_f64(if live { a / sum } else { 0.0 });
             }
             if let Some(l) = lse.as_deref_mut() {
                 let l0 = l.offset(b, at.q0 + i, h, 0);
-                l.host_data_mut().expect("validated host lse")[l0] = (max + sum.ln()) as f32;
+                let value = if live {
+                    max + sum.ln()
+                } else {
+                    f64::NEG_INFINITY
+                };
+                l.host_data_mut().expect("validated host lse")[l0] = value as f32;
             }
         }
     }

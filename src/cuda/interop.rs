@@ -4,7 +4,7 @@
 //! [`crate::Tensor::from_raw_device`] and [`crate::Stream::from_raw`] for foreign memory.
 
 use super::launch::{run, Entry};
-use crate::dispatch::{Call, Execution};
+use crate::dispatch::{Call, Execution, ScoreTensors};
 use crate::element::AttentionElement;
 use crate::error::Result;
 use crate::options::AttentionOptions;
@@ -36,7 +36,7 @@ pub fn cpp_attention_forward<T: AttentionElement>(
         lse,
         seqs: None,
         pages: None,
-        alibi: opts.alibi.as_ref(),
+        scores: ScoreTensors::of(opts),
     };
     run(entry, &request, call)
 }
@@ -67,7 +67,7 @@ pub fn cpp_attention_varlen<T: AttentionElement>(
         lse,
         seqs: Some(batch),
         pages: None,
-        alibi: opts.alibi.as_ref(),
+        scores: ScoreTensors::of(opts),
     };
     run(entry, &request, call)
 }
@@ -96,7 +96,7 @@ pub fn cpp_attention_paged<T: AttentionElement>(
         lse,
         seqs: None,
         pages: Some(pages),
-        alibi: opts.alibi.as_ref(),
+        scores: ScoreTensors::of(opts),
     };
     run(Entry::PublicCpp { host_copies }, &request, call)
 }

@@ -3,6 +3,7 @@
 
 use super::stream::Stream;
 use crate::alibi::AlibiSlopes;
+use crate::bias::Bias;
 use crate::dispatch::{Call, Execution};
 use crate::element::{AttentionElement, Element};
 use crate::error::{Error, Result};
@@ -62,7 +63,7 @@ pub(crate) fn run<T: AttentionElement>(
         lse,
         seqs,
         pages,
-        alibi,
+        scores,
     } = call;
     // Borrowed, not cloned (a clone costs atomic reference counts on every planned run); only
     // a logsumexp on another stream than the output's is cloned, as `out` and `lse` are
@@ -83,8 +84,10 @@ pub(crate) fn run<T: AttentionElement>(
         (None, None) => None,
     };
     let indices_stream = indices.map(|(_, first, _, _)| first.stream());
-    // ALiBi slopes not on the device reach C++ with their host address, refused by location.
-    let slopes = alibi.and_then(AlibiSlopes::device);
+    // ALiBi slopes or a bias not on the device reach C++ with their host address, refused by
+    // location.
+    let slopes = scores.alibi.and_then(AlibiSlopes::device);
+    let bias = scores.bias.and_then(Bias::device);
     let inputs = [
         Some(qs),
         Some(ks),
@@ -92,6 +95,7 @@ pub(crate) fn run<T: AttentionElement>(
         lse_stream.as_ref(),
         indices_stream,
         slopes.map(|s| s.stream()),
+        bias.map(|(_, s)| s),
     ];
     let inputs = inputs.iter().flatten().copied();
     for s in inputs.clone() {
@@ -99,6 +103,7 @@ pub(crate) fn run<T: AttentionElement>(
     }
     let mut operands = operands(q, k, v, out, lse)?;
     operands.alibi = slopes.map(|s| s.raw());
+    operands.bias = bias.map(|(b, _)| b);
     if let Some((paged, first, second, (host_first, host_second))) = indices {
         let hidden = matches!(entry, Entry::PublicCpp { host_copies: false });
         operands.indices = Some(IndexBuffers {
@@ -174,6 +179,7 @@ pub(crate) fn operands<'a, T: Element>(
         },
         indices: None,
         alibi: None,
+        bias: None,
     })
 }
 

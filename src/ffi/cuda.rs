@@ -281,6 +281,8 @@ pub(crate) struct Operands<'a> {
     pub indices: Option<IndexBuffers<'a>>,
     /// ALiBi slopes on the device (`batch x heads` f32, equal to their checked host copy).
     pub alibi: Option<&'a RawBuffer>,
+    /// An additive bias on the device (its dims and strides in the request).
+    pub bias: Option<&'a RawBuffer>,
 }
 
 /// A call's two int32 index arrays on the device, holding the same values as their host
@@ -308,6 +310,9 @@ fn with_addresses<'a>(request: &RequestFfi, b: Operands<'a>) -> (RequestFfi, &'a
     }
     if let Some(a) = b.alibi {
         r.alibi.address = a.ptr as u64;
+    }
+    if let Some(x) = b.bias {
+        r.bias.address = x.ptr as u64;
     }
     match b.indices {
         Some(i) if i.paged => {
@@ -367,7 +372,9 @@ pub(crate) fn attention(
     // checked against the token counts; a paged cache's table holds `count x pages_per_seq`
     // entries and its key counts `count`, equal to the host copies validation checked against
     // the pages (and the kernel clamps both regardless). ALiBi slopes hold the `batch x heads`
-    // floats validation checked against the call's shape.
+    // floats validation checked against the call's shape; a bias's buffer holds the extent of
+    // its dims and strides, which validation checked against the call's (the kernel clamps its
+    // rows and keys to those dims).
     let l = unsafe {
         sys::attention(
             &r,

@@ -93,6 +93,10 @@ pub(crate) mod sys {
         pages: PagesFfi,
         has_alibi: bool,
         alibi: AlibiFfi,
+        /// An additive bias: `bias_dtype` (0 f16, 1 bf16, 2 f32) and its tensor.
+        has_bias: bool,
+        bias_dtype: i32,
+        bias: DescFfi,
     }
 
     /// A validated problem (mirrors `core::Problem`).
@@ -112,6 +116,7 @@ pub(crate) mod sys {
         window_left: i64,
         window_right: i64,
         alibi: bool,
+        bias: bool,
     }
 
     /// `flashcore::Status`.
@@ -395,6 +400,7 @@ const OUT_OF_DEVICE_MEMORY: i32 = 24;
 const PLAN_MISMATCH: i32 = 25;
 const INVALID_WINDOW: i32 = 26;
 const INVALID_ALIBI_SLOPE: i32 = 27;
+const UNSUPPORTED_BIAS_TYPE: i32 = 28;
 
 // `flashcore::Field` values of the offsets rules.
 const FIRST_OFFSET: i32 = 12;
@@ -444,6 +450,7 @@ fn operand(value: i32, index: i64) -> Operand {
         10 => Operand::BlockTable,
         11 => Operand::SeqlensK,
         12 => Operand::AlibiSlopes,
+        13 => Operand::Bias,
         _ => Operand::Q,
     }
 }
@@ -542,6 +549,7 @@ impl Described<'_> {
                 Operand::K => r.k,
                 Operand::V => r.v,
                 Operand::Lse | Operand::StateLse(_) => r.lse,
+                Operand::Bias => r.bias,
                 Operand::Out
                 | Operand::State(_)
                 | Operand::CuSeqlensQ
@@ -678,6 +686,7 @@ pub(crate) fn to_error(s: StatusFfi, described: &Described<'_>) -> Error {
             index: count(a),
             value: f32::from_bits(b as u32),
         },
+        UNSUPPORTED_BIAS_TYPE => Error::UnsupportedBiasType { value: a },
         _ => Error::Launch(s.message),
     }
 }

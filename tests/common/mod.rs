@@ -1,7 +1,8 @@
 //! Test helpers: seeded normal inputs, an independent naive attention in f64, relative L2 error.
 #![allow(dead_code)]
 
-use flashcore::{Causal, Element, Layout, Shape, Tensor, VarlenBatch};
+use flashcore::{Bias, Causal, DType, Element, Layout, Shape, Tensor, VarlenBatch};
+use half::{bf16, f16};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// splitmix64: a small deterministic generator, freshly seeded per call site.
@@ -74,6 +75,110 @@ pub struct Mods {
     /// ALiBi slopes, `[heads_q]` or `[batch, heads_q]`: each score then loses
     /// `slope * |i + off - j|`.
     pub alibi: Option<Vec<f32>>,
+    /// An additive bias, added last.
+    pub bias: Option<NaiveBias>,
+}
+
+/// An additive bias for [`naive_mods`]: dims `[batch, seq_q, heads_q, seq_k]`, each the
+/// call's or 1 (broadcast), values row-major in that order (already rounded to `dtype`), and how
+/// [`NaiveBias::bias`] lays them out.
+#[derive(Clone, Debug)]
+pub struct NaiveBias {
+    pub dims: [usize; 4],
+    pub values: Vec<f64>,
+    pub dtype: DType,
+    /// `Layout::Bshd`: memory in dims order; `Layout::Bhsd`: PyTorch's `[b, h, sq, sk]`.
+    pub layout: Layout,
+}
+
+impl NaiveBias {
+    /// Random normal values times `scale` (rounded to `dtype`), a `masked` fraction -inf.
+    pub fn random(
+        rng: &mut Rng,
+        dims: [usize; 4],
+        (scale, masked): (f64, f64),
+        dtype: DType,
+        layout: Layout,
+    ) -> Self {
+        let n = dims.iter().product();
+        let round = |x: f64| match dtype {
+            DType::F16 => f16::from_f64(x).to_f64(),
+            DType::BF16 => bf16::from_f64(x).to_f64(),
+            DType::F32 => x as f32 as f64,
+        };
+        let values = (0..n)
+            .map(|_| {
+                let x = round(rng.normal() * scale);
+                if rng.uniform() < masked {
+                    f64::NEG_INFINITY
+                } else {
+                    x
+                }
+            })
+            .collect();
+        NaiveBias {
+            dims,
+            values,
+            dtype,
+            layout,
+        }
+    }
+
+    /// Element `[b, i, h, j]`, broadcast over dims of 1.
+    pub fn at(&self, index: [usize; 4]) -> f64 {
+        let flat = (0..4).fold(0, |acc, a| {
+            acc * self.dims[a] + if self.dims[a] == 1 { 0 } else { index[a] }
+        });
+        self.values[flat]
+    }
+
+    /// The values as a host tensor of `T`, laid out as `layout` says.
+    pub fn tensor<T: Element>(&self) -> Tensor<T> {
+        let [b, s, h, k] = self.dims;
+        let mut data = Vec::with_capacity(self.values.len());
+        let dims = match self.layout {
+            Layout::Bshd => {
+                data.extend(self.values.iter().map(|&x| T::from_f64(x)));
+                [b, s, h, k]
+            }
+            Layout::Bhsd => {
+                for (bb, hh, ss, kk) in (0..b).flat_map(|bb| {
+                    (0..h).flat_map(move |hh| {
+                        (0..s).flat_map(move |ss| (0..k).map(move |kk| (bb, hh, ss, kk)))
+                    })
+                }) {
+                    data.push(T::from_f64(self.at([bb, ss, hh, kk])));
+                }
+                [b, h, s, k]
+            }
+        };
+        Tensor::from_vec(data, &dims, self.layout).unwrap()
+    }
+
+    /// The bias as a flashcore host [`Bias`] of `dtype`.
+    pub fn bias(&self) -> Bias {
+        match self.dtype {
+            DType::F16 => Bias::from(self.tensor::<f16>()),
+            DType::BF16 => Bias::from(self.tensor::<bf16>()),
+            DType::F32 => Bias::from(self.tensor::<f32>()),
+        }
+    }
+}
+
+/// Relative L2 error of logsumexps that may hold -inf (rows every key of which is masked):
+/// infinite where `want` is, exactly; the error over the finite rest.
+pub fn lse_error(got: &[f64], want: &[f64]) -> f64 {
+    let infinite = |x: &f64| *x == f64::NEG_INFINITY;
+    if got.iter().map(infinite).ne(want.iter().map(infinite)) {
+        return f64::INFINITY;
+    }
+    let kept = |v: &[f64]| {
+        v.iter()
+            .copied()
+            .filter(|x| !infinite(x))
+            .collect::<Vec<_>>()
+    };
+    rel_l2(&kept(got), &kept(want))
 }
 
 /// [`naive`] with score modifiers, straight from their definitions.
@@ -119,11 +224,17 @@ pub fn naive_mods<T: Element>(
                         let slope = mods.alibi.as_ref().map_or(0.0, |a| {
                             f64::from(a[if a.len() == hq { h } else { b * hq + h }])
                         });
-                        s - slope * (row + off - key).abs() as f64
+                        let bias = mods.bias.as_ref().map_or(0.0, |x| x.at([b, i, h, j]));
+                        s - slope * (row + off - key).abs() as f64 + bias
                     }
                 })
                 .collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            if m == f64::NEG_INFINITY {
+                // Every key masked (by the bias): output 0, lse -inf.
+                lse[i] = m;
+                continue;
+            }
             let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
             let z: f64 = w.iter().sum();
             lse[i] = m + z.ln();

@@ -52,6 +52,8 @@ struct AttentionArgs {
   std::optional<Pages> pages;
   // ALiBi slopes (see AlibiSlopes), kept by address by an AttentionPlan like the page table.
   std::optional<AlibiSlopes> alibi;
+  // An additive bias or mask (see Bias), kept by address by an AttentionPlan like the slopes.
+  std::optional<Bias> bias;
 };
 
 // What a successful call ran: the kernel family, its table row, and into how many blocks per

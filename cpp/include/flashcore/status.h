@@ -56,6 +56,7 @@ enum class Code : int32_t {
                          // values[0], which is negative
   InvalidAlibiSlope,     // ALiBi slope values[0] (index into the host copy) is not finite
                          // (values[1]: its IEEE bits)
+  UnsupportedBiasType,   // the bias's dtype is values[0], not a BiasType
 };
 
 // Which tensor a Status is about. State and StateLse are the output and the logsumexp of one of
@@ -63,7 +64,7 @@ enum class Code : int32_t {
 // names an operand). CuSeqlensQ / CuSeqlensK are a variable-length batch's offsets (Sequences).
 enum class Operand : int32_t {
   None = 0, Q, K, V, Out, Lse, State, StateLse, CuSeqlensQ, CuSeqlensK, BlockTable, SeqlensK,
-  AlibiSlopes
+  AlibiSlopes, Bias
 };
 
 // Which dimension, stride or limit a Status is about.

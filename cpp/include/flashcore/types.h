@@ -131,6 +131,26 @@ struct AlibiSlopes {
   const float* host = nullptr;  // optional host copy of the batch x heads slopes
 };
 
+// Element type of an additive bias (Bias::dtype).
+enum class BiasType : int32_t { F16 = 0, BF16 = 1, F32 = 2 };
+
+// An additive bias or mask on the scores (AttentionArgs::bias): query i and key j of sequence b
+// and query head h add
+//   tensor[b, i, h, j]   (element b * stride[0] + i * stride[1] + h * stride[2] + j * stride[3])
+// to their score after the scale, any softcap and ALiBi. The tensor's dims are [batch, seq_q,
+// heads_q, seq_k], each either the call's or 1 (broadcast: index 0 on that axis); a stride of 0
+// broadcasts as well (PyTorch's [B, H, Sq, Sk] attn_mask has strides {H Sq Sk, Sk, Sq Sk, 1}).
+// For a variable-length batch the dims are [sequences, max_seqlen_q, heads_q, max_seqlen_k] and
+// i, j count from the sequence's first query and key; for a paged cache seq_k is max_seqlen_k.
+// On the call's device, aligned to its element size, strides not negative; any values: -inf
+// masks a key, and a row whose every key is masked gets output 0 and logsumexp -inf (NaN or
+// +inf values give NaN rows). The WMMA kernel applies it (Backend::Auto picks it; forcing
+// another family is Code::BackendUnavailable).
+struct Bias {
+  BiasType dtype = BiasType::F32;
+  TensorRef tensor;
+};
+
 struct Options {
   // Softmax scale; 1/sqrt(head_dim) when empty. Must be finite.
   std::optional<float> scale;

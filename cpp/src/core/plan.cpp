@@ -115,7 +115,7 @@ constexpr int64_t kU32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (heads, batch)
 // The family that takes variable-length batches and paged caches.
 constexpr Kernel kIndexedKernel = Kernel::Wmma;
-// The family that applies score modifiers (softcap, sliding window, ALiBi).
+// The family that applies score modifiers (softcap, sliding window, ALiBi, an additive bias).
 constexpr Kernel kModifierKernel = Kernel::Wmma;
 
 // A feature only `family` serves: a forced other family is refused, saying why (`lacks`) and
@@ -288,12 +288,12 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       }
       kernel = kIndexedKernel;
     }
-    if (r.options.softcap || p.windowed() || p.alibi) {
+    if (r.options.softcap || p.windowed() || p.alibi || p.bias) {
       // Score modifiers run on the WMMA kernel (the other families take them in later steps),
       // which computes a window's band and ALiBi distances in 32-bit ints: every
       // |i + offset -+ side| stays below 2 (seq_q + seq_k).
       if (Status s = only_family(kModifierKernel, forced,
-                                 "it applies no softcap, sliding window or ALiBi yet; ");
+                                 "it applies no softcap, sliding window, ALiBi or bias yet; ");
           !s.ok()) {
         return s;
       }

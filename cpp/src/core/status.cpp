@@ -36,6 +36,7 @@ const char* name(Code code) noexcept {
     case Code::PlanMismatch: return "plan_mismatch";
     case Code::InvalidWindow: return "invalid_window";
     case Code::InvalidAlibiSlope: return "invalid_alibi_slope";
+    case Code::UnsupportedBiasType: return "unsupported_bias_type";
   }
   return "unknown";
 }
@@ -55,6 +56,7 @@ const char* name(Operand operand) noexcept {
     case Operand::BlockTable: return "block_table";
     case Operand::SeqlensK: return "seqlens_k";
     case Operand::AlibiSlopes: return "alibi_slopes";
+    case Operand::Bias: return "bias";
   }
   return "unknown";
 }
@@ -215,6 +217,8 @@ std::string message(const Status& s, const std::string& detail) {
       return "sliding window: " + field + " is " + v(0) + ", a window side must not be negative";
     case Code::InvalidAlibiSlope:
       return "ALiBi slope " + v(0) + " is " + float_of(s.values[1]) + ", not finite";
+    case Code::UnsupportedBiasType:
+      return "bias element type " + v(0) + " is none of F16 (0), BF16 (1) and F32 (2)";
     case Code::PlanMismatch:
       return s.operand == Operand::None ? "the plan is empty (made by no successful create)"
                                         : op + " is given where the plan has none, or missing "

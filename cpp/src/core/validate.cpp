@@ -1,7 +1,8 @@
 // Validation: see validate.h. The order of the checks is part of the contract (the first
 // failure is the one reported): sizes, devices, shapes, heads, head dim, strides and alignment,
 // overlapping outputs, a variable-length batch's offsets or a paged cache, scale, softcap,
-// window, ALiBi slopes, visible keys.
+// window, ALiBi slopes, visible keys, bias (its element type and extent come with the sizes,
+// its overlap with the outputs with theirs).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <utility>
 
 #include "core/alibi.h"
+#include "core/bias.h"
 #include "core/checks.h"
 #include "core/paged.h"
 #include "core/validate.h"
@@ -32,6 +34,12 @@ Failed check_overlaps(const Request& r) {
     }
     FLASHCORE_TRY(check_disjoint(Operand::Lse, r.lse, 0, Operand::Out, r.out, 0));
   }
+  if (r.has_bias) {
+    FLASHCORE_TRY(check_disjoint(Operand::Out, r.out, 0, Operand::Bias, r.bias, 0));
+    if (r.has_lse) {
+      FLASHCORE_TRY(check_disjoint(Operand::Lse, r.lse, 0, Operand::Bias, r.bias, 0));
+    }
+  }
   return std::nullopt;
 }
 
@@ -46,14 +54,20 @@ Failed positive_finite(Code code, float value) {
 }
 
 // `p` with the request's score modifiers: its sliding window (a side of seq_q + seq_k keys or
-// more bounds nothing) and whether it has ALiBi slopes.
-Problem with_modifiers(Problem p, const Request& r) {
+// more bounds nothing) and whether it has ALiBi slopes and a bias; then the bias's checks,
+// which need the problem's sizes.
+Failed with_modifiers(Problem p, const Request& r, Problem* out) {
   const Options& o = r.options;
   const int64_t span = p.seq_q + p.seq_k;
   p.window_left = o.window_left && *o.window_left < span ? *o.window_left : -1;
   p.window_right = o.window_right && *o.window_right < span ? *o.window_right : -1;
   p.alibi = r.has_alibi;
-  return p;
+  p.bias = r.has_bias;
+  if (r.has_bias) {
+    FLASHCORE_TRY(check_bias(r, p.batch, p.seq_q, p.seq_k));
+  }
+  *out = p;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -98,6 +112,9 @@ Status validate(const Request& r, Problem* problem) noexcept {
     FLASHCORE_TRY(check_extent(Operand::Out, r.out));
     if (r.has_lse) {
       FLASHCORE_TRY(check_extent(Operand::Lse, r.lse));
+    }
+    if (r.has_bias) {
+      FLASHCORE_TRY(check_bias_extent(r));
     }
 
     const int32_t location = r.q.location;
@@ -163,16 +180,16 @@ Status validate(const Request& r, Problem* problem) noexcept {
     }
     if (r.varlen) {
       FLASHCORE_TRY(check_sequence_keys(r));
-      *problem = with_modifiers(Problem{r.cu_q.count, r.cu_q.max_len, r.cu_k.max_len, qs[2], ks[2],
-                                     d, scale, r.options.causal, location, true},
-                             r);
+      FLASHCORE_TRY(with_modifiers(Problem{r.cu_q.count, r.cu_q.max_len, r.cu_k.max_len, qs[2],
+                                           ks[2], d, scale, r.options.causal, location, true},
+                                   r, problem));
       return {};
     }
     if (r.paged) {
       FLASHCORE_TRY(check_paged_keys(r));
-      *problem = with_modifiers(Problem{qs[0], qs[1], r.pages.max_seqlen_k, qs[2], ks[2], d, scale,
-                                     r.options.causal, location, false, true},
-                             r);
+      FLASHCORE_TRY(with_modifiers(Problem{qs[0], qs[1], r.pages.max_seqlen_k, qs[2], ks[2], d,
+                                           scale, r.options.causal, location, false, true},
+                                   r, problem));
       return {};
     }
     Problem p{qs[0], qs[1], ks[1], qs[2], ks[2], d, scale, r.options.causal, location};
@@ -182,7 +199,7 @@ Status validate(const Request& r, Problem* problem) noexcept {
         return fail(Code::NoVisibleKeys, Operand::None, Field::None, blind, p.seq_q, p.seq_k);
       }
     }
-    *problem = with_modifiers(p, r);
+    FLASHCORE_TRY(with_modifiers(p, r, problem));
     return {};
   } catch (...) {  // only std::bad_alloc from a message string can get here
     return out_of_host_memory();

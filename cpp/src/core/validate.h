@@ -76,6 +76,11 @@ struct Request {
   PagesDesc pages;
   bool has_alibi = false;
   AlibiDesc alibi;
+  // An additive bias (flashcore::Bias): dims [batch, seq_q, heads_q, seq_k], each the call's
+  // or 1; element_bytes from bias_type.
+  bool has_bias = false;
+  BiasType bias_type = BiasType::F32;
+  TensorDesc bias;
 };
 
 // A checked problem. For a variable-length batch, `batch` counts its sequences and seq_q / seq_k
@@ -93,14 +98,18 @@ struct Problem {
   int64_t window_left = -1, window_right = -1;
   // ALiBi slopes are given (Request::alibi).
   bool alibi = false;
+  // An additive bias is given (Request::bias).
+  bool bias = false;
 
   // No output element: nothing to compute or launch.
   bool empty() const { return batch == 0 || seq_q == 0 || heads_q == 0; }
   // One-query GQA/MQA: the query heads sharing a key/value head run as rows of one head (exact
-  // because the one query sees every key, with the same scores: no window, no per-head slope).
+  // because the one query sees every key, with the same scores: no window, no per-head slope
+  // or bias).
   bool packs_heads() const {
     return !varlen && seq_q == 1 && heads_kv > 0 && heads_q > heads_kv &&
-           (causal == Causal::None || causal == Causal::BottomRight) && !windowed() && !alibi;
+           (causal == Causal::None || causal == Causal::BottomRight) && !windowed() && !alibi &&
+           !bias;
   }
   // Whether a sliding window bounds a side.
   bool windowed() const { return window_left >= 0 || window_right >= 0; }

@@ -54,7 +54,7 @@ struct Params {
   // window_left (offset without window_right); -1: no lower side.
   int32_t window_right, window_left;
   // The softmax's factor: scale * log2(e), a positive normal float (launch.cuh), or 1 when the
-  // modifier pass (modify_tile) forms the exponents itself (with a softcap or ALiBi).
+  // modifier pass (modify_tile) forms the exponents itself (with a softcap, ALiBi or a bias).
   float scale_log2;
   // Logit softcapping: a score s becomes softcap_out * tanh(scale * s / cap) with softcap_out =
   // cap * log2(e), already in log2 units; softcap_in = 2 log2(e) scale / cap (tanh's ex2
@@ -66,6 +66,13 @@ struct Params {
   // without window_right).
   const float* alibi;
   int64_t alibi_batch_stride;
+  // An additive bias (null: none): element [b, i, h, j] (bias_type 0 f16, 1 bf16, 2 f32) at
+  // b * bias_stride[0] + i * bias_stride[1] + h * bias_stride[2] + j * bias_stride[3] elements
+  // (0 on broadcast axes); rows clamp to bias_rows - 1 and keys to bias_keys - 1 on read, so
+  // no read leaves the tensor (rows and keys past a sequence are masked or never stored).
+  const void* bias;
+  int32_t bias_type, bias_rows, bias_keys;
+  int64_t bias_stride[4];
   // A variable-length batch: batch + 1 offsets into the token axis of q/out and k/v (null:
   // dense), clamped on read to [0, total] so that no offset leads outside the tensors.
   const int32_t* cu_q;
@@ -86,6 +93,18 @@ struct Params {
   const int32_t* seqlens_k;
   int64_t pages_per_seq;  // 0 when the cache has no page: no key can be read
   int32_t page_shift, last_page;
+};
+
+// Block-wide constants of the score modifiers, kept in shared memory rather than registers (the
+// loop's accumulators leave none): the window's lower side (row i sees no key below i + lower),
+// ALiBi's diagonal and slope (log2 units; 0: none), and the block's (b, h) slice of the bias
+// (null: none) with its row and key strides and extents (Params::bias).
+struct BlockMods {
+  int lower, diagonal;
+  float slope;
+  const void* bias;
+  int64_t bias_row_stride, bias_key_stride;
+  int bias_type, bias_rows, bias_keys;
 };
 
 // One block's sequence: element offsets of its token 0 in q, k, v and out, its lengths and
@@ -234,21 +253,36 @@ __device__ inline void mask_tile(FragAcc (&s)[WM][NF], const Params& p, const Se
   }
 }
 
+// Bias element `offset` of a bias of `type` (0 f16, 1 bf16, 2 f32), as a float.
+__device__ inline float load_bias(const void* bias, int type, int64_t offset) {
+  if (type == 2) {
+    return __ldg(static_cast<const float*>(bias) + offset);
+  }
+  const unsigned short bits = __ldg(static_cast<const unsigned short*>(bias) + offset);
+  return type == 0 ? __half2float(__ushort_as_half(bits))
+                   : __bfloat162float(__ushort_as_bfloat16(bits));
+}
+
 // The modifier pass of one tile's raw scores, which leaves them in log2 units (the softmax's
 // factor is then 1): the softcap, out * tanh(x) with tanh(x) = 1 - 2 / (e^2x + 1) from
 // ex2.approx and a fast reciprocal (absolute error about 1e-7; saturates to +-1 for large |x|,
-// as tanh does), or else the scale; then ALiBi's -slope * |row + diagonal - key| (`slope` in
-// log2 units, 0: none). `row0`: the warp's first query row; `key0`: the tile's first key.
+// as tanh does), or else the scale; then ALiBi's -slope * |row + diagonal - key|; then, in the
+// kBias instantiation, the bias, read from global memory (clamped to its extents; the loop
+// prefetched its lines, prefetch_bias). `row0`: the warp's first query row; `key0`: the tile's
+// first key. (With a runtime test for the bias inside the loop instead, softcap and ALiBi calls
+// took 2.22x and 1.91x their plain time, against 1.77x and 1.41x: H200, 2026-11-24.)
 //
 // ALiBi's distances are formed in float from one conversion per tile (the lane's share of row -
 // key; the rest are constants), so each score costs one add and one fused multiply-add (an
 // int-to-float conversion per score measured 1.42x against 1.39x for this form: H200,
 // 2026-11-24). Exact below 2^24; beyond, relative error 6e-8.
-template <int WM, int NF>
-__device__ inline void modify_tile(FragAcc (&s)[WM][NF], const Params& p, float slope,
-                                   int diagonal, int row0, int key0, int lane) {
+template <bool kBias, int WM, int NF>
+__device__ inline void modify_tile(FragAcc (&s)[WM][NF], const Params& p, const BlockMods& m,
+                                   int row0, int key0, int lane) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float slope = m.slope;
   const float lane_gap =
-      static_cast<float>(row0 + diagonal - key0 + acc_row(lane, 0) - acc_col(lane, 0));
+      static_cast<float>(row0 + m.diagonal - key0 + acc_row(lane, 0) - acc_col(lane, 0));
 #pragma unroll
   for (int mt = 0; mt < WM; ++mt) {
 #pragma unroll
@@ -268,7 +302,31 @@ __device__ inline void modify_tile(FragAcc (&s)[WM][NF], const Params& p, float 
           const float gap = lane_gap + static_cast<float>(fixed);
           x = fmaf(-slope, fabsf(gap), x);
         }
+        if (kBias) {
+          const int row = min(row0 + mt * 16 + acc_row(lane, i), m.bias_rows - 1);
+          const int key = min(key0 + n * 16 + acc_col(lane, i), m.bias_keys - 1);
+          const int64_t offset = row * m.bias_row_stride + key * m.bias_key_stride;
+          x = fmaf(load_bias(m.bias, m.bias_type, offset), kLog2e, x);
+        }
       }
+    }
+  }
+}
+
+// Asks L1 for the lines of the bias rows of the block's key tile [key0, key0 + BC) (one row per
+// thread, both ends of its span): issued a tile ahead, they turn modify_tile's loads from
+// memory latency (with 4 warps per SM, too few to hide it) into L1 hits.
+template <int BR, int BC, int kThreads>
+__device__ inline void prefetch_bias(const BlockMods& m, int row0, int key0) {
+  const int element_bytes = m.bias_type == 2 ? 4 : 2;
+  const int first = min(key0, m.bias_keys - 1);
+  const int last = min(key0 + BC - 1, m.bias_keys - 1);
+  for (int r = threadIdx.x; r < BR; r += kThreads) {
+    const int64_t row = int64_t(min(row0 + r, m.bias_rows - 1)) * m.bias_row_stride;
+    const unsigned char* base = static_cast<const unsigned char*>(m.bias);
+    for (const int key : {first, last}) {
+      const unsigned char* at = base + (row + key * m.bias_key_stride) * element_bytes;
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(at));
     }
   }
 }
@@ -371,17 +429,22 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
   const int key_limit = min(seq.seq_k, split_begin + p.split_keys);
   const int key_begin = kMods ? max(split_begin, max(row0 + lower, 0) / BC * BC) : split_begin;
   const int key_end = p.causal ? min(key_limit, row0 + BR + seq.causal_offset) : key_limit;
-  // Block-wide constants of the modifiers, kept in shared memory rather than registers (the
-  // loop's accumulators leave none): the window's lower side, ALiBi's diagonal and slope.
-  __shared__ struct {
-    int lower, diagonal;
-    float slope;
-  } s_mods;
+  __shared__ BlockMods s_mods;
   if (kMods && threadIdx.x == 0) {
     constexpr float kLog2e = 1.4426950408889634f;
     s_mods.lower = lower;
     s_mods.diagonal = seq.causal_offset - p.window_right;
     s_mods.slope = p.alibi == nullptr ? 0.0f : p.alibi[b * p.alibi_batch_stride + h] * kLog2e;
+    const int64_t bias_slice = b * p.bias_stride[0] + h * p.bias_stride[2];
+    const int element_bytes = p.bias_type == 2 ? 4 : 2;
+    s_mods.bias = p.bias == nullptr ? nullptr
+                                    : static_cast<const unsigned char*>(p.bias) +
+                                          bias_slice * element_bytes;
+    s_mods.bias_row_stride = p.bias_stride[1];
+    s_mods.bias_key_stride = p.bias_stride[3];
+    s_mods.bias_type = p.bias_type;
+    s_mods.bias_rows = p.bias_rows;
+    s_mods.bias_keys = p.bias_keys;
   }
   // The last key the warp's last row may see (causal); with a window, the first key its first row
   // may see is warp_key_begin (in the loop): the warp skips tiles outside them, and every tile
@@ -443,6 +506,9 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
     __pipeline_commit();
     __pipeline_wait_prior(1);  // everything but the tile just requested has landed
     __syncthreads();
+    if (kMods && p.bias != nullptr && key0 + BC < key_end) {
+      prefetch_bias<BR, BC, C::kThreads>(s_mods, row0, key0 + BC);
+    }
 
     // Else no row of this warp sees a key of the tile (past its causal limit or before its
     // window).
@@ -450,8 +516,10 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
     if (key0 <= warp_key_end && (!kMods || key0 + BC > warp_key_begin)) {
       FragAcc s[WM][NF];
       qk_tile<T, WM, NF, D, C::kLd>(s, s_qw, s_k + stage * C::kKVElems, lane);
-      if (kMods && (p.softcap_out != 0.0f || p.alibi != nullptr)) {
-        modify_tile(s, p, s_mods.slope, s_mods.diagonal, warp_row0, key0, lane);
+      if (kMods && p.bias != nullptr) {
+        modify_tile<true>(s, p, s_mods, warp_row0, key0, lane);
+      } else if (kMods && (p.softcap_out != 0.0f || p.alibi != nullptr)) {
+        modify_tile<false>(s, p, s_mods, warp_row0, key0, lane);
       }
       if (key0 + BC > key_limit || (p.causal && key0 + BC - 1 > warp_row0 + seq.causal_offset) ||
           (kMods && key0 < warp_key_begin + 16 * WM - 1)) {

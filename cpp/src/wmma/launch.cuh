@@ -65,9 +65,9 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
       a.causal == Causal::BottomRight || (a.causal == Causal::None && (windowed || alibi));
   p.window_right = upper_window ? static_cast<int32_t>(a.window_right) : 0;
   p.window_left = static_cast<int32_t>(a.window_left);
-  // With a softcap or ALiBi the kernel's modifier pass forms the exponents in log2 units (cap *
-  // log2(e) * tanh(scale s / cap), or scale * log2(e) * s, minus ALiBi's bias), so the softmax's
-  // factor is 1. (scale / cap may underflow to 0: every score is then 0, the limit; cap *
+  // With a softcap, ALiBi or a bias the kernel's modifier pass forms the exponents in log2 units
+  // (cap * log2(e) * tanh(scale s / cap), or scale * log2(e) * s, minus ALiBi's, plus the bias
+  // times log2(e)), so the softmax's factor is 1. (scale / cap may underflow to 0: every score is then 0, the limit; cap *
   // log2(e) is kept finite.)
   constexpr float kLog2e = 1.4426950408889634f;
   p.softcap_in = a.softcap > 0.0f ? 2.0f * kLog2e * (a.scale / a.softcap) : 0.0f;
@@ -75,6 +75,15 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   p.prescale = std::fmax(a.scale * kLog2e, FLT_MIN);
   p.alibi = a.alibi_slopes;
   p.alibi_batch_stride = a.alibi_batch_stride;
+  const bool biased = a.bias != nullptr;
+  p.bias = a.bias;
+  p.bias_type = static_cast<int32_t>(a.bias_type);
+  // Extents are sequence lengths, which the planner keeps within int32.
+  p.bias_rows = static_cast<int32_t>(a.bias_rows);
+  p.bias_keys = static_cast<int32_t>(a.bias_keys);
+  for (int i = 0; i < 4; ++i) {
+    p.bias_stride[i] = a.bias_stride[i];
+  }
   p.cu_q = a.cu_seqlens_q;
   p.cu_k = a.cu_seqlens_k;
   p.total_q = static_cast<int32_t>(a.total_q);  // planned: at most INT32_MAX
@@ -91,7 +100,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   }
   // The scale is positive (validated); a subnormal one becomes the smallest normal float, so that
   // -inf * scale stays -inf for masked keys (exp2 of |s| * 2^-126 rounds to 1 either way).
-  const bool log2_scores = a.softcap > 0.0f || alibi;
+  const bool log2_scores = a.softcap > 0.0f || alibi || biased;
   p.scale_log2 = log2_scores ? 1.0f : std::fmax(a.scale * kLog2e, FLT_MIN);
   if (a.head_dim > D || a.head_dim % 8 != 0) {
     throw detail::Failure(Code::Launch, "",
@@ -110,7 +119,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(m_blocks * p.splits), static_cast<unsigned>(a.heads_q),
                   static_cast<unsigned>(a.batch));
   // Problems with a score modifier run the instantiation that applies them.
-  const bool mods = a.softcap > 0.0f || windowed || alibi;
+  const bool mods = a.softcap > 0.0f || windowed || alibi || biased;
   const auto enqueue_attention = [&](const char* what) {
     if (mods) {
       enqueue<T, BR, BC, D, true>(grid, p, stream, what);
