@@ -63,6 +63,10 @@ rm -f "$marker"
     sanitize_tests split_kv
     echo "== compute-sanitizer memcheck and racecheck: paged KV caches (WMMA; bad device tables too)"
     sanitize_tests paged_
+    echo "== compute-sanitizer memcheck and racecheck: score modifiers (window, softcap, ALiBi, bias)"
+    sanitize_tests score_modifiers
+    sanitize_tests alibi_
+    sanitize_tests bias_
   fi
 } 2>&1 | tee "$out/example.log"
 [ -e "$marker" ] && { echo "== example or racecheck FAILED"; status=1; }
