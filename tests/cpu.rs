@@ -811,6 +811,26 @@ fn sliding_window_matches_the_naive_formula() {
     assert!(rel_l2(&logical(&full.out), &logical(&local.out)) > 1e-2);
 }
 
+/// The CPU reference with `opts` (which ask for the lse) against the naive formula with scale
+/// 0.25 and `mods`: out within 5e-4, lse within 1e-6 (relative L2; -inf exactly where the naive
+/// lse is).
+fn matches_naive(
+    [q, k, v]: [&Tensor<f16>; 3],
+    opts: &AttentionOptions,
+    causal: Causal,
+    mods: common::Mods,
+    what: &str,
+) {
+    let (want, want_lse) = common::naive_mods(q, k, v, 0.25, causal, mods);
+    let res = attention(q, k, v, opts).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let err = rel_l2(&logical(&res.out), &want);
+    let lse_err = common::lse_error(&lse_values(res.lse.as_ref().unwrap()), &want_lse);
+    assert!(
+        err < 5e-4 && lse_err < 1e-6,
+        "{what}: {err:.2e} {lse_err:.2e}"
+    );
+}
+
 /// ALiBi on the CPU reference against the naive formula: every causal mode, Sq below, equal to
 /// and above Sk, GQA, shared and per-sequence slopes (zero, negative, large), with a softcap and
 /// a window; a variable-length batch gives each sequence its own row of slopes; bad slopes are
@@ -852,15 +872,8 @@ fn alibi_matches_the_naive_formula() {
                     alibi: Some(slopes),
                     ..common::Mods::default()
                 };
-                let (want, want_lse) = common::naive_mods(&q, &k, &v, 0.25, causal, mods);
-                let res = attention(&q, &k, &v, &opts)
-                    .unwrap_or_else(|e| panic!("{sq}x{sk} {causal:?}: {e}"));
-                let err = rel_l2(&logical(&res.out), &want);
-                let lse_err = rel_l2(&lse_values(res.lse.as_ref().unwrap()), &want_lse);
-                assert!(
-                    err < 5e-4 && lse_err < 1e-6,
-                    "{sq}x{sk} {causal:?} {softcap:?} {window:?}: {err:.2e} {lse_err:.2e}"
-                );
+                let what = format!("{sq}x{sk} {causal:?} {softcap:?} {window:?}");
+                matches_naive([&q, &k, &v], &opts, causal, mods, &what);
                 checked += 1;
             }
         }
@@ -968,7 +981,7 @@ fn alibi_matches_the_naive_formula() {
 /// wrong shapes are typed errors.
 #[test]
 fn bias_matches_the_naive_formula() {
-    use common::{lse_error, Mods, NaiveBias};
+    use common::{Mods, NaiveBias};
     use flashcore::{Bias, DType};
     let mut rng = Rng::fresh();
     let mut checked = 0;
@@ -1018,14 +1031,7 @@ fn bias_matches_the_naive_formula() {
                     mods.window = (Some(4), None);
                 }
                 let what = format!("{sq}x{sk} {causal:?} {bias_dims:?} {dtype:?} {layout:?}");
-                let (want, want_lse) = common::naive_mods(&q, &k, &v, 0.25, causal, mods);
-                let res = attention(&q, &k, &v, &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
-                let err = rel_l2(&logical(&res.out), &want);
-                let lse_err = lse_error(&lse_values(res.lse.as_ref().unwrap()), &want_lse);
-                assert!(
-                    err < 5e-4 && lse_err < 1e-6,
-                    "{what}: {err:.2e} {lse_err:.2e}"
-                );
+                matches_naive([&q, &k, &v], &opts, causal, mods, &what);
                 checked += 1;
             }
         }

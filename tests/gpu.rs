@@ -1861,7 +1861,6 @@ fn score_modifiers_match_the_reference() {
     use common::Mods;
     let s = stream();
     let mut checks = Checks::new("modifiers");
-    let mut check = |what, errs, tol| checks.check(what, errs, tol);
     let windows = [
         (Some(0), Some(0)),
         (Some(1), None),
@@ -1883,16 +1882,7 @@ fn score_modifiers_match_the_reference() {
                 ..Mods::default()
             };
             let what = format!("{sizes:?} {heads:?} {causal:?} window {window:?}");
-            check(
-                format!("f16 {what}"),
-                mods_case::<f16>(&s, sizes, heads, causal, mods.clone()).0,
-                2e-3,
-            );
-            check(
-                format!("bf16 {what}"),
-                mods_case::<bf16>(&s, sizes, heads, causal, mods).0,
-                1e-2,
-            );
+            checks.both_dtypes(&s, &what, (sizes, heads, causal), mods);
         }
         for cap in [0.5, 30.0, 1e4] {
             let mods = Mods {
@@ -1900,12 +1890,12 @@ fn score_modifiers_match_the_reference() {
                 ..Mods::default()
             };
             let what = format!("{causal:?} softcap {cap}");
-            check(
+            checks.check(
                 format!("f16 {what}"),
                 mods_case::<f16>(&s, (2, 130, 257), (8, 2, 128), causal, mods.clone()).0,
                 2e-3,
             );
-            check(
+            checks.check(
                 format!("bf16 d72 {what}"),
                 mods_case::<bf16>(&s, (1, 64, 100), (4, 2, 72), causal, mods).0,
                 1e-2,
@@ -1921,7 +1911,7 @@ fn score_modifiers_match_the_reference() {
             Causal::BottomRight => (1, 290, 300),
             _ => (1, 300, 290),
         };
-        check(
+        checks.check(
             format!("f16 {causal:?} softcap and window {sizes:?}"),
             mods_case::<f16>(&s, sizes, (8, 8, 64), causal, both).0,
             2e-3,
@@ -1941,7 +1931,7 @@ fn score_modifiers_match_the_reference() {
         decode,
     );
     assert!(splits > 1, "a long decode splits its keys ({splits})");
-    check(
+    checks.check(
         format!("bf16 decode 1x20000 window 1000, {splits} splits"),
         errs,
         1e-2,
@@ -1989,7 +1979,6 @@ fn alibi_matches_the_reference() {
     use common::Mods;
     let s = stream();
     let mut checks = Checks::new("alibi");
-    let mut check = |what, errs, tol| checks.check(what, errs, tol);
     let geometric = |heads: usize| AlibiSlopes::geometric(heads).unwrap().values().to_vec();
     let mut rng = Rng::fresh();
     // (sizes, heads, slopes, name)
@@ -2024,16 +2013,7 @@ fn alibi_matches_the_reference() {
                 ..Mods::default()
             };
             let what = format!("{sizes:?} {heads:?} {causal:?} {name}");
-            check(
-                format!("f16 {what}"),
-                mods_case::<f16>(&s, *sizes, *heads, causal, mods.clone()).0,
-                2e-3,
-            );
-            check(
-                format!("bf16 {what}"),
-                mods_case::<bf16>(&s, *sizes, *heads, causal, mods).0,
-                1e-2,
-            );
+            checks.both_dtypes(&s, &what, (*sizes, *heads, causal), mods);
         }
         let all = Mods {
             softcap: Some(20.0),
@@ -2045,7 +2025,7 @@ fn alibi_matches_the_reference() {
             Causal::BottomRight => (1, 290, 300),
             _ => (1, 300, 290),
         };
-        check(
+        checks.check(
             format!("f16 {causal:?} ALiBi, softcap and window {sizes:?}"),
             mods_case::<f16>(&s, sizes, (8, 8, 64), causal, all).0,
             2e-3,
@@ -2063,7 +2043,7 @@ fn alibi_matches_the_reference() {
         decode,
     );
     assert!(splits > 1, "a long decode splits its keys ({splits})");
-    check(format!("bf16 decode 1x20000, {splits} splits"), errs, 1e-2);
+    checks.check(format!("bf16 decode 1x20000, {splits} splits"), errs, 1e-2);
     assert_eq!(checks.count, 26, "every ALiBi case ran");
     assert_none_failed(&checks.failures);
 
@@ -2197,16 +2177,7 @@ fn bias_matches_the_reference() {
                 ..Mods::default()
             };
             let what = format!("{sizes:?} {heads:?} {causal:?} {dims:?} {dtype:?} {layout:?}");
-            checks.check(
-                format!("f16 {what}"),
-                mods_case::<f16>(&s, sizes, heads, causal, mods.clone()).0,
-                2e-3,
-            );
-            checks.check(
-                format!("bf16 {what}"),
-                mods_case::<bf16>(&s, sizes, heads, causal, mods).0,
-                1e-2,
-            );
+            checks.both_dtypes(&s, &what, (sizes, heads, causal), mods);
         }
         let sizes = match causal {
             Causal::BottomRight => (1, 290, 300),
@@ -2297,6 +2268,20 @@ impl Checks {
             failures: Vec::new(),
             count: 0,
         }
+    }
+
+    /// One dense case with score modifiers, in f16 (tolerance 2e-3) and in bf16 (1e-2).
+    fn both_dtypes(
+        &mut self,
+        s: &Stream,
+        what: &str,
+        (sizes, heads, causal): ((usize, usize, usize), (usize, usize, usize), Causal),
+        mods: common::Mods,
+    ) {
+        let f16_errs = mods_case::<f16>(s, sizes, heads, causal, mods.clone()).0;
+        self.check(format!("f16 {what}"), f16_errs, 2e-3);
+        let bf16_errs = mods_case::<bf16>(s, sizes, heads, causal, mods).0;
+        self.check(format!("bf16 {what}"), bf16_errs, 1e-2);
     }
 
     fn check(&mut self, what: String, (err, lse_err): (f64, f64), tol: f64) {

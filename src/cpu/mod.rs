@@ -195,11 +195,10 @@ fn sequence<T: Element>(
                 // ALiBi's distance from the diagonal (sizes fit in i64: tensor extents).
                 let gap = (i as i64 + diagonal - (first + j) as i64).unsigned_abs() as f64;
                 // The bias is on the host (validated), so `value` finds it.
-                let bias = p
-                    .bias
-                    .as_ref()
-                    .map_or(Some(0.0), |x| x.value(at.seq, i, h, first + j));
-                *s = score - slope.map_or(0.0, |m| m * gap) + bias.unwrap_or(f64::NAN);
+                let bias = p.bias.as_ref().map_or(0.0, |x| {
+                    x.value(at.seq, i, h, first + j).unwrap_or(f64::NAN)
+                });
+                *s = score - slope.map_or(0.0, |m| m * gap) + bias;
             }
             let max = scores[..n]
                 .iter()

@@ -253,6 +253,9 @@ __device__ inline void mask_tile(FragAcc (&s)[WM][NF], const Params& p, const Se
   }
 }
 
+// Bytes of one element of a bias of `type` (0 f16, 1 bf16, 2 f32).
+__device__ constexpr int bias_element_bytes(int type) { return type == 2 ? 4 : 2; }
+
 // Bias element `offset` of a bias of `type` (0 f16, 1 bf16, 2 f32), as a float.
 __device__ inline float load_bias(const void* bias, int type, int64_t offset) {
   if (type == 2) {
@@ -318,7 +321,7 @@ __device__ inline void modify_tile(FragAcc (&s)[WM][NF], const Params& p, const 
 // memory latency (with 4 warps per SM, too few to hide it) into L1 hits.
 template <int BR, int BC, int kThreads>
 __device__ inline void prefetch_bias(const BlockMods& m, int row0, int key0) {
-  const int element_bytes = m.bias_type == 2 ? 4 : 2;
+  const int element_bytes = bias_element_bytes(m.bias_type);
   const int first = min(key0, m.bias_keys - 1);
   const int last = min(key0 + BC - 1, m.bias_keys - 1);
   for (int r = threadIdx.x; r < BR; r += kThreads) {
@@ -436,10 +439,9 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
     s_mods.diagonal = seq.causal_offset - p.window_right;
     s_mods.slope = p.alibi == nullptr ? 0.0f : p.alibi[b * p.alibi_batch_stride + h] * kLog2e;
     const int64_t bias_slice = b * p.bias_stride[0] + h * p.bias_stride[2];
-    const int element_bytes = p.bias_type == 2 ? 4 : 2;
     s_mods.bias = p.bias == nullptr ? nullptr
                                     : static_cast<const unsigned char*>(p.bias) +
-                                          bias_slice * element_bytes;
+                                          bias_slice * bias_element_bytes(p.bias_type);
     s_mods.bias_row_stride = p.bias_stride[1];
     s_mods.bias_key_stride = p.bias_stride[3];
     s_mods.bias_type = p.bias_type;
