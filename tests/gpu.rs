@@ -271,6 +271,37 @@ fn long_sequences_with_partial_tiles() {
 
 #[test]
 #[ignore = "needs a CUDA device"]
+fn hopper_causal_pairs_cover_every_query_block() {
+    // Under a causal mask the Hopper kernel's d = 128 and d = 256 rows run persistent blocks
+    // that walk the query blocks of each head in pairs (longest with shortest) once there are
+    // more query blocks than SMs (132 on an H100/H200): here 144-180 blocks of 128 rows, an odd
+    // count per head (a middle block without a partner) and an even one, both alignments,
+    // Sq != Sk, GQA, and the lse of every row.
+    let mut cases = Vec::new();
+    for (b, hq, hk, sq, sk, d, causal) in [
+        (1, 36, 4, 520, 520, 128, Causal::TopLeft),
+        (1, 36, 12, 400, 650, 128, Causal::BottomRight),
+        (2, 24, 8, 300, 300, 256, Causal::BottomRight),
+        (2, 24, 24, 383, 250, 256, Causal::TopLeft),
+    ] {
+        cases.push(Case {
+            b,
+            sq,
+            sk,
+            hq,
+            hk,
+            d,
+            causal,
+            lse: true,
+            backend: Some(Kernel::CutlassSm90),
+            ..case(0, 0, 0, 0)
+        });
+    }
+    both_dtypes(&cases);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
 fn head_dims() {
     let cases: Vec<Case> = [8, 64, 72, 96, 128, 160, 256]
         .into_iter()

@@ -70,15 +70,25 @@ constexpr int64_t wmma_smem_bytes(Tile t) {
   return (br + 4 * bc) * (d + 8) * 2;
 }
 
-// Shared memory of the Hopper kernel (cpp/src/sm90/) at `t` for 2-byte elements: one Q buffer per
-// consumer warpgroup of 64 rows (the block's rows), five pipeline stages each holding a K or a V
-// tile, and the barriers (16 bytes per K/V stage, 32 per consumer warpgroup for its Q stage and
+// K/V pipeline stages of the Hopper kernel (cpp/src/sm90/) at `t` for 2-byte elements: five,
+// example 88's default, or as many as fit beside the Q buffers in the 227 KB a block may opt in to
+// on compute capability 9.0 (1 KB kept for the barriers); each stage holds one K or one V tile.
+constexpr int64_t sm90_kv_stages(Tile t) {
+  const int64_t bq = t.queries_per_block, bk = t.keys_per_block, d = t.max_head_dim;
+  const int64_t fit = (227 * 1024 - 1024 - bq * d * 2) / (bk * d * 2);
+  return fit < 5 ? fit : 5;
+}
+
+// Shared memory of the Hopper kernel at `t` for 2-byte elements: one Q buffer per consumer
+// warpgroup of 64 rows (the block's rows), sm90_kv_stages() pipeline stages each holding a K or a
+// V tile, and the barriers (16 bytes per K/V stage, 32 per consumer warpgroup for its Q stage and
 // its turn, 8 to start the loaders), rounded up to 16 bytes. Each sm90 instantiation
 // static_asserts that its SharedStorage takes exactly this much.
 constexpr int64_t sm90_smem_bytes(Tile t) {
   const int64_t bq = t.queries_per_block, bk = t.keys_per_block, d = t.max_head_dim;
-  const int64_t barriers = 5 * 16 + bq / 64 * 32 + 8;
-  return (bq * d + 5 * bk * d) * 2 + (barriers + 15) / 16 * 16;
+  const int64_t stages = sm90_kv_stages(t);
+  const int64_t barriers = stages * 16 + bq / 64 * 32 + 8;
+  return (bq * d + stages * bk * d) * 2 + (barriers + 15) / 16 * 16;
 }
 
 // The class of a compute capability; empty below 8.0 and from 10.0 (no kernels built there).

@@ -119,23 +119,28 @@ constexpr TileRow kWmmaDecodeRows[] = {
 
 // CUTLASS example 88's warp-specialized mainloop under flashcore's kernel layer (cpp/src/sm90/):
 // consumer warpgroups of 64 query rows each, one producer warpgroup, TMA loads of K and V through
-// a 5-stage shared-memory pipeline. Shared memory is sm90_smem_bytes(), which each instantiation
-// checks against its SharedStorage. Rows for compute capability 9.0 only: the SASS is sm_90a.
-// Chosen by scripts/sweep_sm90.sh (benches/sm90_sweep/, bf16, median of 30-40) on the H200,
-// 2026-11-23; docs/HOPPER.md has the rounds. The schedule of each tile is in sm90/instances.inc.
+// a shared-memory pipeline of sm90_kv_stages() stages (five where they fit). Shared memory is
+// sm90_smem_bytes(), which each instantiation checks against its SharedStorage. Rows for compute
+// capability 9.0 only: the SASS is sm_90a. Chosen by scripts/sweep_sm90.sh (benches/sm90_sweep/,
+// bf16, median of 30-40) on the H200, 2026-11-23 and 2026-11-24; docs/HOPPER.md has the rounds.
+// The schedules of each tile (without a mask, causal) are in sm90/instances.inc.
 constexpr TileRow kSm90Rows[] = {
     {ArchClass::Sm90, 64, tile(192, 128, 64), sm90_smem_bytes(tile(192, 128, 64)),
-     "104 KB, three consumer warpgroups, one block per unit: 474 vs 443 TFLOP/s at 2x32x8192x64, "
-     "296 vs 289 and 409-416 vs 398-405 causal, a tie at 8x32x2048x64 (406 vs 407-411), against "
-     "128x128 persistent in the same run (round 4)"},
+     "104 KB, three consumer warpgroups, one block per unit (474 vs 443 TFLOP/s at 2x32x8192x64 "
+     "against 128x128 persistent, round 4); our overlapped loop with issue turns: 413 vs 408, "
+     "300 vs 297 causal, 492 vs 489 and 434 vs 419 causal at 2x32x8192x64 against example 88's "
+     "loop (round 5); with a free epilogue: 421-422 vs 408-411, 312-313 vs 298 causal, 494-496 vs "
+     "498 and 438-440 vs 433-434 causal (round 7)"},
     {ArchClass::Sm90, 128, tile(128, 128, 128), sm90_smem_bytes(tile(128, 128, 128)),
-     "192 KB, one block per unit: 569-660 TFLOP/s against 485-537 for 128x64; persistent wins "
-     "only 8x16x2048 non-causal (603) and loses 4-8% elsewhere; our loop with lazy rescaling "
-     "wins GQA causal by 5-8% but loses 2x16x8192 causal by 6-9% (round 4)"},
+     "192 KB; without a mask example 88's loop, one block per unit (621-696 TFLOP/s at "
+     "2x16x8192x128 against 585-644 persistent); causal persistent over balanced pairs of query "
+     "blocks with a free epilogue: 471-472 vs 402-405 TFLOP/s at 8x16x2048x128, 595-603 vs "
+     "561-563 at 2x16x8192x128, 556-562 vs 526-529 at 4x32kv8x4096x128 (round 7)"},
     {ArchClass::Sm90, 256, tile(128, 64, 256), sm90_smem_bytes(tile(128, 64, 256)),
-     "224 KB (the widest key tile that fits 227 KB), one block per unit, our overlapped loop with "
-     "lazy rescaling: 676-678 vs 645-650 TFLOP/s at 4x8x4096x256 and 536-549 vs 487-502 causal "
-     "against example 88's loop in the same run (round 4)"},
+     "224 KB (the widest key tile that fits 227 KB; 80 keys lose 40%, round 5), our overlapped "
+     "loop with lazy rescaling (676-678 vs 645-650 TFLOP/s at 4x8x4096x256 against example 88's "
+     "loop, round 4); causal persistent over balanced pairs: 631-643 vs 553-573 TFLOP/s, without "
+     "a mask one block per unit: 725-726 vs 718-720 (round 7)"},
 };
 
 // ---- compile-time checks: every row is instantiated, fits its class, and classes ascend ----
@@ -150,7 +155,7 @@ constexpr Tile kWmmaInstances[] = {
 #undef FLASHCORE_TILE
 };
 constexpr Tile kSm90Instances[] = {
-#define FLASHCORE_TILE(Q, K, D, FLAGS) tile(Q, K, D),
+#define FLASHCORE_TILE(Q, K, D, FLAGS, CAUSAL_FLAGS) tile(Q, K, D),
 #include "sm90/instances.inc"
 #undef FLASHCORE_TILE
 };

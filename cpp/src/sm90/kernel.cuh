@@ -6,38 +6,43 @@
 // One producer warpgroup loads (warp 0: K and V, and Q unless a second warp does; warp 2: Q when
 // `kSeparateQ`) and gives up registers; `kMmaWarpGroups` consumer warpgroups take them, each
 // computing `block rows / kMmaWarpGroups` query rows. An ordered barrier takes the consumers in
-// turn through their first QK product (and, by ScheduleFlags, every softmax and the epilogue), so
-// one warpgroup's softmax overlaps the other's matrix products.
+// turn through their first QK product (and, by ScheduleFlags, every softmax and the epilogue), or
+// named barriers through every tile's products (kFlagIssueTurns, turns.cuh), so one warpgroup's
+// softmax overlaps the other's matrix products. The K/V pipeline has plan.h's sm90_kv_stages().
 #pragma once
 
 #include "collective/fmha_collective_tma_warpspecialized.hpp"  // CUTLASS examples/88_hopper_fmha
 #include "cutlass/arch/reg_reconfig.h"
 #include "cutlass/cutlass.h"
 #include "cutlass/pipeline/pipeline.hpp"
+#include "flashcore/plan.h"
 #include "kernel/fmha_options.hpp"
 #include "sm90/epilogue.cuh"
 #include "sm90/mainloop.cuh"
 #include "sm90/mask.cuh"
 #include "sm90/problem.cuh"
 #include "sm90/scheduler.cuh"
+#include "sm90/turns.cuh"
 
 namespace flashcore::sm90 {
 
 // How a kernel schedules its work: a sum of these flags (instances.inc names one per tile).
 enum ScheduleFlags : int {
-  // One block per SM walking the work units, Q loaded by its own warp, Q buffers released between
-  // units (example 88's "ping-pong" schedule); without it, one block per unit ("cooperative").
+  // One block per SM walking the work units (balanced pairs of query blocks: scheduler.cuh), Q
+  // loaded by its own warp, Q buffers released between units; without it, one block per unit.
   kFlagPersistent = 1,
   // The consumers also take turns through every softmax, not only the first tile's QK product,
   // so one warpgroup's softmax runs while the other's matrix products do.
   kFlagTurnsInSoftmax = 2,
   // The consumers store their output without taking turns.
   kFlagFreeEpilogue = 4,
-  // The next two select our own consumer loop (mainloop.cuh) instead of example 88's.
+  // The next three select our own consumer loop (mainloop.cuh) instead of example 88's.
   // Each warpgroup's softmax overlaps its own P.V product.
   kFlagOverlap = 8,
   // O rescaled only when a row's max grows by more than 2^8 (16 is retired: see docs/HOPPER.md).
   kFlagLazyRescale = 32,
+  // The consumers take turns issuing each key tile's matrix products (turns.cuh).
+  kFlagIssueTurns = 64,
 };
 
 template <class Element, int kBlockQ, int kBlockK, int kHeadDim, int kFlags>
@@ -56,12 +61,15 @@ struct Kernel {
                                     cute::bool_constant<kPersistent>>,
       cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kNumMmaWarpGroups,
                                     cute::Int<kMmaWarpGroups>>,
+      cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesKV,
+                                    cute::Int<int(sm90_kv_stages(Tile{kBlockQ, kBlockK, kHeadDim}))>>,
       cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsMainloopLocked,
                                     cute::bool_constant<(kFlags & kFlagTurnsInSoftmax) != 0>>>;
+  static constexpr bool kIssueTurns = (kFlags & kFlagIssueTurns) != 0;
   using Mainloop = std::conditional_t<
-      (kFlags & (kFlagOverlap | kFlagLazyRescale)) != 0,
+      (kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns)) != 0,
       ConsumerLoop<Example88Mainloop, (kFlags & kFlagOverlap) != 0,
-                   (kFlags & kFlagLazyRescale) != 0>,
+                   (kFlags & kFlagLazyRescale) != 0, kIssueTurns>,
       Example88Mainloop>;
   using Scheduler = TileScheduler<kPersistent>;
   using Out = Epilogue<Element>;
@@ -171,6 +179,7 @@ struct Kernel {
     }
 
     cutlass::arch::warpgroup_reg_alloc<kMmaRegisters>();
+    IssueTurns<kMmaWarpGroups, kIssueTurns>::start(consumer);
     for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
       const auto blk = s.get_block_coord();
       auto wg = blk;

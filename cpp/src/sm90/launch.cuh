@@ -1,7 +1,7 @@
 // Launcher for flashcore's Hopper kernel (kernel.cuh): FmhaArgs -> problem shape, CuTe strides,
 // TMA descriptors (built on the host by CUTLASS through the driver entry point), grid, launch.
 //
-// Each file in instances/ (one per dtype x tile of instances.inc) instantiates
+// Each file in instances/ (one per dtype x tile x schedule of instances.inc) instantiates
 // `launch_sm90<T, Q, K, D, FLAGS>` once (FLAGS: kernel.cuh's ScheduleFlags); a Hopper kernel
 // takes about a minute and 2.5 GB to compile.
 #pragma once
@@ -93,14 +93,30 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
 
 }  // namespace flashcore::sm90
 
-// The explicit instantiation in each file of instances/: TAG is the DType, the symbol is
-// fmha_sm90_<TAG>_q<Q>_k<K>_d<D> (declared by dispatch.cpp from instances.inc).
-#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D, FLAGS)                                    \
-  static_assert(flashcore::sm90::Kernel<T, Q, K, D, FLAGS>::kSmemBytes ==                  \
-                    flashcore::sm90_smem_bytes(flashcore::Tile{Q, K, D}),                  \
-                "flashcore/plan.h sm90_smem_bytes disagrees with cpp/src/sm90/kernel.cuh"); \
-  namespace flashcore::sm90 {                                                              \
-  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D(const FmhaArgs& args, cudaStream_t stream) {   \
-    launch_sm90<T, Q, K, D, FLAGS>(args, stream);                                          \
-  }                                                                                        \
+// Each file of instances/ compiles one kernel: `FLASHCORE_SM90_SCHEDULE` instantiates
+// `launch_sm90<T, Q, K, D, FLAGS>` as fmha_sm90_<TAG>_q<Q>_k<K>_d<D>_s<FLAGS> (FLAGS a number, the
+// sum of kernel.cuh's ScheduleFlags). The file of a tile's schedule without a mask also defines
+// the tile's entry, fmha_sm90_<TAG>_q<Q>_k<K>_d<D> (declared by dispatch.cpp from
+// instances.inc), which runs CAUSAL_FLAGS' kernel under a causal mask: where the two differ, that
+// kernel is the tile's `_causal.cu` file.
+#define FLASHCORE_SM90_SCHEDULE(T, TAG, Q, K, D, FLAGS)                                          \
+  static_assert(flashcore::sm90::Kernel<T, Q, K, D, FLAGS>::kSmemBytes ==                        \
+                    flashcore::sm90_smem_bytes(flashcore::Tile{Q, K, D}),                        \
+                "flashcore/plan.h sm90_smem_bytes disagrees with cpp/src/sm90/kernel.cuh");       \
+  namespace flashcore::sm90 {                                                                    \
+  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##FLAGS(const FmhaArgs& args,                     \
+                                                       cudaStream_t stream) {                    \
+    launch_sm90<T, Q, K, D, FLAGS>(args, stream);                                                \
+  }                                                                                              \
+  }
+
+#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D, FLAGS, CAUSAL_FLAGS)                            \
+  FLASHCORE_SM90_SCHEDULE(T, TAG, Q, K, D, FLAGS)                                                \
+  namespace flashcore::sm90 {                                                                    \
+  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS(const FmhaArgs&, cudaStream_t);    \
+  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D(const FmhaArgs& args, cudaStream_t stream) {         \
+    (args.causal == Causal::None ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##FLAGS               \
+                                 : fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS)(      \
+        args, stream);                                                                           \
+  }                                                                                              \
   }

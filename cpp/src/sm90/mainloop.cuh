@@ -12,6 +12,9 @@
 // f32, P of tile j-1 in 16 bits). Measured (docs/HOPPER.md, round 3): a tie at d = 64 and 3-8%
 // slower at d = 128 and 256 than example 88's loop; with lazy rescaling, the d = 256 row (round 4).
 //
+// With kTurns (turns.cuh), the warpgroups take turns issuing each tile's products: in the
+// overlapped order QK(j), the rescale of O and P.V(j-1); in the serial order P.V(j-1) and QK(j).
+//
 // Pipeline order is the producer's: K0 V0 K1 V1 ... (one stage each). Each consumer thread
 // releases every stage once, after the product that read it has completed.
 #pragma once
@@ -20,6 +23,7 @@
 #include "collective/fmha_common.hpp"
 #include "cute/tensor.hpp"
 #include "sm90/mask.cuh"
+#include "sm90/turns.cuh"
 
 namespace flashcore::sm90 {
 
@@ -27,7 +31,7 @@ namespace flashcore::sm90 {
 // units), so O and the row sum are rescaled only then, once per warp for all its rows; the
 // probabilities of a tile stay below 2^8, well inside f16, bf16 and f32 (FlashAttention-4's
 // conditional rescaling).
-template <class Base, bool kOverlap, bool kLazyRescale>
+template <class Base, bool kOverlap, bool kLazyRescale, bool kTurns>
 struct ConsumerLoop : Base {
   using typename Base::Element;
   using typename Base::MainloopPipeline;
@@ -44,6 +48,7 @@ struct ConsumerLoop : Base {
   using typename Base::TileShapePV;
   using typename Base::TileShapeQK;
   using typename Base::Params;
+  using Turns = IssueTurns<Base::NumMmaWarpGroups, kTurns>;
 
   // The max over the 4 lanes of a quad, which hold one accumulator row between them (the wgmma
   // accumulator layout, as mma.sync's: lane 4g + t holds rows g and g + 8 of its warp's 16, at
@@ -148,6 +153,7 @@ struct ConsumerLoop : Base {
     using cutlass::fmha::collective::layout_acc_mn;
     using cutlass::fmha::collective::make_acc_into_op;
     const int thread = int(threadIdx.x);
+    const int consumer = cutlass::canonical_warp_group_idx() - 1;  // warpgroup 0 loads
 
     TiledMmaQK mma_qk;
     auto thr_qk = mma_qk.get_thread_slice(thread);
@@ -179,15 +185,23 @@ struct ConsumerLoop : Base {
 
     pipeline_q.consumer_wait(read_q);
 
-    // Tile 0: S = Q K0^T, taking turns with the other warpgroup for the first product.
+    // Tile 0: S = Q K0^T, taking turns with the other warpgroups for the first product.
     Tensor acc_s = partition_fragment_C(mma_qk, take<0, 2>(TileShapeQK{}));
     pipeline.consumer_wait(read);
-    order.wait();
+    if constexpr (kTurns) {
+      Turns::wait(consumer);
+    } else {
+      order.wait();
+    }
     warpgroup_fence_operand(acc_s);
     warpgroup_arrive();
     gemm_zero_acc(mma_qk, tSrQ(_, _, _, read_q.index()), tSrK(_, _, _, read.index()), acc_s);
     warpgroup_commit_batch();
-    order.arrive();
+    if constexpr (kTurns) {
+      Turns::pass(consumer);
+    } else {
+      order.arrive();
+    }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     pipeline.consumer_release(read);  // K0
@@ -197,6 +211,7 @@ struct ConsumerLoop : Base {
         softmax<Fusion>(acc_s, tPcP, 0, unmasked, scale, problem, row_max, row_sum, rescale);
     Tensor p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
     if constexpr (!kOverlap) {
+      Turns::wait(consumer);  // this turn issues P(0) V(0) and S = Q K(1)^T (or passes after it)
       issue_pv(pipeline, read, mma_pv, p, tOrV, acc_o);  // O = P(0) V(0): nothing to rescale
     }
 
@@ -205,10 +220,16 @@ struct ConsumerLoop : Base {
       PipelineState read_k = read;
       ++read_k;  // K(j) follows V(j-1)
       pipeline.consumer_wait(read_k);
+      if constexpr (kOverlap) {
+        Turns::wait(consumer);
+      }
       warpgroup_fence_operand(acc_s);
       warpgroup_arrive();
       gemm_zero_acc(mma_qk, tSrQ(_, _, _, read_q.index()), tSrK(_, _, _, read_k.index()), acc_s);
       warpgroup_commit_batch();
+      if constexpr (!kOverlap) {
+        Turns::pass(consumer);
+      }
       if constexpr (kOverlap) {
         // While S = Q K(j)^T runs, rescale O for tile j-1's max (no product holds O now:
         // P(j-2) V(j-2) completed last iteration); then issue O += P(j-1) V(j-1).
@@ -217,6 +238,7 @@ struct ConsumerLoop : Base {
           scale_rows(acc_o_mn, rescale);
         }
         issue_pv(pipeline, read, mma_pv, p, tOrV, acc_o);
+        Turns::pass(consumer);
         warpgroup_wait<1>();  // S(j) landed; P(j-1) V(j-1) may still run
         warpgroup_fence_operand(acc_s);
         pipeline.consumer_release(read_k);  // K(j)
@@ -242,18 +264,21 @@ struct ConsumerLoop : Base {
         p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
         read = read_k;
         ++read;  // now at V(j)
+        Turns::wait(consumer);
         issue_pv(pipeline, read, mma_pv, p, tOrV, acc_o);
       }
     }
 
     if constexpr (kOverlap) {
       // The last tile's P V, after the last rescale.
+      Turns::wait(consumer);
       warpgroup_fence_operand(acc_o);
       if (rescale_o) {
         scale_rows(acc_o_mn, rescale);
       }
       issue_pv(pipeline, read, mma_pv, p, tOrV, acc_o);
     }
+    Turns::pass(consumer);  // every turn taken above is passed on
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o);
     pipeline.consumer_release(read);  // V(last)

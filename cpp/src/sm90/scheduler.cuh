@@ -2,10 +2,14 @@
 // block works on, and in which order.
 //
 // Work units are numbered query-block fastest, so the blocks of one head run side by side and
-// share its K and V through L2. Within a head the last query block comes first: under a causal
-// mask it visits the most key tiles, so the longest work starts earliest and the short blocks
-// fill the tail. Persistent: a grid of at most one block per SM walks the units with a stride
-// of the grid; otherwise each block runs one unit.
+// share its K and V through L2. One block per unit: within a head the last query block comes
+// first, since under a causal mask it visits the most key tiles; the hardware hands the next unit
+// to whichever SM frees first, so the short blocks fill the tail. Persistent: a grid of at most
+// one block per SM walks the units with a stride of the grid. When there are more query blocks
+// than SMs, a unit is a pair: the pair `i` of a head is its query blocks `m_blocks - 1 - i` (the
+// longest under a causal mask) and `i` (the shortest). Under a causal mask every pair of a head
+// visits about the same number of key tiles, so a static walk stays balanced without a work
+// queue (measured: docs/HOPPER.md, round 7); without a mask the order is immaterial.
 #pragma once
 
 #include <algorithm>
@@ -19,26 +23,30 @@ namespace flashcore::sm90 {
 template <bool kPersistent>
 struct TileScheduler {
   struct Params {
-    int units;                    // query blocks x batch x heads
+    int units;                    // (query blocks or pairs of them) x batch x heads
     int m_blocks;                 // query blocks per head
-    cutlass::FastDivmod m_div;    // unit -> (query block, batch * heads)
+    cutlass::FastDivmod m_div;    // unit -> (query block or pair, batch * heads)
     cutlass::FastDivmod b_div;    // batch * heads -> (batch, head)
     int grid;
+    bool paired;                  // a unit is a pair of query blocks
   };
 
   static Params make(ProblemShape const& p, int block_rows, int sm_count) {
     const int heads = cute::size<1>(p);
     const int m_blocks = (seq_q(p) + block_rows - 1) / block_rows;
-    const int units = m_blocks * cute::get<0>(p) * heads;
+    const bool paired = kPersistent && int64_t(m_blocks) * cute::get<0>(p) * heads > sm_count;
+    const int per_head = paired ? (m_blocks + 1) / 2 : m_blocks;
+    const int units = per_head * cute::get<0>(p) * heads;
     const int grid = kPersistent ? std::max(1, std::min(units, sm_count)) : units;
-    return Params{units, m_blocks, cutlass::FastDivmod(m_blocks), cutlass::FastDivmod(cute::get<0>(p)),
-                  grid};
+    return Params{units, m_blocks, cutlass::FastDivmod(per_head),
+                  cutlass::FastDivmod(cute::get<0>(p)), grid, paired};
   }
 
   static dim3 grid_shape(Params const& params) { return dim3(params.grid, 1, 1); }
 
   Params const& params;
   int unit;
+  bool second = false;  // paired: the pair's shorter query block
 
   CUTLASS_DEVICE explicit TileScheduler(Params const& p) : params(p), unit(blockIdx.x) {}
 
@@ -49,11 +57,23 @@ struct TileScheduler {
     int rest = 0, m = 0, b = 0, h = 0;
     params.m_div(rest, m, unit);
     params.b_div(h, b, rest);
-    return cute::make_coord(params.m_blocks - 1 - m, cute::_0{}, cute::make_coord(b, h));
+    return cute::make_coord(second ? m : params.m_blocks - 1 - m, cute::_0{},
+                            cute::make_coord(b, h));
   }
 
   CUTLASS_DEVICE TileScheduler& operator++() {
-    unit += kPersistent ? int(gridDim.x) : params.units;
+    if constexpr (kPersistent) {
+      // The pair's second block, unless the pair is the middle block of an odd count.
+      const int m = params.m_div.rem(unit);
+      if (params.paired && !second && m != params.m_blocks - 1 - m) {
+        second = true;
+        return *this;
+      }
+      second = false;
+      unit += int(gridDim.x);
+    } else {
+      unit += params.units;
+    }
     return *this;
   }
 };

@@ -1,4 +1,3 @@
 // One kernel per translation unit: see ../instances.inc.
 #include "sm90/launch.cuh"
-FLASHCORE_SM90_INSTANCE(cutlass::bfloat16_t, BF16, 128, 64, 256,
-                        flashcore::sm90::kFlagOverlap + flashcore::sm90::kFlagLazyRescale)
+FLASHCORE_SM90_INSTANCE(cutlass::bfloat16_t, BF16, 128, 64, 256, 40, 41)
