@@ -127,15 +127,17 @@ constexpr TileRow kWmmaDecodeRows[] = {
 constexpr TileRow kSm90Rows[] = {
     {ArchClass::Sm90, 64, tile(192, 128, 64), sm90_smem_bytes(tile(192, 128, 64)),
      "104 KB, three consumer warpgroups, one block per unit (474 vs 443 TFLOP/s at 2x32x8192x64 "
-     "against 128x128 persistent, round 4); our overlapped loop with issue turns: 413 vs 408, "
-     "300 vs 297 causal, 492 vs 489 and 434 vs 419 causal at 2x32x8192x64 against example 88's "
-     "loop (round 5); with a free epilogue: 421-422 vs 408-411, 312-313 vs 298 causal, 494-496 vs "
-     "498 and 438-440 vs 433-434 causal (round 7)"},
+     "against 128x128 persistent, round 4); our overlapped loop with issue turns and a free "
+     "epilogue (421-422 vs 408-411, 312-313 vs 298 causal, round 7); with the one-instruction "
+     "exp2 (round 8a: 452-454 vs 421-423, 334-336 vs 312-313 causal, 525-544 vs 493-500 at "
+     "2x32x8192x64, 476-477 vs 424-426 causal) lazy rescaling wins too (round 8c: 457-460 vs "
+     "451-453, 339-343 vs 333-336 causal, 541-542 vs 539-547, 478-480 vs 464-470 causal)"},
     {ArchClass::Sm90, 128, tile(128, 128, 128), sm90_smem_bytes(tile(128, 128, 128)),
-     "192 KB; without a mask example 88's loop, one block per unit (621-696 TFLOP/s at "
-     "2x16x8192x128 against 585-644 persistent); causal persistent over balanced pairs of query "
-     "blocks with a free epilogue: 471-472 vs 402-405 TFLOP/s at 8x16x2048x128, 595-603 vs "
-     "561-563 at 2x16x8192x128, 556-562 vs 526-529 at 4x32kv8x4096x128 (round 7)"},
+     "192 KB; our loop in example 88's order with the one-instruction exp2, persistent over "
+     "balanced pairs of query blocks, free epilogue, for both masks (round 8a against example "
+     "88's loop, one block per unit / its causal row: 587-592 vs 573, 493-495 vs 462-468 causal at "
+     "8x16x2048x128, 630-637 vs 561-578 and 603-617 vs 587-595 causal at 2x16x8192x128, 582-584 vs "
+     "550-551 at 4x32kv8x4096x128); lazy rescaling loses 1-6% (round 8c)"},
     {ArchClass::Sm90, 256, tile(128, 64, 256), sm90_smem_bytes(tile(128, 64, 256)),
      "224 KB (the widest key tile that fits 227 KB; 80 keys lose 40%, round 5), our overlapped "
      "loop with lazy rescaling (676-678 vs 645-650 TFLOP/s at 4x8x4096x256 against example 88's "

@@ -36,13 +36,15 @@ enum ScheduleFlags : int {
   kFlagTurnsInSoftmax = 2,
   // The consumers store their output without taking turns.
   kFlagFreeEpilogue = 4,
-  // The next three select our own consumer loop (mainloop.cuh) instead of example 88's.
+  // The next four select our own consumer loop (mainloop.cuh) instead of example 88's.
   // Each warpgroup's softmax overlaps its own P.V product.
   kFlagOverlap = 8,
   // O rescaled only when a row's max grows by more than 2^8 (16 is retired: see docs/HOPPER.md).
   kFlagLazyRescale = 32,
   // The consumers take turns issuing each key tile's matrix products (turns.cuh).
   kFlagIssueTurns = 64,
+  // Our loop in example 88's serial order, with none of the options above.
+  kFlagOurLoop = 128,
 };
 
 template <class Element, int kBlockQ, int kBlockK, int kHeadDim, int kFlags>
@@ -67,7 +69,7 @@ struct Kernel {
                                     cute::bool_constant<(kFlags & kFlagTurnsInSoftmax) != 0>>>;
   static constexpr bool kIssueTurns = (kFlags & kFlagIssueTurns) != 0;
   using Mainloop = std::conditional_t<
-      (kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns)) != 0,
+      (kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns | kFlagOurLoop)) != 0,
       ConsumerLoop<Example88Mainloop, (kFlags & kFlagOverlap) != 0,
                    (kFlags & kFlagLazyRescale) != 0, kIssueTurns>,
       Example88Mainloop>;

@@ -22,6 +22,7 @@
 #include "collective/fmha_collective_tma_warpspecialized.hpp"  // CUTLASS examples/88_hopper_fmha
 #include "collective/fmha_common.hpp"
 #include "cute/tensor.hpp"
+#include "fast_exp2.cuh"
 #include "sm90/mask.cuh"
 #include "sm90/turns.cuh"
 
@@ -97,7 +98,7 @@ struct ConsumerLoop : Base {
         // probabilities are exp2(-inf) = 0); every row sees key 0, so this is only past seq_q.
         const float safe = tile_max[i] == -INFINITY ? 0.f : tile_max[i];
         const float old = row_max[i] == -INFINITY ? 0.f : row_max[i];
-        rescale[i] = j == 0 ? 1.f : ::exp2f((old - safe) * scale);
+        rescale[i] = j == 0 ? 1.f : fast_exp2((old - safe) * scale);
         row_max[i] = tile_max[i];
       } else {
         rescale[i] = 1.f;
@@ -106,7 +107,7 @@ struct ConsumerLoop : Base {
       float sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < size<1>(s); ++k) {
-        s(i, k) = ::exp2f(::fmaf(s(i, k), scale, -offset));
+        s(i, k) = fast_exp2(::fmaf(s(i, k), scale, -offset));
         sum += s(i, k);
       }
       row_sum[i] = j == 0 ? sum : row_sum[i] * rescale[i] + sum;
@@ -227,9 +228,6 @@ struct ConsumerLoop : Base {
       warpgroup_arrive();
       gemm_zero_acc(mma_qk, tSrQ(_, _, _, read_q.index()), tSrK(_, _, _, read_k.index()), acc_s);
       warpgroup_commit_batch();
-      if constexpr (!kOverlap) {
-        Turns::pass(consumer);
-      }
       if constexpr (kOverlap) {
         // While S = Q K(j)^T runs, rescale O for tile j-1's max (no product holds O now:
         // P(j-2) V(j-2) completed last iteration); then issue O += P(j-1) V(j-1).
@@ -251,6 +249,7 @@ struct ConsumerLoop : Base {
         read = read_k;
         ++read;  // now at V(j)
       } else {
+        Turns::pass(consumer);
         warpgroup_wait<0>();  // S(j) and P(j-1) V(j-1) landed
         warpgroup_fence_operand(acc_s);
         warpgroup_fence_operand(acc_o);

@@ -5,16 +5,10 @@
 
 #include <cmath>
 
+#include "fast_exp2.cuh"
 #include "fragments.cuh"
 
 namespace flashcore::wmma_fa {
-
-// 2^x on the SFU (ex2.approx: about 2 ulp), as FlashAttention does for softmax.
-__device__ inline float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Which of a fragment element's two rows (g or g + 8) element i belongs to.
 __device__ constexpr int row_half(int i) { return (i >> 1) & 1; }
