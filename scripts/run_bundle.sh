@@ -67,8 +67,9 @@ rm -f "$marker"
     sanitize_tests score_modifiers
     sanitize_tests alibi_
     sanitize_tests bias_
-    echo "== compute-sanitizer memcheck and racecheck: the Hopper kernel's persistent causal pairs"
+    echo "== compute-sanitizer memcheck and racecheck: the Hopper kernel's persistent causal pairs and windows"
     sanitize_tests hopper_causal_pairs
+    sanitize_tests hopper_window
   fi
 } 2>&1 | tee "$out/example.log"
 [ -e "$marker" ] && { echo "== example or racecheck FAILED"; status=1; }

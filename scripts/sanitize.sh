@@ -49,7 +49,7 @@ for tool in $tools; do
         "$here/example-attention" $shape --backend "$backend" --iters 1
     done
   done
-  for tests in merge_ varlen_ split_kv paged_ score_modifiers alibi_ bias_ hopper_causal_pairs; do
+  for tests in merge_ varlen_ split_kv paged_ score_modifiers alibi_ bias_ hopper_causal_pairs hopper_window; do
     check "$tool-tests-$tests" "$sanitizer" --tool "$tool" --error-exitcode 3 \
       "$here/test-gpu" --include-ignored --test-threads=1 "$tests"
   done

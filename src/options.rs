@@ -134,9 +134,11 @@ impl AttentionOptions {
     /// with `offset = seq_k - seq_q` (the bottom-right diagonal) under `Causal::BottomRight`
     /// and `Causal::None`, and 0 under `Causal::TopLeft`. `None` leaves a side unbounded; a
     /// causal mask also bounds the right side at 0. Rows the window leaves without keys are
-    /// [`crate::Error::NoVisibleKeys`], before anything runs. The CPU reference and the WMMA
-    /// kernel apply it; the WMMA kernel visits only the key tiles inside the band, so its time
-    /// scales with the window, not with `seq_k`.
+    /// [`crate::Error::NoVisibleKeys`], before anything runs. The CPU reference, the WMMA
+    /// kernel and, for a window without the other score modifiers, the Hopper kernel
+    /// (`Kernel::CutlassSm90`, where `Backend::Auto` runs it for the plain call) apply it; the
+    /// GPU kernels visit only the key tiles inside the band, so their time scales with the
+    /// window, not with `seq_k`.
     ///
     /// ```
     /// use flashcore::{attention, AttentionOptions, Causal, Layout, Tensor};

@@ -1827,9 +1827,21 @@ fn plans_for_paged_caches_and_varlen_batches_run_like_the_direct_calls() {
 
 /// One dense call with score modifiers on the GPU (Auto: the WMMA kernel), NaN-poisoned, against
 /// the naive f64 formula; returns (out error, lse error) and the key splits it ran.
-#[allow(clippy::too_many_arguments)] // one case: sizes, mask, modifiers
 fn mods_case<T: AttentionElement>(
     s: &Stream,
+    sizes: (usize, usize, usize),
+    heads: (usize, usize, usize),
+    causal: Causal,
+    mods: common::Mods,
+) -> ((f64, f64), usize) {
+    mods_case_on::<T>(s, Kernel::Wmma, None, sizes, heads, causal, mods)
+}
+
+/// [`mods_case`] on `kernel`, forced where `forced` (else Auto, which must choose it).
+fn mods_case_on<T: AttentionElement>(
+    s: &Stream,
+    kernel: Kernel,
+    forced: Option<Kernel>,
     (b, sq, sk): (usize, usize, usize),
     (hq, hk, d): (usize, usize, usize),
     causal: Causal,
@@ -1862,6 +1874,9 @@ fn mods_case<T: AttentionElement>(
         slopes.unwrap().to_device(s).unwrap()
     });
     opts.bias = mods.bias.as_ref().map(|nb| device_bias(nb, s));
+    if let Some(k) = forced {
+        opts = opts.backend(Backend::Kernel(k));
+    }
     let exec = attention_into(
         &q.to_device(s).unwrap(),
         &k.to_device(s).unwrap(),
@@ -1871,7 +1886,7 @@ fn mods_case<T: AttentionElement>(
         &opts,
     )
     .unwrap_or_else(|e| panic!("{b}x{sq}x{sk} {causal:?} {mods:?}: {e}"));
-    assert_eq!(exec.backend, BackendKind::Kernel(Kernel::Wmma));
+    assert_eq!(exec.backend, BackendKind::Kernel(kernel));
     let (want, want_lse) = common::naive_mods(&q, &k, &v, 1.0 / (d as f64).sqrt(), causal, mods);
     let errs = (
         rel_l2(&logical(&out.to_host().unwrap()), &want),
@@ -1970,16 +1985,29 @@ fn score_modifiers_match_the_reference() {
     assert_eq!(checks.count, 58, "every modifier case ran");
     assert_none_failed(&checks.failures);
 
-    // Forcing a family without modifiers is refused before any launch.
+    // Forcing a family without the modifier is refused before any launch (the Hopper kernel
+    // takes a window alone: hopper_window_matches_the_reference).
     let x = Tensor::full(f16::ONE, &[1, 64, 4, 64], Layout::Bshd)
         .unwrap()
         .to_device(&s)
         .unwrap();
-    for opts in [
-        AttentionOptions::default().window(Some(8), None),
-        AttentionOptions::default().softcap(10.0),
+    for (opts, kernels) in [
+        (
+            AttentionOptions::default().window(Some(8), None),
+            &[Kernel::CutlassSm80][..],
+        ),
+        (
+            AttentionOptions::default().softcap(10.0),
+            &[Kernel::CutlassSm80, Kernel::CutlassSm90][..],
+        ),
+        (
+            AttentionOptions::default()
+                .window(Some(8), None)
+                .softcap(10.0),
+            &[Kernel::CutlassSm80, Kernel::CutlassSm90][..],
+        ),
     ] {
-        for kernel in [Kernel::CutlassSm80, Kernel::CutlassSm90] {
+        for &kernel in kernels {
             let err = attention(&x, &x, &x, &opts.backend(Backend::Kernel(kernel))).unwrap_err();
             assert!(
                 matches!(err, Error::BackendUnavailable { .. }),
@@ -1996,6 +2024,102 @@ fn score_modifiers_match_the_reference() {
     modified_batches_match_the_cpu(&s, "a window and a softcap", |_, _, _| {
         (opts.backend(Backend::Cpu), opts.clone())
     });
+}
+
+/// Sliding windows on the Hopper kernel (forced) against the naive f64 formula: its three tiles
+/// (d = 64, 128, 256, and 72 on the d = 128 tile), every causal alignment, Sq below, equal to and
+/// above Sk, GQA and MQA, windows of 0 and 1 keys, one side only, both sides, wider than Sk, on
+/// lengths of several query and key tiles with partial ones, where whole key tiles left of the
+/// band are skipped and rows see no key of their block's first tiles; both dtypes, the lse.
+/// Auto runs the Hopper kernel for a windowed call that fills the chip. Off compute capability
+/// 9.0, forcing it is refused.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn hopper_window_matches_the_reference() {
+    use common::Mods;
+    let s = stream();
+    if !runs_here(Kernel::CutlassSm90) {
+        let x = Tensor::full(f16::ONE, &[1, 64, 4, 64], Layout::Bshd)
+            .unwrap()
+            .to_device(&s)
+            .unwrap();
+        let opts = AttentionOptions::default()
+            .window(Some(8), None)
+            .backend(Backend::Kernel(Kernel::CutlassSm90));
+        let err = attention(&x, &x, &x, &opts).unwrap_err();
+        assert!(matches!(err, Error::BackendUnavailable { .. }), "{err}");
+        return;
+    }
+    let mut checks = Checks::new("hopper window");
+    let mut run = |what: &str, sizes, heads, causal, window| {
+        let mods = Mods {
+            window,
+            ..Mods::default()
+        };
+        let hopper = Kernel::CutlassSm90;
+        checks.both_dtypes_on(&s, hopper, Some(hopper), what, (sizes, heads, causal), mods);
+    };
+    let windows = [
+        (Some(0), Some(0)),
+        (Some(1), None),
+        (Some(64), Some(0)),
+        (Some(200), Some(37)),
+        (None, Some(5)),
+        (Some(3000), None),
+    ];
+    for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+        for (i, &window) in windows.iter().enumerate() {
+            // Sq <= Sk: every window leaves every row a key under every alignment.
+            let (sizes, heads) = match i % 4 {
+                0 => ((1, 700, 1300), (8, 2, 128)),
+                1 => ((2, 600, 600), (4, 4, 64)),
+                2 => ((1, 450, 1000), (6, 1, 256)),
+                _ => ((1, 517, 517), (4, 2, 72)),
+            };
+            let what = format!("{sizes:?} {heads:?} {causal:?} window {window:?}");
+            run(&what, sizes, heads, causal, window);
+        }
+    }
+    // Sq > Sk, top-left: rows past Sk see the keys the window leaves them.
+    run(
+        "Sq > Sk top-left window (50, none)",
+        (1, 740, 700),
+        (8, 8, 64),
+        Causal::TopLeft,
+        (Some(50), None),
+    );
+    // A long causal band: 4097 x 4097 with a window of 1000 (partial tiles on both ends).
+    run(
+        "4097 bottom-right window (1000, 0)",
+        (1, 4097, 4097),
+        (2, 1, 128),
+        Causal::BottomRight,
+        (Some(1000), None),
+    );
+    assert_eq!(
+        checks.count,
+        2 * (3 * windows.len() + 2),
+        "every window case ran"
+    );
+    assert_none_failed(&checks.failures);
+
+    // Auto chooses the Hopper kernel for a windowed call that fills the chip.
+    let q = Tensor::full(bf16::ONE, &[4, 2048, 32, 128], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let kv = Tensor::full(bf16::ONE, &[4, 2048, 8, 128], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let opts = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .window(Some(512), None);
+    let res = attention(&q, &kv, &kv, &opts).unwrap();
+    assert_eq!(
+        res.execution.backend,
+        BackendKind::Kernel(Kernel::CutlassSm90)
+    );
 }
 
 /// ALiBi on the GPU (the WMMA kernel's modifier instantiation) against the naive f64 formula:
@@ -2301,18 +2425,32 @@ impl Checks {
         }
     }
 
-    /// One dense case with score modifiers, in f16 (tolerance 2e-3) and in bf16 (1e-2).
+    /// One dense case with score modifiers, in f16 (tolerance 2e-3) and in bf16 (1e-2), under
+    /// Auto on the WMMA kernel.
     fn both_dtypes(
         &mut self,
         s: &Stream,
         what: &str,
+        case: ((usize, usize, usize), (usize, usize, usize), Causal),
+        mods: common::Mods,
+    ) {
+        self.both_dtypes_on(s, Kernel::Wmma, None, what, case, mods);
+    }
+
+    /// [`Checks::both_dtypes`] on `kernel`, forced where `forced`.
+    fn both_dtypes_on(
+        &mut self,
+        s: &Stream,
+        kernel: Kernel,
+        forced: Option<Kernel>,
+        what: &str,
         (sizes, heads, causal): ((usize, usize, usize), (usize, usize, usize), Causal),
         mods: common::Mods,
     ) {
-        let f16_errs = mods_case::<f16>(s, sizes, heads, causal, mods.clone()).0;
-        self.check(format!("f16 {what}"), f16_errs, 2e-3);
-        let bf16_errs = mods_case::<bf16>(s, sizes, heads, causal, mods).0;
-        self.check(format!("bf16 {what}"), bf16_errs, 1e-2);
+        let f16_errs = mods_case_on::<f16>(s, kernel, forced, sizes, heads, causal, mods.clone());
+        self.check(format!("f16 {what}"), f16_errs.0, 2e-3);
+        let bf16_errs = mods_case_on::<bf16>(s, kernel, forced, sizes, heads, causal, mods);
+        self.check(format!("bf16 {what}"), bf16_errs.0, 1e-2);
     }
 
     fn check(&mut self, what: String, (err, lse_err): (f64, f64), tol: f64) {

@@ -58,8 +58,9 @@ struct FmhaArgs {
   int64_t o_stride[3];
   float scale;
   Causal causal;
-  // Score modifiers (only the WMMA kernel): a softcap (0: none), and a sliding window, each side
-  // -1 when unbounded (core::Problem's; the band is core::Band's, with the causal alignment).
+  // Score modifiers: a softcap (0: none; only the WMMA kernel), and a sliding window (the WMMA
+  // and Hopper kernels), each side -1 when unbounded (core::Problem's; the band is
+  // core::blind_rows's, with the causal alignment).
   float softcap = 0.0f;
   int64_t window_left = -1, window_right = -1;
   // ALiBi slopes (only the WMMA kernel): float [batch or 1, heads_q], row stride

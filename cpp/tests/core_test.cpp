@@ -853,22 +853,40 @@ void score_modifiers() {
   expect(flashcore::core::validate(r, &p).ok() && !p.packs_heads(),
          "a windowed decode does not pack heads (each head's one row has its own band)");
 
+  // A window alone runs where Auto runs the plain call, WMMA or the Hopper kernel (which
+  // bounds the band itself); with a softcap, only on WMMA.
   const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
-  for (const bool window : {false, true}) {
-    r = valid();
-    (window ? r.options.window_left : r.options.window_right) = 8;
-    if (!window) r.options.softcap = 50.0f;
-    flashcore::core::validate(r, &p);
-    flashcore::core::Plan plan{};
-    s = flashcore::core::plan(r, p, h200, &plan);
-    expect(s.ok() && plan.kernel == Kernel::Wmma,
-           "Auto applies a score modifier with the WMMA kernel: " + s.message);
-    for (const auto forced : {flashcore::Backend::CutlassSm80, flashcore::Backend::CutlassSm90}) {
-      r.options.backend = forced;
+  for (const bool large : {false, true}) {
+    for (const bool softcap : {false, true}) {
+      r = valid();
+      if (large) {  // enough query blocks to fill the H200: Auto runs the Hopper kernel
+        r.q = bshd(4, 4096, 32, 128);
+        r.out = bshd(4, 4096, 32, 128);
+        r.k = bshd(4, 4096, 8, 128);
+        r.v = bshd(4, 4096, 8, 128);
+      }
+      r.options.window_left = 8;
+      if (softcap) r.options.softcap = 50.0f;
+      expect(flashcore::core::validate(r, &p).ok(), "a windowed call validates");
+      flashcore::core::Plan plan{};
       s = flashcore::core::plan(r, p, h200, &plan);
-      expect(s.code == Code::BackendUnavailable &&
-                 s.values[0] == int64_t(*flashcore::kernel_of(forced)),
-             "a family without score modifiers, forced: " + s.message);
+      const Kernel expected = large && !softcap ? Kernel::CutlassSm90 : Kernel::Wmma;
+      expect(s.ok() && plan.kernel == expected,
+             "Auto's kernel for a window (large " + std::to_string(large) + ", softcap " +
+                 std::to_string(softcap) + "): " + s.message);
+      for (const auto forced :
+           {flashcore::Backend::CutlassSm80, flashcore::Backend::CutlassSm90}) {
+        r.options.backend = forced;
+        s = flashcore::core::plan(r, p, h200, &plan);
+        if (forced == flashcore::Backend::CutlassSm90 && !softcap) {
+          expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
+                 "the Hopper kernel, forced, takes a window alone: " + s.message);
+        } else {
+          expect(s.code == Code::BackendUnavailable &&
+                     s.values[0] == int64_t(*flashcore::kernel_of(forced)),
+                 "a family without this score modifier, forced: " + s.message);
+        }
+      }
     }
   }
 }

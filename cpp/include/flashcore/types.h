@@ -164,9 +164,10 @@ struct Options {
   // offset = seq_k - seq_q (the bottom-right diagonal, FlashAttention's definition) under
   // Causal::BottomRight and Causal::None, 0 under Causal::TopLeft. An empty side is unbounded; a
   // causal mask also bounds the right side at 0. Not negative (Code::InvalidWindow). Rows the
-  // window leaves without keys are Code::NoVisibleKeys. The WMMA kernel runs it on the GPU, and
-  // visits only the key tiles inside the band (Backend::Auto picks it; forcing another family is
-  // Code::BackendUnavailable).
+  // window leaves without keys are Code::NoVisibleKeys. On the GPU the WMMA kernel runs it, and
+  // the Hopper kernel too when no softcap, ALiBi or bias comes with it (Backend::Auto picks the
+  // Hopper kernel where it picks it for the call without the window, else WMMA; forcing another
+  // family is Code::BackendUnavailable); both visit only the key tiles inside the band.
   std::optional<int64_t> window_left;
   std::optional<int64_t> window_right;
   Backend backend = Backend::Auto;

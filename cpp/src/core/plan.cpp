@@ -115,8 +115,11 @@ constexpr int64_t kU32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (heads, batch)
 // The family that takes variable-length batches and paged caches.
 constexpr Kernel kIndexedKernel = Kernel::Wmma;
-// The family that applies score modifiers (softcap, sliding window, ALiBi, an additive bias).
+// The family that applies every score modifier (softcap, sliding window, ALiBi, an additive
+// bias); the Hopper kernel also bounds a sliding window's band, when no other modifier comes
+// with it (its mask skips the key tiles outside the band: docs/HOPPER.md).
 constexpr Kernel kModifierKernel = Kernel::Wmma;
+constexpr Kernel kWindowKernel = Kernel::CutlassSm90;
 
 // A feature only `family` serves: a forced other family is refused, saying why (`lacks`) and
 // which family serves it.
@@ -288,20 +291,26 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       }
       kernel = kIndexedKernel;
     }
-    if (r.options.softcap || p.windowed() || p.alibi || p.bias) {
-      // Score modifiers run on the WMMA kernel (the other families take them in later steps),
-      // which computes a window's band and ALiBi distances in 32-bit ints: every
-      // |i + offset -+ side| stays below 2 (seq_q + seq_k).
+    // A sliding window alone runs on the Hopper kernel too, where Auto or the caller chose it;
+    // other score modifiers run on the WMMA kernel (the other families take them in later steps).
+    const bool hopper_window = kernel == kWindowKernel && p.windowed() && !r.options.softcap &&
+                               !p.alibi && !p.bias;
+    if ((r.options.softcap || p.windowed() || p.alibi || p.bias) && !hopper_window) {
       if (Status s = only_family(kModifierKernel, forced,
-                                 "it applies no softcap, sliding window, ALiBi or bias yet; ");
+                                 forced == kWindowKernel
+                                     ? "it applies a sliding window but no softcap, ALiBi or "
+                                       "bias yet; "
+                                     : "it applies no softcap, sliding window, ALiBi or bias yet; ");
           !s.ok()) {
         return s;
       }
       kernel = kModifierKernel;
-      if ((p.windowed() || p.alibi) && p.location != kHost) {
-        if (Status s = limit(kernel, Field::SeqK, p.seq_q + p.seq_k, kI32Max / 4); !s.ok()) {
-          return s;
-        }
+    }
+    // Both kernels compute a window's band and ALiBi distances in 32-bit ints: every
+    // |i + offset -+ side| stays below 2 (seq_q + seq_k).
+    if ((p.windowed() || p.alibi) && p.location != kHost) {
+      if (Status s = limit(kernel, Field::SeqK, p.seq_q + p.seq_k, kI32Max / 4); !s.ok()) {
+        return s;
       }
     }
     if (p.location == kHost) {

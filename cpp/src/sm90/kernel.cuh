@@ -68,8 +68,11 @@ struct Kernel {
       cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsMainloopLocked,
                                     cute::bool_constant<(kFlags & kFlagTurnsInSoftmax) != 0>>>;
   static constexpr bool kIssueTurns = (kFlags & kFlagIssueTurns) != 0;
+  // Our loop; only it visits a sliding window's band alone (example 88's starts at key 0).
+  static constexpr bool kOurLoop =
+      (kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns | kFlagOurLoop)) != 0;
   using Mainloop = std::conditional_t<
-      (kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns | kFlagOurLoop)) != 0,
+      kOurLoop,
       ConsumerLoop<Example88Mainloop, (kFlags & kFlagOverlap) != 0,
                    (kFlags & kFlagLazyRescale) != 0, kIssueTurns>,
       Example88Mainloop>;

@@ -47,16 +47,27 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                           "sm90 kernel: head dim " + std::to_string(a.head_dim) +
                               " is not a multiple of 8 up to " + std::to_string(D));
   }
+  const bool windowed = a.window_left >= 0 || a.window_right >= 0;
+  if (windowed && !Kern::kOurLoop) {
+    throw detail::Failure(Code::Launch, "", "sm90 kernel: example 88's loop takes no window");
+  }
   const int group = static_cast<int>(a.heads_q / a.heads_kv);
-  const int offset = a.causal == Causal::None          ? static_cast<int>(a.seq_k)
-                     : a.causal == Causal::BottomRight ? static_cast<int>(a.seq_k - a.seq_q)
-                                                       : 0;
+  // core::Problem's band (validate.h's blind_rows): row i sees keys i + diag - left <= j <=
+  // i + diag + right, diag = 0 top-left and seq_k - seq_q otherwise; a causal mask bounds the
+  // right side at 0, an unbounded side bounds nothing. The sides are below seq_q + seq_k, which
+  // the planner keeps below INT32_MAX / 4 for windows, so every offset fits an int.
+  const int64_t diag = a.causal == Causal::TopLeft ? 0 : a.seq_k - a.seq_q;
+  const int64_t upper = a.causal != Causal::None ? diag
+                        : a.window_right >= 0    ? diag + a.window_right
+                                                 : a.seq_k;
+  const int64_t lower = a.window_left >= 0 ? diag - a.window_left : -a.seq_q;
   const ProblemShape problem{static_cast<int>(a.batch),
                              cute::make_tuple(group, static_cast<int>(a.heads_kv)),
                              static_cast<int>(a.seq_q),
                              static_cast<int>(a.seq_k),
                              static_cast<int>(a.head_dim),
-                             offset};
+                             static_cast<int>(upper),
+                             static_cast<int>(lower)};
 
   // Q, K and V as CuTe strides over (seq, dim, (batch, (group, heads_kv))).
   auto qo = [&](const int64_t s[3], int64_t seq) {

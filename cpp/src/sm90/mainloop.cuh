@@ -59,15 +59,15 @@ struct ConsumerLoop : Base {
     return ::fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
   }
 
-  // Scores of tile `j` -> probabilities in place (masked first where the tile needs it); updates
+  // Scores of the unit's tile `j` -> probabilities in place (masked first where `masked`); updates
   // each row's max and sum, and writes the factor that rescales its output into `rescale`.
   // Returns whether any factor differs from 1 (the same in every lane of a warp).
   template <class Fusion, int kRows, class AccS, class Index, class ProblemShape>
-  CUTLASS_DEVICE static bool softmax(AccS& acc_s, Index& index, int j, int unmasked, float scale,
+  CUTLASS_DEVICE static bool softmax(AccS& acc_s, Index& index, int j, bool masked, float scale,
                                      ProblemShape const& problem, float (&row_max)[kRows],
                                      float (&row_sum)[kRows], float (&rescale)[kRows]) {
     using namespace cute;
-    if (j == 0 || j >= unmasked) {
+    if (masked) {
       Fusion{}.before_softmax(acc_s, index, problem);
     }
     Tensor s = make_tensor(acc_s.data(),
@@ -95,9 +95,10 @@ struct ConsumerLoop : Base {
     for (int i = 0; i < kRows; ++i) {
       if (raise) {
         // A row with no visible key so far keeps an offset of 0 so that exp2 stays finite (its
-        // probabilities are exp2(-inf) = 0); every row sees key 0, so this is only past seq_q.
+        // probabilities are exp2(-inf) = 0), and its output and sum, still 0, a factor of 1:
+        // rows past seq_q, and under a sliding window rows whose first key lies in a later tile.
         const float safe = tile_max[i] == -INFINITY ? 0.f : tile_max[i];
-        const float old = row_max[i] == -INFINITY ? 0.f : row_max[i];
+        const float old = row_max[i] == -INFINITY ? safe : row_max[i];
         rescale[i] = j == 0 ? 1.f : fast_exp2((old - safe) * scale);
         row_max[i] = tile_max[i];
       } else {
@@ -141,6 +142,59 @@ struct ConsumerLoop : Base {
     warpgroup_commit_batch();
   }
 
+  // The producer's loads for one work unit, in the order the consumers read them (K V K V ...):
+  // the K and V tiles from the first the block visits (a sliding window's left side may skip the
+  // leading ones) to its trip count, and, unless a warp of its own loads Q (kLoadQ false), the
+  // consumers' Q tiles between them, as example 88's load does (which always starts at key tile
+  // 0). The cluster is one block, so no load multicasts.
+  template <bool kLoadQ, class BlkCoord, class ProblemShape, class QStarted>
+  CUTLASS_DEVICE void load_kv_maybe_q(int block_rank_in_cluster, BlkCoord const& blk,
+                                      Params const& params, ProblemShape const& problem,
+                                      MainloopPipeline& pipeline, PipelineState& write,
+                                      MainloopPipelineQ& pipeline_q, PipelineStateQ& write_q,
+                                      SharedStorage& storage, QStarted& q_started,
+                                      bool wait_for_q) {
+    using namespace cute;
+    const int first = CausalBandMask{}.get_first_tile(blk, TileShape{}, problem);
+    const int end = CausalBandMask{}.get_trip_count(blk, TileShape{}, problem);
+    const int lane = cute::elect_one_sync();
+    auto q_tile = make_coord_iterator(Int<Base::NumMmaWarpGroups>{});
+    int q_left = Base::NumMmaWarpGroups;
+    auto kv_tile = make_coord_iterator(first, end);
+    int kv_left = 2 * (end - first);
+
+    typename Base::LoadQ load_q{params.tma_load_q, pipeline_q, storage.smem_q};
+    auto q_state = load_q.init_state(_0{}, problem, TileShapeQK{}, blk, Base::NumMmaWarpGroups);
+    typename Base::LoadK load_k{params.tma_load_k, pipeline, storage.smem_k};
+    auto k_state = load_k.init_state(block_rank_in_cluster, problem, TileShapeQK{}, blk, end);
+    typename Base::LoadV load_v{params.tma_load_v, pipeline, storage.smem_v};
+    auto v_state = load_v.init_state(block_rank_in_cluster, problem, TileShapePV{}, blk, end);
+
+    // Q of the first consumer, K(first), Q of the second, V(first), the other Qs, then K V pairs.
+    if constexpr (kLoadQ) {
+      load_q.step(q_tile, q_state, write_q, lane, q_left);
+    }
+    load_k.template step<false>(kv_tile, k_state, write, lane, kv_left);
+    if constexpr (kLoadQ) {
+      load_q.step(q_tile, q_state, write_q, lane, q_left);
+    } else if (wait_for_q) {
+      // The Q warp's first loads and these start together (kernel.cuh's q_started).
+      q_started.arrive();
+      q_started.wait(0);
+    }
+    load_v.template step<true>(kv_tile, v_state, write, lane, kv_left);
+    if constexpr (kLoadQ) {
+      while (q_left > 0) {
+        load_q.step(q_tile, q_state, write_q, lane, q_left);
+      }
+    }
+    CUTLASS_PRAGMA_NO_UNROLL
+    while (kv_left > 0) {
+      load_k.template step<false>(kv_tile, k_state, write, lane, kv_left);
+      load_v.template step<true>(kv_tile, v_state, write, lane, kv_left);
+    }
+  }
+
   // Row max and row sum of one thread's rows, and the P.V accumulator, for the epilogue.
   template <class BlkCoord, class ProblemShape, class Unused1, class Unused2, class OrderBarrier,
             class Fusion = CausalBandMask>
@@ -181,8 +235,14 @@ struct ConsumerLoop : Base {
     float row_max[kRows], row_sum[kRows];
     const float scale = params.scale_softmax_log2;
 
-    const int tiles = Fusion{}.get_trip_count(blk, TileShape{}, problem);
-    const int unmasked = Fusion{}.get_unmasked_trip_count(blk, TileShape{}, problem);
+    // The unit's key tiles, counted from the first it visits (a window's left side may skip
+    // some); a tile needs the mask where it crosses a side of the band or the sequence end.
+    const int first = Fusion{}.get_first_tile(blk, TileShape{}, problem);
+    const int tiles = Fusion{}.get_trip_count(blk, TileShape{}, problem) - first;
+    const int full = Fusion{}.get_first_full_tile(blk, TileShape{}, problem) - first;
+    const int unmasked = Fusion{}.get_unmasked_trip_count(blk, TileShape{}, problem) - first;
+    auto masked = [&](int j) { return j == 0 || j < full || j >= unmasked; };
+    tPcP.data() = tPcP.data() + E<1>{} * (first * int(get<1>(TileShapeQK{})));
 
     pipeline_q.consumer_wait(read_q);
 
@@ -209,7 +269,7 @@ struct ConsumerLoop : Base {
     ++read;  // now at V0
     float rescale[kRows];
     bool rescale_o =
-        softmax<Fusion>(acc_s, tPcP, 0, unmasked, scale, problem, row_max, row_sum, rescale);
+        softmax<Fusion>(acc_s, tPcP, 0, true, scale, problem, row_max, row_sum, rescale);
     Tensor p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
     if constexpr (!kOverlap) {
       Turns::wait(consumer);  // this turn issues P(0) V(0) and S = Q K(1)^T (or passes after it)
@@ -241,7 +301,7 @@ struct ConsumerLoop : Base {
         warpgroup_fence_operand(acc_s);
         pipeline.consumer_release(read_k);  // K(j)
         rescale_o =
-            softmax<Fusion>(acc_s, tPcP, j, unmasked, scale, problem, row_max, row_sum, rescale);
+            softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, problem, row_max, row_sum, rescale);
         warpgroup_wait<0>();  // P(j-1) V(j-1) landed: V(j-1) is free, P may be overwritten
         warpgroup_fence_operand(acc_o);
         pipeline.consumer_release(read);  // V(j-1)
@@ -256,7 +316,7 @@ struct ConsumerLoop : Base {
         pipeline.consumer_release(read_k);  // K(j)
         pipeline.consumer_release(read);    // V(j-1)
         rescale_o =
-            softmax<Fusion>(acc_s, tPcP, j, unmasked, scale, problem, row_max, row_sum, rescale);
+            softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, problem, row_max, row_sum, rescale);
         if (rescale_o) {
           scale_rows(acc_o_mn, rescale);
         }

@@ -2,11 +2,14 @@
 // mainloop (`before_softmax` on each tile of scores, and the trip counts that decide which key
 // tiles a query block visits and which of them need masking).
 //
-// One mask serves no mask, top-left and bottom-right causal: key j is visible to query i when
-// j < seq_k and j - i <= causal_offset (problem.cuh). Key tiles wholly beyond the band are never
-// loaded; tiles wholly inside it run unmasked; only the tiles that cross the diagonal or hold the
-// last, partial key tile are masked. Every query row sees key 0 (validation refuses rows with no
-// visible key), so the first tile, always masked by the collective, gives every row a finite max.
+// One mask serves no mask, top-left and bottom-right causal and a sliding window: key j is visible
+// to query i when j < seq_k and window_offset <= j - i <= causal_offset (problem.cuh). Key tiles
+// wholly outside the band are never loaded; tiles wholly inside it run unmasked; only the tiles
+// that cross one of its sides or hold the last, partial key tile are masked. Without a window
+// every query row sees key 0 (validation refuses rows with no visible key), so the first tile
+// gives every row a finite max; with one, a row may see no key of the block's first tiles, which
+// our consumer loop allows for (mainloop.cuh). Example 88's loop visits every tile from 0 and
+// masks only the first and the upper side's: the launcher gives it no window.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +21,27 @@
 namespace flashcore::sm90 {
 
 struct CausalBandMask {
-  // Key tiles the block at `blk` visits: up to the last key its last real row sees.
+  // The first key tile the block at `blk` visits: the one with the first key its first row sees.
+  template <class BlkCoord, class TileShape, class P>
+  CUTLASS_DEVICE int get_first_tile(BlkCoord const& blk, TileShape const& tile, P const& p) {
+    const int64_t bq = cute::get<0>(tile), bk = cute::get<1>(tile);
+    const int64_t first_row = int64_t(cute::get<0>(blk)) * bq;
+    return int(cute::max(int64_t(0), first_row + int64_t(window_offset(p))) / bk);
+  }
+
+  // The first key tile from which on the window's left side hides no key from any row of the
+  // block (0 without a window): the tile where its last real row's first key lies, or the next.
+  template <class BlkCoord, class TileShape, class P>
+  CUTLASS_DEVICE int get_first_full_tile(BlkCoord const& blk, TileShape const& tile,
+                                         P const& p) {
+    const int64_t bq = cute::get<0>(tile), bk = cute::get<1>(tile);
+    const int64_t last_row = cute::min(int64_t(cute::get<0>(blk) + 1) * bq, int64_t(seq_q(p))) - 1;
+    const int64_t first_key = cute::max(int64_t(0), last_row + int64_t(window_offset(p)));
+    return int((first_key + bk - 1) / bk);
+  }
+
+  // The end of the key tiles the block at `blk` visits: up to the last key its last real row
+  // sees.
   template <class BlkCoord, class TileShape, class P>
   CUTLASS_DEVICE int get_trip_count(BlkCoord const& blk, TileShape const& tile, P const& p) {
     const int64_t bq = cute::get<0>(tile), bk = cute::get<1>(tile);
@@ -48,12 +71,12 @@ struct CausalBandMask {
   // `index(i)` is the (query row, key) of accumulator element i.
   template <class Acc, class Index, class P>
   CUTLASS_DEVICE void before_softmax(Acc& acc, Index const& index, P const& p) {
-    const int keys = seq_k(p), offset = causal_offset(p);
+    const int keys = seq_k(p), upper = causal_offset(p), lower = window_offset(p);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < cute::size(acc); ++i) {
       const auto pos = index(i);
       const int row = cute::get<0>(pos), key = cute::get<1>(pos);
-      if (key >= keys || key - row > offset) {
+      if (key >= keys || key - row > upper || key - row < lower) {
         acc(i) = -INFINITY;
       }
     }
