@@ -30,7 +30,10 @@ for line in sys.argv[1].splitlines():
     shutil.copy(m["executable"], "bundle/" + name)
     print("bundled", name)
 PY
-# The C++ example through CMake (the standalone C++ library), SASS for the H200 only.
+# The C++ example through CMake (the standalone C++ library), SASS for the H200 only; CMake from
+# PyPI where the machine has none (the version CI pins).
+command -v cmake >/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check cmake==4.1.2
 cmake -S examples/cpp -B target/cpp-example-sm90 -DFLASHCORE_CUDA_ARCHS=90 \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build target/cpp-example-sm90 -j "$(nproc)" >/dev/null
