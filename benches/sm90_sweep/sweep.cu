@@ -37,9 +37,10 @@ std::string schedule(int flags) {
   std::string s = flags & 1 ? "persistent" : "one unit per block";
   if (flags & 2) s += ", turns in softmax";
   if (flags & 4) s += ", free epilogue";
-  if (flags & 232) s += flags & 8 ? ", our loop overlapped" : ", our loop serial";
+  if (flags & 488) s += flags & 8 ? ", our loop overlapped" : ", our loop serial";
   if (flags & 32) s += ", lazy rescale";
   if (flags & 64) s += ", issue turns";
+  if (flags & 256) s += ", softcap 30";
   return s;
 }
 
@@ -157,6 +158,7 @@ int main(int argc, char** argv) {
         }
         a.scale = 1.0f / std::sqrt(float(sh.d));
         a.causal = sh.causal ? flashcore::Causal::BottomRight : flashcore::Causal::None;
+        a.softcap = c.flags & 256 ? 30.0f : 0.0f;
         a.tile = flashcore::Tile{c.q, c.k, c.d};
         return a;
       };

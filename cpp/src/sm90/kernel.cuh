@@ -36,7 +36,7 @@ enum ScheduleFlags : int {
   kFlagTurnsInSoftmax = 2,
   // The consumers store their output without taking turns.
   kFlagFreeEpilogue = 4,
-  // The next four select our own consumer loop (mainloop.cuh) instead of example 88's.
+  // The next five select our own consumer loop (mainloop.cuh) instead of example 88's.
   // Each warpgroup's softmax overlaps its own P.V product.
   kFlagOverlap = 8,
   // O rescaled only when a row's max grows by more than 2^8 (16 is retired: see docs/HOPPER.md).
@@ -45,6 +45,9 @@ enum ScheduleFlags : int {
   kFlagIssueTurns = 64,
   // Our loop in example 88's serial order, with none of the options above.
   kFlagOurLoop = 128,
+  // Our loop with a softcap: each score becomes cap * tanh(scale * score / cap) before the
+  // softmax (FmhaArgs::softcap); the kernels of the other flags refuse a softcap.
+  kFlagSoftcap = 256,
 };
 
 template <class Element, int kBlockQ, int kBlockK, int kHeadDim, int kFlags>
@@ -69,12 +72,13 @@ struct Kernel {
                                     cute::bool_constant<(kFlags & kFlagTurnsInSoftmax) != 0>>>;
   static constexpr bool kIssueTurns = (kFlags & kFlagIssueTurns) != 0;
   // Our loop; only it visits a sliding window's band alone (example 88's starts at key 0).
-  static constexpr bool kOurLoop =
-      (kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns | kFlagOurLoop)) != 0;
+  static constexpr bool kOurLoop = (kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns |
+                                               kFlagOurLoop | kFlagSoftcap)) != 0;
+  static constexpr bool kSoftcap = (kFlags & kFlagSoftcap) != 0;
   using Mainloop = std::conditional_t<
       kOurLoop,
       ConsumerLoop<Example88Mainloop, (kFlags & kFlagOverlap) != 0,
-                   (kFlags & kFlagLazyRescale) != 0, kIssueTurns>,
+                   (kFlags & kFlagLazyRescale) != 0, kIssueTurns, kSoftcap>,
       Example88Mainloop>;
   using Scheduler = TileScheduler<kPersistent>;
   using Out = Epilogue<Element>;

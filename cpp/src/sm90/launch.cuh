@@ -51,6 +51,9 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   if (windowed && !Kern::kOurLoop) {
     throw detail::Failure(Code::Launch, "", "sm90 kernel: example 88's loop takes no window");
   }
+  if ((a.softcap > 0.0f) != Kern::kSoftcap) {
+    throw detail::Failure(Code::Launch, "", "sm90 kernel: a softcap needs the softcap schedule");
+  }
   const int group = static_cast<int>(a.heads_q / a.heads_kv);
   // core::Problem's band (validate.h's blind_rows): row i sees keys i + diag - left <= j <=
   // i + diag + right, diag = 0 top-left and seq_k - seq_q otherwise; a causal mask bounds the
@@ -87,13 +90,23 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
 
   typename Kern::Params params{
       problem,
-      Kern::Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr),
+      typename Kern::Mainloop::Params{
+          Kern::Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr)},
       typename Kern::Out::Params{static_cast<T*>(a.out), a.o_stride[1], a.o_stride[2],
                                  a.o_stride[0], a.lse},
       Kern::Scheduler::make(problem, Q, sm_count())};
-  // Example 88 derives the scale from the head dim; ours is the caller's.
-  params.mainloop.scale_softmax = a.scale;
-  params.mainloop.scale_softmax_log2 = static_cast<float>(a.scale * 1.4426950408889634);
+  // Example 88 derives the scale from the head dim; ours is the caller's. With a softcap the
+  // scores reach the softmax as cap * tanh(scale * s / cap), already scaled.
+  constexpr double kLog2e = 1.4426950408889634;
+  if constexpr (Kern::kSoftcap) {
+    params.mainloop.softcap_in = a.scale / a.softcap;
+    params.mainloop.softcap_out = a.softcap;
+    params.mainloop.scale_softmax = 1.0f;
+    params.mainloop.scale_softmax_log2 = static_cast<float>(kLog2e);
+  } else {
+    params.mainloop.scale_softmax = a.scale;
+    params.mainloop.scale_softmax_log2 = static_cast<float>(a.scale * kLog2e);
+  }
 
   constexpr auto kernel = fmha_sm90_kernel<Kern>;
   ensure_smem_limit<kernel>(Kern::kSmemBytes);

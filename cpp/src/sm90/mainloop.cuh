@@ -22,7 +22,7 @@
 #include "collective/fmha_collective_tma_warpspecialized.hpp"  // CUTLASS examples/88_hopper_fmha
 #include "collective/fmha_common.hpp"
 #include "cute/tensor.hpp"
-#include "fast_exp2.cuh"
+#include "fast_math.cuh"
 #include "sm90/mask.cuh"
 #include "sm90/turns.cuh"
 
@@ -32,7 +32,10 @@ namespace flashcore::sm90 {
 // units), so O and the row sum are rescaled only then, once per warp for all its rows; the
 // probabilities of a tile stay below 2^8, well inside f16, bf16 and f32 (FlashAttention-4's
 // conditional rescaling).
-template <class Base, bool kOverlap, bool kLazyRescale, bool kTurns>
+//
+// kSoftcap: each score becomes cap * tanh(scale * score / cap) before the softmax, whose scale is
+// then log2(e) (the launcher sets Params' softcap and scales).
+template <class Base, bool kOverlap, bool kLazyRescale, bool kTurns, bool kSoftcap = false>
 struct ConsumerLoop : Base {
   using typename Base::Element;
   using typename Base::MainloopPipeline;
@@ -48,8 +51,12 @@ struct ConsumerLoop : Base {
   using typename Base::TileShape;
   using typename Base::TileShapePV;
   using typename Base::TileShapeQK;
-  using typename Base::Params;
   using Turns = IssueTurns<Base::NumMmaWarpGroups, kTurns>;
+
+  // Example 88's parameters and the softcap's factors: scores s become out * tanh(in * s).
+  struct Params : Base::Params {
+    float softcap_in = 0.f, softcap_out = 0.f;
+  };
 
   // The max over the 4 lanes of a quad, which hold one accumulator row between them (the wgmma
   // accumulator layout, as mma.sync's: lane 4g + t holds rows g and g + 8 of its warp's 16, at
@@ -64,9 +71,16 @@ struct ConsumerLoop : Base {
   // Returns whether any factor differs from 1 (the same in every lane of a warp).
   template <class Fusion, int kRows, class AccS, class Index, class ProblemShape>
   CUTLASS_DEVICE static bool softmax(AccS& acc_s, Index& index, int j, bool masked, float scale,
-                                     ProblemShape const& problem, float (&row_max)[kRows],
-                                     float (&row_sum)[kRows], float (&rescale)[kRows]) {
+                                     Params const& params, ProblemShape const& problem,
+                                     float (&row_max)[kRows], float (&row_sum)[kRows],
+                                     float (&rescale)[kRows]) {
     using namespace cute;
+    if constexpr (kSoftcap) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        acc_s(i) = params.softcap_out * fast_tanh(acc_s(i) * params.softcap_in);
+      }
+    }
     if (masked) {
       Fusion{}.before_softmax(acc_s, index, problem);
     }
@@ -269,7 +283,7 @@ struct ConsumerLoop : Base {
     ++read;  // now at V0
     float rescale[kRows];
     bool rescale_o =
-        softmax<Fusion>(acc_s, tPcP, 0, true, scale, problem, row_max, row_sum, rescale);
+        softmax<Fusion>(acc_s, tPcP, 0, true, scale, params, problem, row_max, row_sum, rescale);
     Tensor p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
     if constexpr (!kOverlap) {
       Turns::wait(consumer);  // this turn issues P(0) V(0) and S = Q K(1)^T (or passes after it)
@@ -300,8 +314,8 @@ struct ConsumerLoop : Base {
         warpgroup_wait<1>();  // S(j) landed; P(j-1) V(j-1) may still run
         warpgroup_fence_operand(acc_s);
         pipeline.consumer_release(read_k);  // K(j)
-        rescale_o =
-            softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, problem, row_max, row_sum, rescale);
+        rescale_o = softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, params, problem, row_max,
+                                    row_sum, rescale);
         warpgroup_wait<0>();  // P(j-1) V(j-1) landed: V(j-1) is free, P may be overwritten
         warpgroup_fence_operand(acc_o);
         pipeline.consumer_release(read);  // V(j-1)
@@ -315,8 +329,8 @@ struct ConsumerLoop : Base {
         warpgroup_fence_operand(acc_o);
         pipeline.consumer_release(read_k);  // K(j)
         pipeline.consumer_release(read);    // V(j-1)
-        rescale_o =
-            softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, problem, row_max, row_sum, rescale);
+        rescale_o = softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, params, problem, row_max,
+                                    row_sum, rescale);
         if (rescale_o) {
           scale_rows(acc_o_mn, rescale);
         }

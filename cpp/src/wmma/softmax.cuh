@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "fast_exp2.cuh"
+#include "fast_math.cuh"
 #include "fragments.cuh"
 
 namespace flashcore::wmma_fa {

@@ -1,0 +1,27 @@
+// One-instruction transcendentals on the multi-function unit, for the softmax and the score
+// modifiers of every kernel family.
+#pragma once
+
+namespace flashcore {
+
+// 2^x by ex2.approx.ftz: about 2 ulp, as FlashAttention computes its softmax. The plain exp2f
+// (without --use_fast_math) compiles to ex2.approx without .ftz, which ptxas wraps in three more
+// instructions per call to keep subnormal inputs and results (a compare and two predicated
+// multiplies). The softmax never needs them: its arguments are at most 8 (docs/HOPPER.md, round
+// 8), a subnormal argument gives 1 either way, and a result below 2^-126 weighs nothing beside
+// the row's largest probability, which is at least 1.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// tanh(x) by tanh.approx.f32 (sm_75 and later; a relative error of about 2^-11 by the PTX
+// manual), for the softcap: cap * tanh(s / cap).
+__device__ __forceinline__ float fast_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace flashcore
