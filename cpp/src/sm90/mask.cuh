@@ -21,12 +21,21 @@
 namespace flashcore::sm90 {
 
 struct CausalBandMask {
+  // The first query row of the block at `blk`, and its last real one (before seq_q).
+  template <class BlkCoord, class TileShape>
+  CUTLASS_DEVICE static int64_t first_row(BlkCoord const& blk, TileShape const& tile) {
+    return int64_t(cute::get<0>(blk)) * cute::get<0>(tile);
+  }
+  template <class BlkCoord, class TileShape, class P>
+  CUTLASS_DEVICE static int64_t last_row(BlkCoord const& blk, TileShape const& tile, P const& p) {
+    return cute::min(first_row(blk, tile) + cute::get<0>(tile), int64_t(seq_q(p))) - 1;
+  }
+
   // The first key tile the block at `blk` visits: the one with the first key its first row sees.
   template <class BlkCoord, class TileShape, class P>
   CUTLASS_DEVICE int get_first_tile(BlkCoord const& blk, TileShape const& tile, P const& p) {
-    const int64_t bq = cute::get<0>(tile), bk = cute::get<1>(tile);
-    const int64_t first_row = int64_t(cute::get<0>(blk)) * bq;
-    return int(cute::max(int64_t(0), first_row + int64_t(window_offset(p))) / bk);
+    const int64_t first_key = first_row(blk, tile) + int64_t(window_offset(p));
+    return int(cute::max(int64_t(0), first_key) / cute::get<1>(tile));
   }
 
   // The first key tile from which on the window's left side hides no key from any row of the
@@ -34,9 +43,8 @@ struct CausalBandMask {
   template <class BlkCoord, class TileShape, class P>
   CUTLASS_DEVICE int get_first_full_tile(BlkCoord const& blk, TileShape const& tile,
                                          P const& p) {
-    const int64_t bq = cute::get<0>(tile), bk = cute::get<1>(tile);
-    const int64_t last_row = cute::min(int64_t(cute::get<0>(blk) + 1) * bq, int64_t(seq_q(p))) - 1;
-    const int64_t first_key = cute::max(int64_t(0), last_row + int64_t(window_offset(p)));
+    const int64_t bk = cute::get<1>(tile);
+    const int64_t first_key = cute::max(int64_t(0), last_row(blk, tile, p) + window_offset(p));
     return int((first_key + bk - 1) / bk);
   }
 
@@ -44,22 +52,18 @@ struct CausalBandMask {
   // sees.
   template <class BlkCoord, class TileShape, class P>
   CUTLASS_DEVICE int get_trip_count(BlkCoord const& blk, TileShape const& tile, P const& p) {
-    const int64_t bq = cute::get<0>(tile), bk = cute::get<1>(tile);
-    const int64_t last_row = cute::min(int64_t(cute::get<0>(blk) + 1) * bq, int64_t(seq_q(p))) - 1;
     const int64_t last_key =
-        cute::min(int64_t(seq_k(p)) - 1, last_row + int64_t(causal_offset(p)));
-    return int(last_key / bk + 1);
+        cute::min(int64_t(seq_k(p)) - 1, last_row(blk, tile, p) + causal_offset(p));
+    return int(last_key / cute::get<1>(tile) + 1);
   }
 
   // The leading tiles in which every key is visible to every row of the block.
   template <class BlkCoord, class TileShape, class P>
   CUTLASS_DEVICE int get_unmasked_trip_count(BlkCoord const& blk, TileShape const& tile,
                                              P const& p) {
-    const int64_t bq = cute::get<0>(tile), bk = cute::get<1>(tile);
-    const int64_t first_row = int64_t(cute::get<0>(blk)) * bq;
     const int64_t first_hidden =
-        cute::min(int64_t(seq_k(p)), first_row + int64_t(causal_offset(p)) + 1);
-    return cute::min(get_trip_count(blk, tile, p), int(first_hidden / bk));
+        cute::min(int64_t(seq_k(p)), first_row(blk, tile) + causal_offset(p) + 1);
+    return cute::min(get_trip_count(blk, tile, p), int(first_hidden / cute::get<1>(tile)));
   }
 
   template <class BlkCoord, class TileShape, class P>
