@@ -37,11 +37,10 @@ std::string schedule(int flags) {
   std::string s = flags & 1 ? "persistent" : "one unit per block";
   if (flags & 2) s += ", turns in softmax";
   if (flags & 4) s += ", free epilogue";
-  if (flags & 2024) s += flags & 8 ? ", our loop overlapped" : ", our loop serial";
+  if (flags & 488) s += flags & 8 ? ", our loop overlapped" : ", our loop serial";
   if (flags & 32) s += ", lazy rescale";
   if (flags & 64) s += ", issue turns";
   if (flags & 256) s += ", softcap 30";
-  if (flags & 1536) s += ", " + std::to_string((flags & 512 ? 2 : 0) + (flags & 1024 ? 1 : 0)) + "/8 exp on FMA";
   return s;
 }
 

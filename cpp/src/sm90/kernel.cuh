@@ -48,10 +48,6 @@ enum ScheduleFlags : int {
   // Our loop with a softcap: each score becomes cap * tanh(scale * score / cap) before the
   // softmax (FmhaArgs::softcap); the kernels of the other flags refuse a softcap.
   kFlagSoftcap = 256,
-  // Our loop with 2 (512), 1 (1024) or 3 (both) of every 8 exponentials computed on the FMA
-  // pipe (fast_math.cuh's exp2_on_fma) instead of the multi-function unit.
-  kFlagExpOnFma2 = 512,
-  kFlagExpOnFma1 = 1024,
 };
 
 template <class Element, int kBlockQ, int kBlockK, int kHeadDim, int kFlags>
@@ -77,15 +73,12 @@ struct Kernel {
   static constexpr bool kIssueTurns = (kFlags & kFlagIssueTurns) != 0;
   // Our loop; only it visits a sliding window's band alone (example 88's starts at key 0).
   static constexpr bool kOurLoop = (kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns |
-                                               kFlagOurLoop | kFlagSoftcap | kFlagExpOnFma2 |
-                                               kFlagExpOnFma1)) != 0;
+                                               kFlagOurLoop | kFlagSoftcap)) != 0;
   static constexpr bool kSoftcap = (kFlags & kFlagSoftcap) != 0;
-  static constexpr int kExpOnFma =
-      ((kFlags & kFlagExpOnFma2) != 0 ? 2 : 0) + ((kFlags & kFlagExpOnFma1) != 0 ? 1 : 0);
   using Mainloop = std::conditional_t<
       kOurLoop,
       ConsumerLoop<Example88Mainloop, (kFlags & kFlagOverlap) != 0,
-                   (kFlags & kFlagLazyRescale) != 0, kIssueTurns, kSoftcap, kExpOnFma>,
+                   (kFlags & kFlagLazyRescale) != 0, kIssueTurns, kSoftcap>,
       Example88Mainloop>;
   using Scheduler = TileScheduler<kPersistent>;
   using Out = Epilogue<Element>;

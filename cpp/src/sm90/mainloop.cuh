@@ -35,11 +35,7 @@ namespace flashcore::sm90 {
 //
 // kSoftcap: each score becomes cap * tanh(scale * score / cap) before the softmax, whose scale is
 // then log2(e) (the launcher sets Params' softcap and scales).
-//
-// kExpOnFma of every 8 exponentials of the softmax run on the FMA pipe (exp2_on_fma), spread
-// evenly over each row's columns, the rest on the multi-function unit.
-template <class Base, bool kOverlap, bool kLazyRescale, bool kTurns, bool kSoftcap = false,
-          int kExpOnFma = 0>
+template <class Base, bool kOverlap, bool kLazyRescale, bool kTurns, bool kSoftcap = false>
 struct ConsumerLoop : Base {
   using typename Base::Element;
   using typename Base::MainloopPipeline;
@@ -126,10 +122,7 @@ struct ConsumerLoop : Base {
       float sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < size<1>(s); ++k) {
-        const float x = ::fmaf(s(i, k), scale, -offset);
-        // Column k takes the FMA pipe where (k + 1) * kExpOnFma / 8 steps past k * kExpOnFma / 8.
-        const bool on_fma = (k + 1) * kExpOnFma / 8 != k * kExpOnFma / 8;
-        s(i, k) = on_fma ? exp2_on_fma(x) : fast_exp2(x);
+        s(i, k) = fast_exp2(::fmaf(s(i, k), scale, -offset));
         sum += s(i, k);
       }
       row_sum[i] = j == 0 ? sum : row_sum[i] * rescale[i] + sum;
