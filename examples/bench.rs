@@ -309,10 +309,12 @@ fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<[f64; 7]
 /// The score-modifier rows of issue 13 (bf16, d = 128, bottom-right causal, same run): a
 /// sliding window of 4096 keys on 1 x 32 x 16384 against the full causal call, both on the WMMA
 /// kernel (the family that applies every modifier) and both under Auto (the Hopper kernel on an
-/// H100/H200); a softcap of 30 on 4 x 32 x 4096 against the same call without it on WMMA, and
-/// ALiBi (the paper's slopes for 32 heads) on the same call. Returns (full WMMA us, windowed
-/// WMMA us, full Auto us, windowed Auto us, plain WMMA us, softcapped us, ALiBi us), medians.
-fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 7]> {
+/// H100/H200); a softcap of 30 on 4 x 32 x 4096 against the same call without it on WMMA and
+/// under Auto (the Hopper kernel's softcap schedule on an H100/H200), and ALiBi (the paper's
+/// slopes for 32 heads) on the same call on WMMA. Returns (full WMMA us, windowed WMMA us, full
+/// Auto us, windowed Auto us, plain WMMA us, softcapped WMMA us, ALiBi us, plain Auto us,
+/// softcapped Auto us), medians.
+fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 9]> {
     let dev =
         |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
     let median = |mut t: Vec<f64>| percentiles(&mut t).0;
@@ -339,6 +341,8 @@ fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 7]>
         time(4, 4096, wmma.clone())?,
         time(4, 4096, wmma.softcap(30.0))?,
         time(4, 4096, wmma.alibi(slopes))?,
+        time(4, 4096, wmma.backend(Backend::Auto))?,
+        time(4, 4096, wmma.softcap(30.0).backend(Backend::Auto))?,
     ])
 }
 
@@ -482,7 +486,9 @@ fn main() {
         }
     };
     let modifiers = match score_modifiers(&stream, args.iters) {
-        Ok([full, windowed, auto, auto_windowed, plain, capped, alibi]) => {
+        Ok(
+            [full, windowed, auto, auto_windowed, plain, capped, alibi, auto_plain, auto_capped],
+        ) => {
             println!(
                 "sliding window (1x32x16384x128 bf16 causal, wmma): full {full:.1} us, window 4096 \
                  {windowed:.1} us, ratio {:.3}; under Auto: full {auto:.1} us, window 4096 \
@@ -496,13 +502,19 @@ fn main() {
                 capped / plain
             );
             println!(
+                "softcap 30 (4x32x4096x128 bf16 causal, Auto): {auto_capped:.1} us vs \
+                 {auto_plain:.1} us without, ratio {:.3}",
+                auto_capped / auto_plain
+            );
+            println!(
                 "alibi (4x32x4096x128 bf16 causal, wmma, geometric slopes): {alibi:.1} us vs \
                  {plain:.1} us without, ratio {:.3}",
                 alibi / plain
             );
             json!({ "full_us": full, "window_us": windowed, "auto_full_us": auto,
                     "auto_window_us": auto_windowed,
-                    "plain_us": plain, "softcap_us": capped, "alibi_us": alibi })
+                    "plain_us": plain, "softcap_us": capped, "alibi_us": alibi,
+                    "auto_plain_us": auto_plain, "auto_softcap_us": auto_capped })
         }
         Err(e) => {
             eprintln!("score modifiers: {e}");

@@ -67,7 +67,7 @@ rm -f "$marker"
     sanitize_tests score_modifiers
     sanitize_tests alibi_
     sanitize_tests bias_
-    echo "== compute-sanitizer memcheck and racecheck: the Hopper kernel's persistent causal pairs and windows"
+    echo "== compute-sanitizer memcheck and racecheck: the Hopper kernel's persistent causal pairs, windows and softcaps"
     sanitize_tests hopper_causal_pairs
     sanitize_tests hopper_window
   fi

@@ -86,8 +86,10 @@ pub struct AttentionOptions {
     pub scale: Option<f32>,
     /// Logit softcapping (Gemma 2, Grok): `scores = softcap * tanh(scale * q.k / softcap)`
     /// before the softmax; positive and finite ([`crate::Error::InvalidSoftcap`]). The CPU
-    /// reference and the WMMA kernel apply it (`Backend::Auto` picks WMMA on a GPU; forcing
-    /// another kernel is [`crate::Error::BackendUnavailable`]).
+    /// reference, the WMMA kernel and, without ALiBi or a bias, the Hopper kernel
+    /// (`Kernel::CutlassSm90`, where `Backend::Auto` runs it for the call without the softcap;
+    /// its tanh is `tanh.approx.f32`, absolute error below 1e-5) apply it; forcing another
+    /// kernel is [`crate::Error::BackendUnavailable`].
     pub softcap: Option<f32>,
     /// Causal masking.
     pub causal: Causal,
@@ -135,7 +137,7 @@ impl AttentionOptions {
     /// and `Causal::None`, and 0 under `Causal::TopLeft`. `None` leaves a side unbounded; a
     /// causal mask also bounds the right side at 0. Rows the window leaves without keys are
     /// [`crate::Error::NoVisibleKeys`], before anything runs. The CPU reference, the WMMA
-    /// kernel and, for a window without the other score modifiers, the Hopper kernel
+    /// kernel and, for a window without ALiBi or a bias, the Hopper kernel
     /// (`Kernel::CutlassSm90`, where `Backend::Auto` runs it for the plain call) apply it; the
     /// GPU kernels visit only the key tiles inside the band, so their time scales with the
     /// window, not with `seq_k`.

@@ -1986,7 +1986,7 @@ fn score_modifiers_match_the_reference() {
     assert_none_failed(&checks.failures);
 
     // Forcing a family without the modifier is refused before any launch (the Hopper kernel
-    // takes a window alone: hopper_window_matches_the_reference).
+    // takes a window and a softcap: hopper_window_and_softcap_match_the_reference).
     let x = Tensor::full(f16::ONE, &[1, 64, 4, 64], Layout::Bshd)
         .unwrap()
         .to_device(&s)
@@ -1998,13 +1998,13 @@ fn score_modifiers_match_the_reference() {
         ),
         (
             AttentionOptions::default().softcap(10.0),
-            &[Kernel::CutlassSm80, Kernel::CutlassSm90][..],
+            &[Kernel::CutlassSm80][..],
         ),
         (
             AttentionOptions::default()
                 .window(Some(8), None)
                 .softcap(10.0),
-            &[Kernel::CutlassSm80, Kernel::CutlassSm90][..],
+            &[Kernel::CutlassSm80][..],
         ),
     ] {
         for &kernel in kernels {
@@ -2026,16 +2026,17 @@ fn score_modifiers_match_the_reference() {
     });
 }
 
-/// Sliding windows on the Hopper kernel (forced) against the naive f64 formula: its three tiles
-/// (d = 64, 128, 256, and 72 on the d = 128 tile), every causal alignment, Sq below, equal to and
-/// above Sk, GQA and MQA, windows of 0 and 1 keys, one side only, both sides, wider than Sk, on
-/// lengths of several query and key tiles with partial ones, where whole key tiles left of the
-/// band are skipped and rows see no key of their block's first tiles; both dtypes, the lse.
-/// Auto runs the Hopper kernel for a windowed call that fills the chip. Off compute capability
-/// 9.0, forcing it is refused.
+/// Sliding windows and softcaps on the Hopper kernel (forced) against the naive f64 formula: its
+/// three tiles (d = 64, 128, 256, and 72 on the d = 128 tile), every causal alignment, Sq below,
+/// equal to and above Sk, GQA and MQA, windows of 0 and 1 keys, one side only, both sides, wider
+/// than Sk, on lengths of several query and key tiles with partial ones, where whole key tiles
+/// left of the band are skipped and rows see no key of their block's first tiles; small, middle
+/// and large caps (each tile's softcap kernel), a window with a softcap; both dtypes, the lse.
+/// Auto runs the Hopper kernel for a windowed or softcapped call that fills the chip. Off
+/// compute capability 9.0, forcing it is refused.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn hopper_window_matches_the_reference() {
+fn hopper_window_and_softcap_match_the_reference() {
     use common::Mods;
     let s = stream();
     if !runs_here(Kernel::CutlassSm90) {
@@ -2050,10 +2051,11 @@ fn hopper_window_matches_the_reference() {
         assert!(matches!(err, Error::BackendUnavailable { .. }), "{err}");
         return;
     }
-    let mut checks = Checks::new("hopper window");
-    let mut run = |what: &str, sizes, heads, causal, window| {
+    let mut checks = Checks::new("hopper window and softcap");
+    let mut run = |what: &str, sizes, heads, causal, window, softcap| {
         let mods = Mods {
             window,
+            softcap,
             ..Mods::default()
         };
         let hopper = Kernel::CutlassSm90;
@@ -2067,17 +2069,24 @@ fn hopper_window_matches_the_reference() {
         (None, Some(5)),
         (Some(3000), None),
     ];
+    let caps = [0.5, 30.0, 1e4];
+    // Sq <= Sk: every window leaves every row a key under every alignment.
+    let problem = |i: usize| match i % 4 {
+        0 => ((1, 700, 1300), (8, 2, 128)),
+        1 => ((2, 600, 600), (4, 4, 64)),
+        2 => ((1, 450, 1000), (6, 1, 256)),
+        _ => ((1, 517, 517), (4, 2, 72)),
+    };
     for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
         for (i, &window) in windows.iter().enumerate() {
-            // Sq <= Sk: every window leaves every row a key under every alignment.
-            let (sizes, heads) = match i % 4 {
-                0 => ((1, 700, 1300), (8, 2, 128)),
-                1 => ((2, 600, 600), (4, 4, 64)),
-                2 => ((1, 450, 1000), (6, 1, 256)),
-                _ => ((1, 517, 517), (4, 2, 72)),
-            };
+            let (sizes, heads) = problem(i);
             let what = format!("{sizes:?} {heads:?} {causal:?} window {window:?}");
-            run(&what, sizes, heads, causal, window);
+            run(&what, sizes, heads, causal, window, None);
+        }
+        for (i, &cap) in caps.iter().enumerate() {
+            let (sizes, heads) = problem(i + 1);
+            let what = format!("{sizes:?} {heads:?} {causal:?} softcap {cap}");
+            run(&what, sizes, heads, causal, (None, None), Some(cap));
         }
     }
     // Sq > Sk, top-left: rows past Sk see the keys the window leaves them.
@@ -2087,6 +2096,7 @@ fn hopper_window_matches_the_reference() {
         (8, 8, 64),
         Causal::TopLeft,
         (Some(50), None),
+        None,
     );
     // A long causal band: 4097 x 4097 with a window of 1000 (partial tiles on both ends).
     run(
@@ -2095,15 +2105,33 @@ fn hopper_window_matches_the_reference() {
         (2, 1, 128),
         Causal::BottomRight,
         (Some(1000), None),
+        None,
+    );
+    // A window and a softcap together, on the d = 128 and d = 64 tiles.
+    run(
+        "bottom-right window (200, 37) softcap 20",
+        (1, 700, 1300),
+        (8, 2, 128),
+        Causal::BottomRight,
+        (Some(200), Some(37)),
+        Some(20.0),
+    );
+    run(
+        "Sq > Sk top-left window (50, none) softcap 5",
+        (1, 740, 700),
+        (8, 8, 64),
+        Causal::TopLeft,
+        (Some(50), None),
+        Some(5.0),
     );
     assert_eq!(
         checks.count,
-        2 * (3 * windows.len() + 2),
-        "every window case ran"
+        2 * (3 * (windows.len() + caps.len()) + 4),
+        "every window and softcap case ran"
     );
     assert_none_failed(&checks.failures);
 
-    // Auto chooses the Hopper kernel for a windowed call that fills the chip.
+    // Auto chooses the Hopper kernel for a windowed or softcapped call that fills the chip.
     let q = Tensor::full(bf16::ONE, &[4, 2048, 32, 128], Layout::Bshd)
         .unwrap()
         .to_device(&s)
@@ -2112,14 +2140,19 @@ fn hopper_window_matches_the_reference() {
         .unwrap()
         .to_device(&s)
         .unwrap();
-    let opts = AttentionOptions::default()
-        .causal(Causal::BottomRight)
-        .window(Some(512), None);
-    let res = attention(&q, &kv, &kv, &opts).unwrap();
-    assert_eq!(
-        res.execution.backend,
-        BackendKind::Kernel(Kernel::CutlassSm90)
-    );
+    let causal = AttentionOptions::default().causal(Causal::BottomRight);
+    for opts in [
+        causal.window(Some(512), None),
+        causal.softcap(30.0),
+        causal.window(Some(512), None).softcap(30.0),
+    ] {
+        let res = attention(&q, &kv, &kv, &opts).unwrap();
+        assert_eq!(
+            res.execution.backend,
+            BackendKind::Kernel(Kernel::CutlassSm90),
+            "{opts:?}"
+        );
+    }
 }
 
 /// ALiBi on the GPU (the WMMA kernel's modifier instantiation) against the naive f64 formula:

@@ -58,8 +58,8 @@ struct FmhaArgs {
   int64_t o_stride[3];
   float scale;
   Causal causal;
-  // Score modifiers: a softcap (0: none; only the WMMA kernel), and a sliding window (the WMMA
-  // and Hopper kernels), each side -1 when unbounded (core::Problem's; the band is
+  // Score modifiers: a softcap (0: none) and a sliding window (the WMMA and Hopper kernels),
+  // each side -1 when unbounded (core::Problem's; the band is
   // core::blind_rows's, with the causal alignment).
   float softcap = 0.0f;
   int64_t window_left = -1, window_right = -1;

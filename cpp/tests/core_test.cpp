@@ -853,11 +853,13 @@ void score_modifiers() {
   expect(flashcore::core::validate(r, &p).ok() && !p.packs_heads(),
          "a windowed decode does not pack heads (each head's one row has its own band)");
 
-  // A window alone runs where Auto runs the plain call, WMMA or the Hopper kernel (which
-  // bounds the band itself); with a softcap, only on WMMA.
+  // A window, a softcap or both run where Auto runs the plain call, WMMA or the Hopper kernel
+  // (which bounds the band itself and has a softcap schedule per tile); forced, both families
+  // take them and CUTLASS example 41 refuses them.
   const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
   for (const bool large : {false, true}) {
-    for (const bool softcap : {false, true}) {
+    for (const int modifiers : {1, 2, 3}) {  // 1: a window, 2: a softcap, 3: both
+      const bool window = (modifiers & 1) != 0, softcap = (modifiers & 2) != 0;
       r = valid();
       if (large) {  // enough query blocks to fill the H200: Auto runs the Hopper kernel
         r.q = bshd(4, 4096, 32, 128);
@@ -865,26 +867,27 @@ void score_modifiers() {
         r.k = bshd(4, 4096, 8, 128);
         r.v = bshd(4, 4096, 8, 128);
       }
-      r.options.window_left = 8;
+      if (window) r.options.window_left = 8;
       if (softcap) r.options.softcap = 50.0f;
-      expect(flashcore::core::validate(r, &p).ok(), "a windowed call validates");
+      const std::string what = "(large " + std::to_string(large) + ", window " +
+                               std::to_string(window) + ", softcap " + std::to_string(softcap) +
+                               "): ";
+      expect(flashcore::core::validate(r, &p).ok(), "a modified call validates " + what);
       flashcore::core::Plan plan{};
       s = flashcore::core::plan(r, p, h200, &plan);
-      const Kernel expected = large && !softcap ? Kernel::CutlassSm90 : Kernel::Wmma;
-      expect(s.ok() && plan.kernel == expected,
-             "Auto's kernel for a window (large " + std::to_string(large) + ", softcap " +
-                 std::to_string(softcap) + "): " + s.message);
-      for (const auto forced :
-           {flashcore::Backend::CutlassSm80, flashcore::Backend::CutlassSm90}) {
+      const Kernel expected = large ? Kernel::CutlassSm90 : Kernel::Wmma;
+      expect(s.ok() && plan.kernel == expected, "Auto's kernel " + what + s.message);
+      for (const auto forced : {flashcore::Backend::CutlassSm80, flashcore::Backend::CutlassSm90,
+                                flashcore::Backend::Wmma}) {
         r.options.backend = forced;
         s = flashcore::core::plan(r, p, h200, &plan);
-        if (forced == flashcore::Backend::CutlassSm90 && !softcap) {
-          expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
-                 "the Hopper kernel, forced, takes a window alone: " + s.message);
+        if (forced != flashcore::Backend::CutlassSm80) {
+          expect(s.ok() && plan.kernel == *flashcore::kernel_of(forced),
+                 "a family with these modifiers, forced, takes them " + what + s.message);
         } else {
           expect(s.code == Code::BackendUnavailable &&
                      s.values[0] == int64_t(*flashcore::kernel_of(forced)),
-                 "a family without this score modifier, forced: " + s.message);
+                 "a family without these modifiers, forced, refuses them " + what + s.message);
         }
       }
     }

@@ -116,10 +116,11 @@ constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (he
 // The family that takes variable-length batches and paged caches.
 constexpr Kernel kIndexedKernel = Kernel::Wmma;
 // The family that applies every score modifier (softcap, sliding window, ALiBi, an additive
-// bias); the Hopper kernel also bounds a sliding window's band, when no other modifier comes
-// with it (its mask skips the key tiles outside the band: docs/HOPPER.md).
+// bias); the Hopper kernel also applies a sliding window (its mask skips the key tiles outside
+// the band) and a softcap (each tile's softcap schedule), when no ALiBi or bias comes with them
+// (docs/HOPPER.md).
 constexpr Kernel kModifierKernel = Kernel::Wmma;
-constexpr Kernel kWindowKernel = Kernel::CutlassSm90;
+constexpr Kernel kWindowSoftcapKernel = Kernel::CutlassSm90;
 
 // A feature only `family` serves: a forced other family is refused, saying why (`lacks`) and
 // which family serves it.
@@ -291,15 +292,15 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       }
       kernel = kIndexedKernel;
     }
-    // A sliding window alone runs on the Hopper kernel too, where Auto or the caller chose it;
-    // other score modifiers run on the WMMA kernel (the other families take them in later steps).
-    const bool hopper_window = kernel == kWindowKernel && p.windowed() && !r.options.softcap &&
-                               !p.alibi && !p.bias;
-    if ((r.options.softcap || p.windowed() || p.alibi || p.bias) && !hopper_window) {
+    // A sliding window and a softcap run on the Hopper kernel too, where Auto or the caller
+    // chose it; ALiBi and a bias run on the WMMA kernel (the other families take them in later
+    // steps).
+    const bool on_hopper = kernel == kWindowSoftcapKernel && !p.alibi && !p.bias;
+    if ((r.options.softcap || p.windowed() || p.alibi || p.bias) && !on_hopper) {
       if (Status s = only_family(kModifierKernel, forced,
-                                 forced == kWindowKernel
-                                     ? "it applies a sliding window but no softcap, ALiBi or "
-                                       "bias yet; "
+                                 forced == kWindowSoftcapKernel
+                                     ? "it applies a sliding window and a softcap but no ALiBi "
+                                       "or bias yet; "
                                      : "it applies no softcap, sliding window, ALiBi or bias yet; ");
           !s.ok()) {
         return s;

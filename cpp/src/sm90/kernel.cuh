@@ -46,7 +46,7 @@ enum ScheduleFlags : int {
   // Our loop in example 88's serial order, with none of the options above.
   kFlagOurLoop = 128,
   // Our loop with a softcap: each score becomes cap * tanh(scale * score / cap) before the
-  // softmax (FmhaArgs::softcap); the kernels of the other flags refuse a softcap.
+  // softmax (FmhaArgs::softcap; mainloop.cuh's kSoftcap); the other kernels refuse a softcap.
   kFlagSoftcap = 256,
 };
 

@@ -96,13 +96,12 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                                  a.o_stride[0], a.lse},
       Kern::Scheduler::make(problem, Q, sm_count())};
   // Example 88 derives the scale from the head dim; ours is the caller's. With a softcap the
-  // scores reach the softmax as cap * tanh(scale * s / cap), already scaled.
+  // scores reach the softmax as tanh(scale * s / cap), and the cap is its scale.
   constexpr double kLog2e = 1.4426950408889634;
   if constexpr (Kern::kSoftcap) {
     params.mainloop.softcap_in = a.scale / a.softcap;
-    params.mainloop.softcap_out = a.softcap;
-    params.mainloop.scale_softmax = 1.0f;
-    params.mainloop.scale_softmax_log2 = static_cast<float>(kLog2e);
+    params.mainloop.scale_softmax = a.softcap;
+    params.mainloop.scale_softmax_log2 = static_cast<float>(a.softcap * kLog2e);
   } else {
     params.mainloop.scale_softmax = a.scale;
     params.mainloop.scale_softmax_log2 = static_cast<float>(a.scale * kLog2e);
@@ -121,8 +120,9 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
 // `launch_sm90<T, Q, K, D, FLAGS>` as fmha_sm90_<TAG>_q<Q>_k<K>_d<D>_s<FLAGS> (FLAGS a number, the
 // sum of kernel.cuh's ScheduleFlags). The file of a tile's schedule without a mask also defines
 // the tile's entry, fmha_sm90_<TAG>_q<Q>_k<K>_d<D> (declared by dispatch.cpp from
-// instances.inc), which runs CAUSAL_FLAGS' kernel under a causal mask: where the two differ, that
-// kernel is the tile's `_causal.cu` file.
+// instances.inc), which runs SOFTCAP_FLAGS' kernel (the tile's `_softcap.cu` file) for a softcap,
+// and otherwise CAUSAL_FLAGS' kernel under a causal mask: where that differs from FLAGS, it is the
+// tile's `_causal.cu` file.
 #define FLASHCORE_SM90_SCHEDULE(T, TAG, Q, K, D, FLAGS)                                          \
   static_assert(flashcore::sm90::Kernel<T, Q, K, D, FLAGS>::kSmemBytes ==                        \
                     flashcore::sm90_smem_bytes(flashcore::Tile{Q, K, D}),                        \
@@ -134,13 +134,19 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   }                                                                                              \
   }
 
-#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D, FLAGS, CAUSAL_FLAGS)                            \
+#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D, FLAGS, CAUSAL_FLAGS, SOFTCAP_FLAGS)             \
+  static_assert((SOFTCAP_FLAGS & flashcore::sm90::kFlagSoftcap) != 0 &&                          \
+                    (FLAGS & flashcore::sm90::kFlagSoftcap) == 0 &&                              \
+                    (CAUSAL_FLAGS & flashcore::sm90::kFlagSoftcap) == 0,                         \
+                "only the softcap schedule has the softcap flag");                              \
   FLASHCORE_SM90_SCHEDULE(T, TAG, Q, K, D, FLAGS)                                                \
   namespace flashcore::sm90 {                                                                    \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS(const FmhaArgs&, cudaStream_t);    \
+  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##SOFTCAP_FLAGS(const FmhaArgs&, cudaStream_t);   \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D(const FmhaArgs& args, cudaStream_t stream) {         \
-    (args.causal == Causal::None ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##FLAGS               \
-                                 : fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS)(      \
+    (args.softcap > 0.0f           ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##SOFTCAP_FLAGS     \
+     : args.causal == Causal::None ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##FLAGS             \
+                                   : fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS)(    \
         args, stream);                                                                           \
   }                                                                                              \
   }

@@ -33,8 +33,10 @@ namespace flashcore::sm90 {
 // probabilities of a tile stay below 2^8, well inside f16, bf16 and f32 (FlashAttention-4's
 // conditional rescaling).
 //
-// kSoftcap: each score becomes cap * tanh(scale * score / cap) before the softmax, whose scale is
-// then log2(e) (the launcher sets Params' softcap and scales).
+// kSoftcap: each score becomes tanh(scale * score / cap) before the mask and the max, and the
+// softmax's scale is cap (log2(e) * cap in exp2 units), so the exponents are those of
+// cap * tanh(scale * score / cap) with one multiply per score fewer (the launcher sets Params'
+// softcap factor and scales). tanh is monotonic, so the max is the same key's either way.
 template <class Base, bool kOverlap, bool kLazyRescale, bool kTurns, bool kSoftcap = false>
 struct ConsumerLoop : Base {
   using typename Base::Element;
@@ -53,9 +55,9 @@ struct ConsumerLoop : Base {
   using typename Base::TileShapeQK;
   using Turns = IssueTurns<Base::NumMmaWarpGroups, kTurns>;
 
-  // Example 88's parameters and the softcap's factors: scores s become out * tanh(in * s).
+  // Example 88's parameters and the softcap's factor: scores s become tanh(softcap_in * s).
   struct Params : Base::Params {
-    float softcap_in = 0.f, softcap_out = 0.f;
+    float softcap_in = 0.f;
   };
 
   // The max over the 4 lanes of a quad, which hold one accumulator row between them (the wgmma
@@ -78,7 +80,7 @@ struct ConsumerLoop : Base {
     if constexpr (kSoftcap) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(acc_s); ++i) {
-        acc_s(i) = params.softcap_out * fast_tanh(acc_s(i) * params.softcap_in);
+        acc_s(i) = fast_tanh(acc_s(i) * params.softcap_in);
       }
     }
     if (masked) {
