@@ -309,12 +309,12 @@ fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<[f64; 7]
 /// The score-modifier rows of issue 13 (bf16, d = 128, bottom-right causal, same run): a
 /// sliding window of 4096 keys on 1 x 32 x 16384 against the full causal call, both on the WMMA
 /// kernel (the family that applies every modifier) and both under Auto (the Hopper kernel on an
-/// H100/H200); a softcap of 30 on 4 x 32 x 4096 against the same call without it on WMMA and
-/// under Auto (the Hopper kernel's softcap schedule on an H100/H200), and ALiBi (the paper's
-/// slopes for 32 heads) on the same call on WMMA. Returns (full WMMA us, windowed WMMA us, full
-/// Auto us, windowed Auto us, plain WMMA us, softcapped WMMA us, ALiBi us, plain Auto us,
-/// softcapped Auto us), medians.
-fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 9]> {
+/// H100/H200); a softcap of 30 and ALiBi (the paper's slopes for 32 heads) on 4 x 32 x 4096
+/// against the same call without them, on WMMA and under Auto (the Hopper kernel's modifier
+/// schedule on an H100/H200). Returns (full WMMA us, windowed WMMA us, full Auto us, windowed
+/// Auto us, plain WMMA us, softcapped WMMA us, ALiBi WMMA us, plain Auto us, softcapped Auto us,
+/// ALiBi Auto us), medians.
+fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 10]> {
     let dev =
         |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
     let median = |mut t: Vec<f64>| percentiles(&mut t).0;
@@ -340,9 +340,10 @@ fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 9]>
         )?,
         time(4, 4096, wmma.clone())?,
         time(4, 4096, wmma.softcap(30.0))?,
-        time(4, 4096, wmma.alibi(slopes))?,
+        time(4, 4096, wmma.alibi(slopes.clone()))?,
         time(4, 4096, wmma.backend(Backend::Auto))?,
         time(4, 4096, wmma.softcap(30.0).backend(Backend::Auto))?,
+        time(4, 4096, wmma.alibi(slopes).backend(Backend::Auto))?,
     ])
 }
 
@@ -487,7 +488,7 @@ fn main() {
     };
     let modifiers = match score_modifiers(&stream, args.iters) {
         Ok(
-            [full, windowed, auto, auto_windowed, plain, capped, alibi, auto_plain, auto_capped],
+            [full, windowed, auto, auto_windowed, plain, capped, alibi, auto_plain, auto_capped, auto_alibi],
         ) => {
             println!(
                 "sliding window (1x32x16384x128 bf16 causal, wmma): full {full:.1} us, window 4096 \
@@ -507,6 +508,11 @@ fn main() {
                 auto_capped / auto_plain
             );
             println!(
+                "alibi (4x32x4096x128 bf16 causal, Auto, geometric slopes): {auto_alibi:.1} us \
+                 vs {auto_plain:.1} us without, ratio {:.3}",
+                auto_alibi / auto_plain
+            );
+            println!(
                 "alibi (4x32x4096x128 bf16 causal, wmma, geometric slopes): {alibi:.1} us vs \
                  {plain:.1} us without, ratio {:.3}",
                 alibi / plain
@@ -514,7 +520,8 @@ fn main() {
             json!({ "full_us": full, "window_us": windowed, "auto_full_us": auto,
                     "auto_window_us": auto_windowed,
                     "plain_us": plain, "softcap_us": capped, "alibi_us": alibi,
-                    "auto_plain_us": auto_plain, "auto_softcap_us": auto_capped })
+                    "auto_plain_us": auto_plain, "auto_softcap_us": auto_capped,
+                    "auto_alibi_us": auto_alibi })
         }
         Err(e) => {
             eprintln!("score modifiers: {e}");

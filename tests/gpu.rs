@@ -2026,17 +2026,18 @@ fn score_modifiers_match_the_reference() {
     });
 }
 
-/// Sliding windows and softcaps on the Hopper kernel (forced) against the naive f64 formula: its
-/// three tiles (d = 64, 128, 256, and 72 on the d = 128 tile), every causal alignment, Sq below,
-/// equal to and above Sk, GQA and MQA, windows of 0 and 1 keys, one side only, both sides, wider
-/// than Sk, on lengths of several query and key tiles with partial ones, where whole key tiles
-/// left of the band are skipped and rows see no key of their block's first tiles; small, middle
-/// and large caps (each tile's softcap kernel), a window with a softcap; both dtypes, the lse.
-/// Auto runs the Hopper kernel for a windowed or softcapped call that fills the chip. Off
-/// compute capability 9.0, forcing it is refused.
+/// Sliding windows, softcaps and ALiBi on the Hopper kernel (forced) against the naive f64
+/// formula: its three tiles (d = 64, 128, 256, and 72 on the d = 128 tile), every causal
+/// alignment, Sq below, equal to and above Sk, GQA and MQA, windows of 0 and 1 keys, one side
+/// only, both sides, wider than Sk, on lengths of several query and key tiles with partial ones,
+/// where whole key tiles left of the band are skipped and rows see no key of their block's first
+/// tiles; small, middle and large caps and the paper's, per-sequence, zero, negative and large
+/// slopes (each tile's modifier kernel), all three together; both dtypes, the lse. Auto runs the
+/// Hopper kernel for a modified call that fills the chip. Off compute capability 9.0, forcing it
+/// is refused.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn hopper_window_and_softcap_match_the_reference() {
+fn hopper_window_softcap_and_alibi_match_the_reference() {
     use common::Mods;
     let s = stream();
     if !runs_here(Kernel::CutlassSm90) {
@@ -2051,11 +2052,12 @@ fn hopper_window_and_softcap_match_the_reference() {
         assert!(matches!(err, Error::BackendUnavailable { .. }), "{err}");
         return;
     }
-    let mut checks = Checks::new("hopper window and softcap");
-    let mut run = |what: &str, sizes, heads, causal, window, softcap| {
+    let mut checks = Checks::new("hopper modifiers");
+    let mut run = |what: &str, sizes, heads, causal, window, softcap, alibi| {
         let mods = Mods {
             window,
             softcap,
+            alibi,
             ..Mods::default()
         };
         let hopper = Kernel::CutlassSm90;
@@ -2070,6 +2072,30 @@ fn hopper_window_and_softcap_match_the_reference() {
         (Some(3000), None),
     ];
     let caps = [0.5, 30.0, 1e4];
+    let geometric = |heads: usize| AlibiSlopes::geometric(heads).unwrap().values().to_vec();
+    let mut rng = Rng::fresh();
+    // (sizes, heads, slopes, name)
+    let alibi_cases = [
+        ((1, 700, 1300), (8, 2, 128), geometric(8), "geometric"),
+        (
+            (2, 600, 600),
+            (4, 4, 64),
+            random_slopes(&mut rng, 8),
+            "per sequence",
+        ),
+        (
+            (1, 450, 1000),
+            (6, 1, 256),
+            vec![0.0, -0.05, 8.0, 100.0, 0.5, 1e-3],
+            "zero, negative, large",
+        ),
+        (
+            (1, 740, 700),
+            (4, 2, 72),
+            random_slopes(&mut rng, 4),
+            "Sq > Sk",
+        ),
+    ];
     // Sq <= Sk: every window leaves every row a key under every alignment.
     let problem = |i: usize| match i % 4 {
         0 => ((1, 700, 1300), (8, 2, 128)),
@@ -2081,12 +2107,20 @@ fn hopper_window_and_softcap_match_the_reference() {
         for (i, &window) in windows.iter().enumerate() {
             let (sizes, heads) = problem(i);
             let what = format!("{sizes:?} {heads:?} {causal:?} window {window:?}");
-            run(&what, sizes, heads, causal, window, None);
+            run(&what, sizes, heads, causal, window, None, None);
         }
         for (i, &cap) in caps.iter().enumerate() {
             let (sizes, heads) = problem(i + 1);
             let what = format!("{sizes:?} {heads:?} {causal:?} softcap {cap}");
-            run(&what, sizes, heads, causal, (None, None), Some(cap));
+            run(&what, sizes, heads, causal, (None, None), Some(cap), None);
+        }
+        for (sizes, heads, slopes, name) in &alibi_cases {
+            if causal == Causal::BottomRight && sizes.1 > sizes.2 {
+                continue; // rows without keys
+            }
+            let what = format!("{sizes:?} {heads:?} {causal:?} ALiBi {name}");
+            let alibi = Some(slopes.clone());
+            run(&what, *sizes, *heads, causal, (None, None), None, alibi);
         }
     }
     // Sq > Sk, top-left: rows past Sk see the keys the window leaves them.
@@ -2097,6 +2131,7 @@ fn hopper_window_and_softcap_match_the_reference() {
         Causal::TopLeft,
         (Some(50), None),
         None,
+        None,
     );
     // A long causal band: 4097 x 4097 with a window of 1000 (partial tiles on both ends).
     run(
@@ -2106,8 +2141,9 @@ fn hopper_window_and_softcap_match_the_reference() {
         Causal::BottomRight,
         (Some(1000), None),
         None,
+        None,
     );
-    // A window and a softcap together, on the d = 128 and d = 64 tiles.
+    // A window and a softcap together, and with ALiBi, on the d = 128 and d = 64 tiles.
     run(
         "bottom-right window (200, 37) softcap 20",
         (1, 700, 1300),
@@ -2115,6 +2151,7 @@ fn hopper_window_and_softcap_match_the_reference() {
         Causal::BottomRight,
         (Some(200), Some(37)),
         Some(20.0),
+        None,
     );
     run(
         "Sq > Sk top-left window (50, none) softcap 5",
@@ -2123,15 +2160,37 @@ fn hopper_window_and_softcap_match_the_reference() {
         Causal::TopLeft,
         (Some(50), None),
         Some(5.0),
+        None,
     );
+    run(
+        "bottom-right window (200, 37) softcap 20 ALiBi",
+        (1, 700, 1300),
+        (8, 2, 128),
+        Causal::BottomRight,
+        (Some(200), Some(37)),
+        Some(20.0),
+        Some(geometric(8)),
+    );
+    run(
+        "Sq > Sk top-left window (50, none) softcap 5 ALiBi per sequence",
+        (2, 740, 700),
+        (8, 8, 64),
+        Causal::TopLeft,
+        (Some(50), None),
+        Some(5.0),
+        Some(random_slopes(&mut rng, 16)),
+    );
+    // Every alibi case under None and TopLeft, all but Sq > Sk under BottomRight.
+    let alibi_runs = 3 * alibi_cases.len() - 1;
     assert_eq!(
         checks.count,
-        2 * (3 * (windows.len() + caps.len()) + 4),
-        "every window and softcap case ran"
+        2 * (3 * (windows.len() + caps.len()) + alibi_runs + 6),
+        "every window, softcap and ALiBi case ran"
     );
     assert_none_failed(&checks.failures);
 
-    // Auto chooses the Hopper kernel for a windowed or softcapped call that fills the chip.
+    // Auto chooses the Hopper kernel for a windowed, softcapped or ALiBi call that fills the
+    // chip.
     let q = Tensor::full(bf16::ONE, &[4, 2048, 32, 128], Layout::Bshd)
         .unwrap()
         .to_device(&s)
@@ -2141,10 +2200,12 @@ fn hopper_window_and_softcap_match_the_reference() {
         .to_device(&s)
         .unwrap();
     let causal = AttentionOptions::default().causal(Causal::BottomRight);
+    let slopes = AlibiSlopes::geometric(32).unwrap().to_device(&s).unwrap();
     for opts in [
         causal.window(Some(512), None),
         causal.softcap(30.0),
         causal.window(Some(512), None).softcap(30.0),
+        causal.alibi(slopes),
     ] {
         let res = attention(&q, &kv, &kv, &opts).unwrap();
         assert_eq!(
@@ -2263,17 +2324,14 @@ fn alibi_matches_the_reference() {
             "slopes of the wrong {dim}: {err}"
         );
     }
+    // CUTLASS example 41 has no ALiBi (the Hopper kernel does:
+    // hopper_window_softcap_and_alibi_match_the_reference).
     let device_slopes = host_slopes.to_device(&s).unwrap();
-    for kernel in [Kernel::CutlassSm80, Kernel::CutlassSm90] {
-        let opts = AttentionOptions::default()
-            .alibi(device_slopes.clone())
-            .backend(Backend::Kernel(kernel));
-        let err = attention(&x, &x, &x, &opts).unwrap_err();
-        assert!(
-            matches!(err, Error::BackendUnavailable { .. }),
-            "{kernel:?}: {err}"
-        );
-    }
+    let opts = AttentionOptions::default()
+        .alibi(device_slopes)
+        .backend(Backend::Kernel(Kernel::CutlassSm80));
+    let err = attention(&x, &x, &x, &opts).unwrap_err();
+    assert!(matches!(err, Error::BackendUnavailable { .. }), "{err}");
 
     // Variable-length and paged calls with per-sequence slopes match the CPU reference's.
     modified_batches_match_the_cpu(&s, "ALiBi", |sequences, _, _| {

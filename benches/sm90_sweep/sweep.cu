@@ -40,7 +40,6 @@ std::string schedule(int flags) {
   if (flags & 488) s += flags & 8 ? ", our loop overlapped" : ", our loop serial";
   if (flags & 32) s += ", lazy rescale";
   if (flags & 64) s += ", issue turns";
-  if (flags & 256) s += ", softcap 30";
   return s;
 }
 
@@ -112,6 +111,8 @@ int main(int argc, char** argv) {
   check(cudaEventCreate(&e1), "event");
   float* diff = nullptr;
   check(cudaMalloc(&diff, sizeof(float)), "malloc");
+  float* slopes = nullptr;  // ALiBi: the paper's slopes for each shape's heads
+  check(cudaMalloc(&slopes, 64 * sizeof(float)), "malloc");
 
   std::printf("| shape (BxHxSxD) | candidate (q x k x d, schedule) | median us | TFLOP/s | max |diff| vs first |\n");
   std::printf("|---|---|---:|---:|---:|\n");
@@ -134,69 +135,82 @@ int main(int argc, char** argv) {
     check(cudaMalloc(&buf.first, nq * 2), "malloc");
     const double flops = 4.0 * sh.b * sh.h * double(sh.s) * sh.s * sh.d * (sh.causal ? 0.5 : 1.0);
     const int tier = sh.d <= 64 ? 64 : sh.d <= 128 ? 128 : 256;
+    std::vector<float> host_slopes(size_t(sh.h));
+    for (int h = 0; h < sh.h; ++h) {
+      host_slopes[size_t(h)] = std::exp2(-8.0f * float(h + 1) / float(sh.h));
+    }
+    check(cudaMemcpy(slopes, host_slopes.data(), host_slopes.size() * sizeof(float),
+                     cudaMemcpyHostToDevice),
+          "slopes");
     char name[64];
     std::snprintf(name, sizeof name, "%dx%s%dx%dx%d%s", sh.b,
                   sh.hk == sh.h ? "" : (std::to_string(sh.h) + "kv").c_str(),
                   sh.hk == sh.h ? sh.h : sh.hk, sh.s, sh.d, sh.causal ? "-causal" : "");
     bool have_first = false;
+    // A candidate with the modifier flag (256) runs twice: with a softcap of 30, with ALiBi.
     for (const Candidate& c : kCandidates) {
-      const std::string sched = schedule(c.flags);
-      if (c.d != tier) {
-        continue;
-      }
-      auto args_for = [&](int set) {
-        FmhaArgs a{};
-        a.dtype = flashcore::DType::BF16;
-        a.q = buf.q[set], a.k = buf.k[set], a.v = buf.v[set], a.out = buf.out, a.lse = nullptr;
-        a.batch = sh.b, a.seq_q = sh.s, a.seq_k = sh.s, a.heads_q = sh.h, a.heads_kv = sh.hk;
-        a.head_dim = sh.d;
-        const int64_t qs[3] = {int64_t(sh.h) * sh.s * sh.d, sh.d, int64_t(sh.s) * sh.d};
-        const int64_t ks[3] = {int64_t(sh.hk) * sh.s * sh.d, sh.d, int64_t(sh.s) * sh.d};
-        for (int i = 0; i < 3; ++i) {
-          a.q_stride[i] = a.o_stride[i] = qs[i];
-          a.k_stride[i] = a.v_stride[i] = ks[i];
+      for (int mode = 0; mode < (c.flags & 256 ? 2 : 1); ++mode) {
+        const bool softcap = (c.flags & 256) && mode == 0, alibi = (c.flags & 256) && mode == 1;
+        const std::string sched =
+            schedule(c.flags) + (softcap ? ", softcap 30" : alibi ? ", ALiBi" : "");
+        if (c.d != tier) {
+          continue;
         }
-        a.scale = 1.0f / std::sqrt(float(sh.d));
-        a.causal = sh.causal ? flashcore::Causal::BottomRight : flashcore::Causal::None;
-        a.softcap = c.flags & 256 ? 30.0f : 0.0f;
-        a.tile = flashcore::Tile{c.q, c.k, c.d};
-        return a;
-      };
-      std::vector<float> ms;
-      try {
-        for (int i = 0; i < 5; ++i) {
-          c.run(args_for(i % sets), stream);
+        auto args_for = [&](int set) {
+          FmhaArgs a{};
+          a.dtype = flashcore::DType::BF16;
+          a.q = buf.q[set], a.k = buf.k[set], a.v = buf.v[set], a.out = buf.out, a.lse = nullptr;
+          a.batch = sh.b, a.seq_q = sh.s, a.seq_k = sh.s, a.heads_q = sh.h, a.heads_kv = sh.hk;
+          a.head_dim = sh.d;
+          const int64_t qs[3] = {int64_t(sh.h) * sh.s * sh.d, sh.d, int64_t(sh.s) * sh.d};
+          const int64_t ks[3] = {int64_t(sh.hk) * sh.s * sh.d, sh.d, int64_t(sh.s) * sh.d};
+          for (int i = 0; i < 3; ++i) {
+            a.q_stride[i] = a.o_stride[i] = qs[i];
+            a.k_stride[i] = a.v_stride[i] = ks[i];
+          }
+          a.scale = 1.0f / std::sqrt(float(sh.d));
+          a.causal = sh.causal ? flashcore::Causal::BottomRight : flashcore::Causal::None;
+          a.softcap = softcap ? 30.0f : 0.0f;
+          a.alibi_slopes = alibi ? slopes : nullptr;
+          a.tile = flashcore::Tile{c.q, c.k, c.d};
+          return a;
+        };
+        std::vector<float> ms;
+        try {
+          for (int i = 0; i < 5; ++i) {
+            c.run(args_for(i % sets), stream);
+          }
+          for (int i = 0; i < iters; ++i) {
+            check(cudaEventRecord(e0, stream), "record");
+            c.run(args_for(i % sets), stream);
+            check(cudaEventRecord(e1, stream), "record");
+            check(cudaEventSynchronize(e1), "sync");
+            float t = 0;
+            check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
+            ms.push_back(t);
+          }
+          c.run(args_for(0), stream);
+        } catch (const std::exception& e) {
+          std::printf("| %s | %dx%dx%d %s | failed: %s | | |\n", name, c.q, c.k, c.d,
+                      sched.c_str(), e.what());
+          continue;
         }
-        for (int i = 0; i < iters; ++i) {
-          check(cudaEventRecord(e0, stream), "record");
-          c.run(args_for(i % sets), stream);
-          check(cudaEventRecord(e1, stream), "record");
-          check(cudaEventSynchronize(e1), "sync");
-          float t = 0;
-          check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
-          ms.push_back(t);
+        check(cudaStreamSynchronize(stream), "run");
+        float d = 0;
+        if (!have_first) {
+          check(cudaMemcpy(buf.first, buf.out, nq * 2, cudaMemcpyDeviceToDevice), "copy");
+          have_first = true;
+        } else {
+          check(cudaMemset(diff, 0, sizeof(float)), "memset");
+          max_abs_diff<<<1024, 256, 0, stream>>>(buf.out, buf.first, nq, diff);
+          check(cudaMemcpy(&d, diff, sizeof(float), cudaMemcpyDeviceToHost), "diff");
         }
-        c.run(args_for(0), stream);
-      } catch (const std::exception& e) {
-        std::printf("| %s | %dx%dx%d %s | failed: %s | | |\n", name, c.q, c.k, c.d,
-                    sched.c_str(), e.what());
-        continue;
+        std::sort(ms.begin(), ms.end());
+        const double med = ms[ms.size() / 2] * 1e3;
+        std::printf("| %s | %dx%dx%d %s | %.1f | %.1f | %.3g |\n", name, c.q, c.k, c.d,
+                    sched.c_str(), med, flops / med * 1e-6, double(d));
+        std::fflush(stdout);
       }
-      check(cudaStreamSynchronize(stream), "run");
-      float d = 0;
-      if (!have_first) {
-        check(cudaMemcpy(buf.first, buf.out, nq * 2, cudaMemcpyDeviceToDevice), "copy");
-        have_first = true;
-      } else {
-        check(cudaMemset(diff, 0, sizeof(float)), "memset");
-        max_abs_diff<<<1024, 256, 0, stream>>>(buf.out, buf.first, nq, diff);
-        check(cudaMemcpy(&d, diff, sizeof(float), cudaMemcpyDeviceToHost), "diff");
-      }
-      std::sort(ms.begin(), ms.end());
-      const double med = ms[ms.size() / 2] * 1e3;
-      std::printf("| %s | %dx%dx%d %s | %.1f | %.1f | %.3g |\n", name, c.q, c.k, c.d,
-                  sched.c_str(), med, flops / med * 1e-6, double(d));
-      std::fflush(stdout);
     }
     for (auto* list : {&buf.q, &buf.k, &buf.v}) {
       for (auto* p : *list) {

@@ -63,7 +63,7 @@ struct FmhaArgs {
   // core::blind_rows's, with the causal alignment).
   float softcap = 0.0f;
   int64_t window_left = -1, window_right = -1;
-  // ALiBi slopes (only the WMMA kernel): float [batch or 1, heads_q], row stride
+  // ALiBi slopes (the WMMA and Hopper kernels): float [batch or 1, heads_q], row stride
   // alibi_batch_stride (0: one row for every sequence); null for none.
   const float* alibi_slopes = nullptr;
   int64_t alibi_batch_stride = 0;

@@ -951,12 +951,25 @@ void alibi_slopes() {
   flashcore::core::validate(r, &p);
   flashcore::core::Plan plan{};
   s = flashcore::core::plan(r, p, h200, &plan);
-  expect(s.ok() && plan.kernel == Kernel::Wmma, "Auto applies ALiBi with WMMA: " + s.message);
-  for (const auto forced : {flashcore::Backend::CutlassSm80, flashcore::Backend::CutlassSm90}) {
-    r.options.backend = forced;
-    s = flashcore::core::plan(r, p, h200, &plan);
-    expect(s.code == Code::BackendUnavailable, "a family without ALiBi, forced: " + s.message);
-  }
+  expect(s.ok() && plan.kernel == Kernel::Wmma,
+         "Auto applies ALiBi with WMMA on a call too small for the Hopper kernel: " + s.message);
+  r.options.backend = flashcore::Backend::CutlassSm80;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.code == Code::BackendUnavailable, "example 41 forced with ALiBi: " + s.message);
+  r.options.backend = flashcore::Backend::CutlassSm90;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
+         "the Hopper kernel, forced, applies ALiBi: " + s.message);
+  // A call that fills the H200: Auto runs it on the Hopper kernel, ALiBi or not.
+  r = with_slopes(1, 32);
+  r.q = bshd(4, 4096, 32, 128);
+  r.out = bshd(4, 4096, 32, 128);
+  r.k = bshd(4, 4096, 8, 128);
+  r.v = bshd(4, 4096, 8, 128);
+  expect(flashcore::core::validate(r, &p).ok(), "a large call with slopes validates");
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
+         "Auto applies ALiBi with the Hopper kernel on a call that fills it: " + s.message);
 }
 
 void additive_bias() {

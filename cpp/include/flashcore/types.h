@@ -122,8 +122,9 @@ struct Pages {
 // batch is 1 (one slope per head for every sequence) or the call's batch (sequences of a
 // variable-length batch); heads is heads_q. The slopes must be finite: with the host copy every
 // one is checked (Code::InvalidAlibiSlope); without it a non-finite slope gives NaN rows, never
-// a read outside the array. The WMMA kernel applies them (Backend::Auto picks it; forcing
-// another family is Code::BackendUnavailable).
+// a read outside the array. On the GPU the WMMA kernel applies them, and the Hopper kernel too
+// when no bias comes with them (Backend::Auto picks the Hopper kernel where it picks it for the
+// call without ALiBi, else WMMA; forcing another family is Code::BackendUnavailable).
 struct AlibiSlopes {
   const float* data = nullptr;  // device: batch x heads slopes
   int64_t batch = 1;
@@ -156,7 +157,7 @@ struct Options {
   std::optional<float> scale;
   // Logit softcapping (Gemma 2, Grok): scores = softcap * tanh(scale * q.k / softcap) before the
   // softmax. Positive and finite (Code::InvalidSoftcap). On the GPU the WMMA kernel applies it,
-  // and the Hopper kernel too when no ALiBi or bias comes with it (Backend::Auto picks the Hopper
+  // and the Hopper kernel too when no bias comes with it (Backend::Auto picks the Hopper
   // kernel where it picks it for the call without the softcap, else WMMA; forcing another
   // family is Code::BackendUnavailable). The Hopper kernel computes tanh with tanh.approx.f32
   // (absolute error below 1e-5, measured: docs/HOPPER.md, round 10).
@@ -168,7 +169,7 @@ struct Options {
   // Causal::BottomRight and Causal::None, 0 under Causal::TopLeft. An empty side is unbounded; a
   // causal mask also bounds the right side at 0. Not negative (Code::InvalidWindow). Rows the
   // window leaves without keys are Code::NoVisibleKeys. On the GPU the WMMA kernel runs it, and
-  // the Hopper kernel too when no ALiBi or bias comes with it (Backend::Auto picks the
+  // the Hopper kernel too when no bias comes with it (Backend::Auto picks the
   // Hopper kernel where it picks it for the call without the window, else WMMA; forcing another
   // family is Code::BackendUnavailable); both visit only the key tiles inside the band.
   std::optional<int64_t> window_left;

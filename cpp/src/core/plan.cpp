@@ -117,10 +117,10 @@ constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (he
 constexpr Kernel kIndexedKernel = Kernel::Wmma;
 // The family that applies every score modifier (softcap, sliding window, ALiBi, an additive
 // bias); the Hopper kernel also applies a sliding window (its mask skips the key tiles outside
-// the band) and a softcap (each tile's softcap schedule), when no ALiBi or bias comes with them
+// the band), a softcap and ALiBi (each tile's modifier schedule), when no bias comes with them
 // (docs/HOPPER.md).
 constexpr Kernel kModifierKernel = Kernel::Wmma;
-constexpr Kernel kWindowSoftcapKernel = Kernel::CutlassSm90;
+constexpr Kernel kHopperModifierKernel = Kernel::CutlassSm90;
 
 // A feature only `family` serves: a forced other family is refused, saying why (`lacks`) and
 // which family serves it.
@@ -292,15 +292,15 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       }
       kernel = kIndexedKernel;
     }
-    // A sliding window and a softcap run on the Hopper kernel too, where Auto or the caller
-    // chose it; ALiBi and a bias run on the WMMA kernel (the other families take them in later
+    // A sliding window, a softcap and ALiBi run on the Hopper kernel too, where Auto or the
+    // caller chose it; a bias runs on the WMMA kernel (the other families take it in later
     // steps).
-    const bool on_hopper = kernel == kWindowSoftcapKernel && !p.alibi && !p.bias;
+    const bool on_hopper = kernel == kHopperModifierKernel && !p.bias;
     if ((r.options.softcap || p.windowed() || p.alibi || p.bias) && !on_hopper) {
       if (Status s = only_family(kModifierKernel, forced,
-                                 forced == kWindowSoftcapKernel
-                                     ? "it applies a sliding window and a softcap but no ALiBi "
-                                       "or bias yet; "
+                                 forced == kHopperModifierKernel
+                                     ? "it applies a sliding window, a softcap and ALiBi but no "
+                                       "bias yet; "
                                      : "it applies no softcap, sliding window, ALiBi or bias yet; ");
           !s.ok()) {
         return s;

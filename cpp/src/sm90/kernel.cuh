@@ -45,9 +45,9 @@ enum ScheduleFlags : int {
   kFlagIssueTurns = 64,
   // Our loop in example 88's serial order, with none of the options above.
   kFlagOurLoop = 128,
-  // Our loop with a softcap: each score becomes cap * tanh(scale * score / cap) before the
-  // softmax (FmhaArgs::softcap; mainloop.cuh's kSoftcap); the other kernels refuse a softcap.
-  kFlagSoftcap = 256,
+  // Our loop with the score modifiers a softcap and ALiBi, each where the call has it
+  // (mainloop.cuh's kModifiers); the other kernels refuse them.
+  kFlagModifiers = 256,
 };
 
 template <class Element, int kBlockQ, int kBlockK, int kHeadDim, int kFlags>
@@ -73,12 +73,12 @@ struct Kernel {
   static constexpr bool kIssueTurns = (kFlags & kFlagIssueTurns) != 0;
   // Our loop; only it visits a sliding window's band alone (example 88's starts at key 0).
   static constexpr bool kOurLoop = (kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns |
-                                               kFlagOurLoop | kFlagSoftcap)) != 0;
-  static constexpr bool kSoftcap = (kFlags & kFlagSoftcap) != 0;
+                                               kFlagOurLoop | kFlagModifiers)) != 0;
+  static constexpr bool kModifiers = (kFlags & kFlagModifiers) != 0;
   using Mainloop = std::conditional_t<
       kOurLoop,
       ConsumerLoop<Example88Mainloop, (kFlags & kFlagOverlap) != 0,
-                   (kFlags & kFlagLazyRescale) != 0, kIssueTurns, kSoftcap>,
+                   (kFlags & kFlagLazyRescale) != 0, kIssueTurns, kModifiers>,
       Example88Mainloop>;
   using Scheduler = TileScheduler<kPersistent>;
   using Out = Epilogue<Element>;

@@ -51,8 +51,12 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   if (windowed && !Kern::kOurLoop) {
     throw detail::Failure(Code::Launch, "", "sm90 kernel: example 88's loop takes no window");
   }
-  if ((a.softcap > 0.0f) != Kern::kSoftcap) {
-    throw detail::Failure(Code::Launch, "", "sm90 kernel: a softcap needs the softcap schedule");
+  if ((a.softcap > 0.0f || a.alibi_slopes != nullptr) && !Kern::kModifiers) {
+    throw detail::Failure(Code::Launch, "",
+                          "sm90 kernel: a softcap or ALiBi needs the modifier schedule");
+  }
+  if (a.bias != nullptr) {
+    throw detail::Failure(Code::Launch, "", "sm90 kernel: no additive bias yet");
   }
   const int group = static_cast<int>(a.heads_q / a.heads_kv);
   // core::Problem's band (validate.h's blind_rows): row i sees keys i + diag - left <= j <=
@@ -98,13 +102,16 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   // Example 88 derives the scale from the head dim; ours is the caller's. With a softcap the
   // scores reach the softmax as tanh(scale * s / cap), and the cap is its scale.
   constexpr double kLog2e = 1.4426950408889634;
-  if constexpr (Kern::kSoftcap) {
-    params.mainloop.softcap_in = a.scale / a.softcap;
-    params.mainloop.scale_softmax = a.softcap;
-    params.mainloop.scale_softmax_log2 = static_cast<float>(a.softcap * kLog2e);
-  } else {
-    params.mainloop.scale_softmax = a.scale;
-    params.mainloop.scale_softmax_log2 = static_cast<float>(a.scale * kLog2e);
+  const bool capped = a.softcap > 0.0f;
+  const float natural = capped ? a.softcap : a.scale;
+  params.mainloop.scale_softmax = natural;
+  params.mainloop.scale_softmax_log2 = static_cast<float>(natural * kLog2e);
+  if constexpr (Kern::kModifiers) {
+    params.mainloop.softcap_in = capped ? a.scale / a.softcap : 0.0f;
+    // ALiBi's distance |i + diag - j| from the causal alignment's diagonal (core::Problem's).
+    params.mainloop.alibi_slopes = a.alibi_slopes;
+    params.mainloop.alibi_batch_stride = a.alibi_batch_stride;
+    params.mainloop.alibi_diag = static_cast<int>(diag);
   }
 
   constexpr auto kernel = fmha_sm90_kernel<Kern>;
@@ -120,9 +127,9 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
 // `launch_sm90<T, Q, K, D, FLAGS>` as fmha_sm90_<TAG>_q<Q>_k<K>_d<D>_s<FLAGS> (FLAGS a number, the
 // sum of kernel.cuh's ScheduleFlags). The file of a tile's schedule without a mask also defines
 // the tile's entry, fmha_sm90_<TAG>_q<Q>_k<K>_d<D> (declared by dispatch.cpp from
-// instances.inc), which runs SOFTCAP_FLAGS' kernel (the tile's `_softcap.cu` file) for a softcap,
-// and otherwise CAUSAL_FLAGS' kernel under a causal mask: where that differs from FLAGS, it is the
-// tile's `_causal.cu` file.
+// instances.inc), which runs MODIFIER_FLAGS' kernel (the tile's `_modifiers.cu` file) for a
+// softcap or ALiBi, and otherwise CAUSAL_FLAGS' kernel under a causal mask: where that differs
+// from FLAGS, it is the tile's `_causal.cu` file.
 #define FLASHCORE_SM90_SCHEDULE(T, TAG, Q, K, D, FLAGS)                                          \
   static_assert(flashcore::sm90::Kernel<T, Q, K, D, FLAGS>::kSmemBytes ==                        \
                     flashcore::sm90_smem_bytes(flashcore::Tile{Q, K, D}),                        \
@@ -134,17 +141,18 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   }                                                                                              \
   }
 
-#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D, FLAGS, CAUSAL_FLAGS, SOFTCAP_FLAGS)             \
-  static_assert((SOFTCAP_FLAGS & flashcore::sm90::kFlagSoftcap) != 0 &&                          \
-                    (FLAGS & flashcore::sm90::kFlagSoftcap) == 0 &&                              \
-                    (CAUSAL_FLAGS & flashcore::sm90::kFlagSoftcap) == 0,                         \
-                "only the softcap schedule has the softcap flag");                              \
+#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D, FLAGS, CAUSAL_FLAGS, MODIFIER_FLAGS)            \
+  static_assert((MODIFIER_FLAGS & flashcore::sm90::kFlagModifiers) != 0 &&                       \
+                    (FLAGS & flashcore::sm90::kFlagModifiers) == 0 &&                            \
+                    (CAUSAL_FLAGS & flashcore::sm90::kFlagModifiers) == 0,                       \
+                "only the modifier schedule has the modifier flag");                             \
   FLASHCORE_SM90_SCHEDULE(T, TAG, Q, K, D, FLAGS)                                                \
   namespace flashcore::sm90 {                                                                    \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS(const FmhaArgs&, cudaStream_t);    \
-  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##SOFTCAP_FLAGS(const FmhaArgs&, cudaStream_t);   \
+  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##MODIFIER_FLAGS(const FmhaArgs&, cudaStream_t);  \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D(const FmhaArgs& args, cudaStream_t stream) {         \
-    (args.softcap > 0.0f           ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##SOFTCAP_FLAGS     \
+    (args.softcap > 0.0f || args.alibi_slopes != nullptr                                         \
+         ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##MODIFIER_FLAGS                              \
      : args.causal == Causal::None ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##FLAGS             \
                                    : fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS)(    \
         args, stream);                                                                           \

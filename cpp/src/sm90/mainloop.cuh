@@ -33,11 +33,16 @@ namespace flashcore::sm90 {
 // probabilities of a tile stay below 2^8, well inside f16, bf16 and f32 (FlashAttention-4's
 // conditional rescaling).
 //
-// kSoftcap: each score becomes tanh(scale * score / cap) before the mask and the max, and the
-// softmax's scale is cap (log2(e) * cap in exp2 units), so the exponents are those of
-// cap * tanh(scale * score / cap) with one multiply per score fewer (the launcher sets Params'
-// softcap factor and scales). tanh is monotonic, so the max is the same key's either way.
-template <class Base, bool kOverlap, bool kLazyRescale, bool kTurns, bool kSoftcap = false>
+// kModifiers: the score modifiers, each where the call has it (a uniform branch per tile), before
+// the mask and the max:
+// - a softcap: each score becomes tanh(scale * score / cap), and the softmax's scale is cap
+//   (log2(e) * cap in exp2 units), so the exponents are those of cap * tanh(scale * score / cap)
+//   with one multiply per score fewer (the launcher sets Params' softcap factor and scales);
+//   tanh is monotonic, so the max is the same key's either way;
+// - ALiBi: each score of query row i and key j gains -slope * |i + diag - j| (natural units,
+//   after the scale and any softcap), divided by the softmax's natural scale to stay in the
+//   scores' units; the distance is a float per score (its integer part is known per tile).
+template <class Base, bool kOverlap, bool kLazyRescale, bool kTurns, bool kModifiers = false>
 struct ConsumerLoop : Base {
   using typename Base::Element;
   using typename Base::MainloopPipeline;
@@ -55,10 +60,26 @@ struct ConsumerLoop : Base {
   using typename Base::TileShapeQK;
   using Turns = IssueTurns<Base::NumMmaWarpGroups, kTurns>;
 
-  // Example 88's parameters and the softcap's factor: scores s become tanh(softcap_in * s).
+  // Example 88's parameters and the modifiers': scores s become tanh(softcap_in * s) where
+  // softcap_in is not 0; ALiBi slopes (float [batch or 1, heads_q], row stride
+  // alibi_batch_stride; null for none) and the diagonal of their distance.
   struct Params : Base::Params {
     float softcap_in = 0.f;
+    const float* alibi_slopes = nullptr;
+    int64_t alibi_batch_stride = 0;
+    int alibi_diag = 0;
   };
+
+  // The unit's ALiBi factor in the scores' units: -slope / (the softmax's natural scale); 0
+  // without ALiBi (or with a slope of 0: no bias either way).
+  template <class BlkCoord>
+  CUTLASS_DEVICE static float alibi_factor(BlkCoord const& blk, Params const& params) {
+    if (!kModifiers || params.alibi_slopes == nullptr) {
+      return 0.f;
+    }
+    const int64_t b = cute::get<2, 0>(blk), h = cute::get<2, 1>(blk);
+    return -params.alibi_slopes[b * params.alibi_batch_stride + h] / params.scale_softmax;
+  }
 
   // The max over the 4 lanes of a quad, which hold one accumulator row between them (the wgmma
   // accumulator layout, as mma.sync's: lane 4g + t holds rows g and g + 8 of its warp's 16, at
@@ -73,14 +94,29 @@ struct ConsumerLoop : Base {
   // Returns whether any factor differs from 1 (the same in every lane of a warp).
   template <class Fusion, int kRows, class AccS, class Index, class ProblemShape>
   CUTLASS_DEVICE static bool softmax(AccS& acc_s, Index& index, int j, bool masked, float scale,
-                                     Params const& params, ProblemShape const& problem,
-                                     float (&row_max)[kRows], float (&row_sum)[kRows],
-                                     float (&rescale)[kRows]) {
+                                     float alibi, Params const& params,
+                                     ProblemShape const& problem, float (&row_max)[kRows],
+                                     float (&row_sum)[kRows], float (&rescale)[kRows]) {
     using namespace cute;
-    if constexpr (kSoftcap) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(acc_s); ++i) {
-        acc_s(i) = fast_tanh(acc_s(i) * params.softcap_in);
+    if constexpr (kModifiers) {
+      if (params.softcap_in != 0.f) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          acc_s(i) = fast_tanh(acc_s(i) * params.softcap_in);
+        }
+      }
+      if (alibi != 0.f) {
+        // i - j differs from element 0's by a constant per element: one float add and one FMA
+        // per score.
+        const auto first = index(0);
+        const int first_diff = get<0>(first) - get<1>(first);
+        const float base = float(first_diff + params.alibi_diag);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          const auto pos = index(i);
+          const int step = get<0>(pos) - get<1>(pos) - first_diff;
+          acc_s(i) = ::fmaf(alibi, ::fabsf(base + float(step)), acc_s(i));
+        }
       }
     }
     if (masked) {
@@ -250,6 +286,7 @@ struct ConsumerLoop : Base {
     constexpr int kRows = decltype(size<0>(acc_o_mn))::value;
     float row_max[kRows], row_sum[kRows];
     const float scale = params.scale_softmax_log2;
+    const float alibi = alibi_factor(blk, params);
 
     // The unit's key tiles, counted from the first it visits (a window's left side may skip
     // some); a tile needs the mask where it crosses a side of the band or the sequence end.
@@ -285,7 +322,8 @@ struct ConsumerLoop : Base {
     ++read;  // now at V0
     float rescale[kRows];
     bool rescale_o =
-        softmax<Fusion>(acc_s, tPcP, 0, true, scale, params, problem, row_max, row_sum, rescale);
+        softmax<Fusion>(acc_s, tPcP, 0, true, scale, alibi, params, problem, row_max, row_sum,
+                        rescale);
     Tensor p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
     if constexpr (!kOverlap) {
       Turns::wait(consumer);  // this turn issues P(0) V(0) and S = Q K(1)^T (or passes after it)
@@ -316,8 +354,8 @@ struct ConsumerLoop : Base {
         warpgroup_wait<1>();  // S(j) landed; P(j-1) V(j-1) may still run
         warpgroup_fence_operand(acc_s);
         pipeline.consumer_release(read_k);  // K(j)
-        rescale_o = softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, params, problem, row_max,
-                                    row_sum, rescale);
+        rescale_o = softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, alibi, params, problem,
+                                    row_max, row_sum, rescale);
         warpgroup_wait<0>();  // P(j-1) V(j-1) landed: V(j-1) is free, P may be overwritten
         warpgroup_fence_operand(acc_o);
         pipeline.consumer_release(read);  // V(j-1)
@@ -331,8 +369,8 @@ struct ConsumerLoop : Base {
         warpgroup_fence_operand(acc_o);
         pipeline.consumer_release(read_k);  // K(j)
         pipeline.consumer_release(read);    // V(j-1)
-        rescale_o = softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, params, problem, row_max,
-                                    row_sum, rescale);
+        rescale_o = softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, alibi, params, problem,
+                                    row_max, row_sum, rescale);
         if (rescale_o) {
           scale_rows(acc_o_mn, rescale);
         }

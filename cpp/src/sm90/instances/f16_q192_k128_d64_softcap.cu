@@ -1,3 +1,0 @@
-// The tile's softcap kernel, one per translation unit: see ../instances.inc.
-#include "sm90/launch.cuh"
-FLASHCORE_SM90_SCHEDULE(cutlass::half_t, F16, 192, 128, 64, 364)
