@@ -1864,6 +1864,7 @@ fn mods_case_on<T: AttentionElement>(
         .causal(causal)
         .window(mods.window.0, mods.window.1)
         .with_lse();
+    opts.scale = mods.scale;
     opts.softcap = mods.softcap.map(|c| c as f32);
     opts.alibi = mods.alibi.as_ref().map(|slopes| {
         let slopes = if slopes.len() == hq {
@@ -1887,7 +1888,8 @@ fn mods_case_on<T: AttentionElement>(
     )
     .unwrap_or_else(|e| panic!("{b}x{sq}x{sk} {causal:?} {mods:?}: {e}"));
     assert_eq!(exec.backend, BackendKind::Kernel(kernel));
-    let (want, want_lse) = common::naive_mods(&q, &k, &v, 1.0 / (d as f64).sqrt(), causal, mods);
+    let scale = mods.scale.map_or(1.0 / (d as f64).sqrt(), f64::from);
+    let (want, want_lse) = common::naive_mods(&q, &k, &v, scale, causal, mods);
     let errs = (
         rel_l2(&logical(&out.to_host().unwrap()), &want),
         common::lse_error(&lse_values(&lse.to_host().unwrap()), &want_lse),
@@ -2180,11 +2182,25 @@ fn hopper_window_softcap_and_alibi_match_the_reference() {
         Some(5.0),
         Some(random_slopes(&mut rng, 16)),
     );
+    // A tiny scale (and a tiny cap): slope / scale would overflow in the scores' units, so the
+    // kernel adds the bias in exp2 units, which only the slopes then steer.
+    for (scale, softcap) in [(1e-36f32, None), (0.125, Some(1e-36))] {
+        let mods = Mods {
+            alibi: Some(geometric(8)),
+            softcap,
+            scale: Some(scale),
+            ..Mods::default()
+        };
+        let what = format!("ALiBi, scale {scale:e}, softcap {softcap:?}");
+        let hopper = Kernel::CutlassSm90;
+        let problem = ((1, 700, 1300), (8, 2, 128), Causal::BottomRight);
+        checks.both_dtypes_on(&s, hopper, Some(hopper), &what, problem, mods);
+    }
     // Every alibi case under None and TopLeft, all but Sq > Sk under BottomRight.
     let alibi_runs = 3 * alibi_cases.len() - 1;
     assert_eq!(
         checks.count,
-        2 * (3 * (windows.len() + caps.len()) + alibi_runs + 6),
+        2 * (3 * (windows.len() + caps.len()) + alibi_runs + 8),
         "every window, softcap and ALiBi case ran"
     );
     assert_none_failed(&checks.failures);
@@ -2439,6 +2455,7 @@ fn bias_matches_the_reference() {
                 Layout::Bhsd,
                 0.2,
             )),
+            ..Mods::default()
         };
         checks.check(
             format!("f16 {causal:?} bias, ALiBi, softcap and window {sizes:?}"),

@@ -77,6 +77,9 @@ pub struct Mods {
     pub alibi: Option<Vec<f32>>,
     /// An additive bias, added last.
     pub bias: Option<NaiveBias>,
+    /// The softmax scale of a GPU case (`mods_case_on` in tests/gpu.rs; `1/sqrt(d)` when
+    /// `None`); [`naive_mods`] takes its scale as an argument and ignores this.
+    pub scale: Option<f32>,
 }
 
 /// An additive bias for [`naive_mods`]: dims `[batch, seq_q, heads_q, seq_k]`, each the

@@ -41,7 +41,10 @@ namespace flashcore::sm90 {
 //   tanh is monotonic, so the max is the same key's either way;
 // - ALiBi: each score of query row i and key j gains -slope * |i + diag - j| (natural units,
 //   after the scale and any softcap), divided by the softmax's natural scale to stay in the
-//   scores' units; the distance is a float per score (its integer part is known per tile).
+//   scores' units (one add and one FMA per score; the distance is a float whose integer part is
+//   known per tile). Where that quotient could overflow (a tiny scale or cap, a huge slope), the
+//   unit instead takes its scores to exp2 units first and adds the bias in them (an add, a
+//   multiply and an FMA per score), and runs its softmax with a scale of 1.
 template <class Base, bool kOverlap, bool kLazyRescale, bool kTurns, bool kModifiers = false>
 struct ConsumerLoop : Base {
   using typename Base::Element;
@@ -70,15 +73,30 @@ struct ConsumerLoop : Base {
     int alibi_diag = 0;
   };
 
-  // The unit's ALiBi factor in the scores' units: -slope / (the softmax's natural scale); 0
-  // without ALiBi (or with a slope of 0: no bias either way).
-  template <class BlkCoord>
-  CUTLASS_DEVICE static float alibi_factor(BlkCoord const& blk, Params const& params) {
+  // A work unit's ALiBi: the bias per unit of distance (0: none), in the scores' units where
+  // `to_log2` is 0, else in exp2 units, `to_log2` being the factor that takes the scores there.
+  struct Alibi {
+    float factor = 0.f;
+    float to_log2 = 0.f;
+  };
+
+  // The unit's ALiBi: -slope / (the softmax's natural scale) in the scores' units while that
+  // times the largest distance (below seq_q + seq_k) stays below 2^100, else exp2 units (a NaN
+  // slope takes them too, and gives NaN rows as documented).
+  template <class BlkCoord, class ProblemShape>
+  CUTLASS_DEVICE static Alibi alibi_for(BlkCoord const& blk, Params const& params,
+                                        ProblemShape const& problem) {
     if (!kModifiers || params.alibi_slopes == nullptr) {
-      return 0.f;
+      return {};
     }
     const int64_t b = cute::get<2, 0>(blk), h = cute::get<2, 1>(blk);
-    return -params.alibi_slopes[b * params.alibi_batch_stride + h] / params.scale_softmax;
+    const float slope = params.alibi_slopes[b * params.alibi_batch_stride + h];
+    const float factor = -slope / params.scale_softmax;
+    if (::fabsf(factor) * float(seq_q(problem) + seq_k(problem)) < 0x1p100f) {
+      return {factor, 0.f};
+    }
+    constexpr float kLog2e = 1.44269504f;
+    return {-slope * kLog2e, params.scale_softmax_log2};
   }
 
   // The max over the 4 lanes of a quad, which hold one accumulator row between them (the wgmma
@@ -94,7 +112,7 @@ struct ConsumerLoop : Base {
   // Returns whether any factor differs from 1 (the same in every lane of a warp).
   template <class Fusion, int kRows, class AccS, class Index, class ProblemShape>
   CUTLASS_DEVICE static bool softmax(AccS& acc_s, Index& index, int j, bool masked, float scale,
-                                     float alibi, Params const& params,
+                                     Alibi const& alibi, Params const& params,
                                      ProblemShape const& problem, float (&row_max)[kRows],
                                      float (&row_sum)[kRows], float (&rescale)[kRows]) {
     using namespace cute;
@@ -105,17 +123,24 @@ struct ConsumerLoop : Base {
           acc_s(i) = fast_tanh(acc_s(i) * params.softcap_in);
         }
       }
-      if (alibi != 0.f) {
-        // i - j differs from element 0's by a constant per element: one float add and one FMA
-        // per score.
-        const auto first = index(0);
-        const int first_diff = get<0>(first) - get<1>(first);
-        const float base = float(first_diff + params.alibi_diag);
+      // |i + diag - j| of element e: i - j differs from element 0's by a constant per element,
+      // so one float add per score.
+      const auto first = index(0);
+      const int first_diff = get<0>(first) - get<1>(first);
+      const float base = float(first_diff + params.alibi_diag);
+      auto distance = [&](int e) {
+        const auto pos = index(e);
+        return ::fabsf(base + float(get<0>(pos) - get<1>(pos) - first_diff));
+      };
+      if (alibi.to_log2 != 0.f) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(acc_s); ++i) {
-          const auto pos = index(i);
-          const int step = get<0>(pos) - get<1>(pos) - first_diff;
-          acc_s(i) = ::fmaf(alibi, ::fabsf(base + float(step)), acc_s(i));
+          acc_s(i) = ::fmaf(acc_s(i), alibi.to_log2, alibi.factor * distance(i));
+        }
+      } else if (alibi.factor != 0.f) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          acc_s(i) = ::fmaf(alibi.factor, distance(i), acc_s(i));
         }
       }
     }
@@ -285,8 +310,11 @@ struct ConsumerLoop : Base {
     Tensor acc_o_mn = make_tensor(acc_o.data(), layout_acc_mn(mma_pv, acc_o.layout()));
     constexpr int kRows = decltype(size<0>(acc_o_mn))::value;
     float row_max[kRows], row_sum[kRows];
-    const float scale = params.scale_softmax_log2;
-    const float alibi = alibi_factor(blk, params);
+    // The softmax's scale (exp2 units) and the logsumexp's (natural units): 1 and ln(2) where
+    // ALiBi took the scores to exp2 units.
+    const Alibi alibi = alibi_for(blk, params, problem);
+    const float scale = alibi.to_log2 == 0.f ? params.scale_softmax_log2 : 1.f;
+    const float natural = alibi.to_log2 == 0.f ? params.scale_softmax : 0.69314718f;
 
     // The unit's key tiles, counted from the first it visits (a window's left side may skip
     // some); a tile needs the mask where it crosses a side of the band or the sequence end.
@@ -409,7 +437,7 @@ struct ConsumerLoop : Base {
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float inv = sum == 0.f || sum != sum ? 1.f : __frcp_rn(sum);
       lse(i) = sum == 0.f || sum != sum ? INFINITY
-                                        : row_max[i] * params.scale_softmax + ::logf(sum);
+                                        : row_max[i] * natural + ::logf(sum);
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < size<1>(acc_o_mn); ++k) {
         acc_o_mn(i, k) *= inv;
