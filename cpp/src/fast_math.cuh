@@ -4,6 +4,10 @@
 
 namespace flashcore {
 
+// log2(e) and ln(2) in float, for moving scores between natural and exp2 units.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
 // 2^x by ex2.approx.ftz: about 2 ulp, as FlashAttention computes its softmax. The plain exp2f
 // (without --use_fast_math) compiles to ex2.approx without .ftz, which ptxas wraps in three more
 // instructions per call to keep subnormal inputs and results (a compare and two predicated

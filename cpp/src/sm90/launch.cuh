@@ -39,6 +39,12 @@ inline int sm_count() {
 // descriptor still needs every stride to be a multiple of 16 bytes. Give such dimensions one.
 inline int64_t tma_stride(int64_t stride, int64_t extent) { return extent == 1 ? 8 : stride; }
 
+// Whether a call needs a tile's modifier schedule (a softcap or ALiBi): the tile's entry routes
+// such calls to it, and the other schedules refuse them.
+inline bool needs_modifiers(const FmhaArgs& a) {
+  return a.softcap > 0.0f || a.alibi_slopes != nullptr;
+}
+
 template <typename T, int Q, int K, int D, int kFlags>
 void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   using Kern = Kernel<T, Q, K, D, kFlags>;
@@ -51,7 +57,7 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   if (windowed && !Kern::kOurLoop) {
     throw detail::Failure(Code::Launch, "", "sm90 kernel: example 88's loop takes no window");
   }
-  if ((a.softcap > 0.0f || a.alibi_slopes != nullptr) && !Kern::kModifiers) {
+  if (needs_modifiers(a) && !Kern::kModifiers) {
     throw detail::Failure(Code::Launch, "",
                           "sm90 kernel: a softcap or ALiBi needs the modifier schedule");
   }
@@ -151,8 +157,7 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS(const FmhaArgs&, cudaStream_t);    \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##MODIFIER_FLAGS(const FmhaArgs&, cudaStream_t);  \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D(const FmhaArgs& args, cudaStream_t stream) {         \
-    (args.softcap > 0.0f || args.alibi_slopes != nullptr                                         \
-         ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##MODIFIER_FLAGS                              \
+    (needs_modifiers(args)         ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##MODIFIER_FLAGS    \
      : args.causal == Causal::None ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##FLAGS             \
                                    : fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS)(    \
         args, stream);                                                                           \

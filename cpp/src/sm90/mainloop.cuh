@@ -95,7 +95,6 @@ struct ConsumerLoop : Base {
     if (::fabsf(factor) * float(seq_q(problem) + seq_k(problem)) < 0x1p100f) {
       return {factor, 0.f};
     }
-    constexpr float kLog2e = 1.44269504f;
     return {-slope * kLog2e, params.scale_softmax_log2};
   }
 
@@ -105,6 +104,40 @@ struct ConsumerLoop : Base {
   CUTLASS_DEVICE static float quad_max(float m) {
     m = ::fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     return ::fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+  }
+
+  // The score modifiers on one tile of scores, in place (kModifiers): the softcap where the call
+  // has one, then ALiBi where the unit has a bias.
+  template <class AccS, class Index>
+  CUTLASS_DEVICE static void modify_scores(AccS& acc_s, Index const& index, Alibi const& alibi,
+                                           Params const& params) {
+    using namespace cute;
+    if (params.softcap_in != 0.f) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        acc_s(i) = fast_tanh(acc_s(i) * params.softcap_in);
+      }
+    }
+    // |i + diag - j| of element e: i - j differs from element 0's by a constant per element, so
+    // one float add per score.
+    const auto first = index(0);
+    const int first_diff = get<0>(first) - get<1>(first);
+    const float base = float(first_diff + params.alibi_diag);
+    auto distance = [&](int e) {
+      const auto pos = index(e);
+      return ::fabsf(base + float(get<0>(pos) - get<1>(pos) - first_diff));
+    };
+    if (alibi.to_log2 != 0.f) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        acc_s(i) = ::fmaf(acc_s(i), alibi.to_log2, alibi.factor * distance(i));
+      }
+    } else if (alibi.factor != 0.f) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        acc_s(i) = ::fmaf(alibi.factor, distance(i), acc_s(i));
+      }
+    }
   }
 
   // Scores of the unit's tile `j` -> probabilities in place (masked first where `masked`); updates
@@ -117,32 +150,7 @@ struct ConsumerLoop : Base {
                                      float (&row_sum)[kRows], float (&rescale)[kRows]) {
     using namespace cute;
     if constexpr (kModifiers) {
-      if (params.softcap_in != 0.f) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) {
-          acc_s(i) = fast_tanh(acc_s(i) * params.softcap_in);
-        }
-      }
-      // |i + diag - j| of element e: i - j differs from element 0's by a constant per element,
-      // so one float add per score.
-      const auto first = index(0);
-      const int first_diff = get<0>(first) - get<1>(first);
-      const float base = float(first_diff + params.alibi_diag);
-      auto distance = [&](int e) {
-        const auto pos = index(e);
-        return ::fabsf(base + float(get<0>(pos) - get<1>(pos) - first_diff));
-      };
-      if (alibi.to_log2 != 0.f) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) {
-          acc_s(i) = ::fmaf(acc_s(i), alibi.to_log2, alibi.factor * distance(i));
-        }
-      } else if (alibi.factor != 0.f) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) {
-          acc_s(i) = ::fmaf(alibi.factor, distance(i), acc_s(i));
-        }
-      }
+      modify_scores(acc_s, index, alibi, params);
     }
     if (masked) {
       Fusion{}.before_softmax(acc_s, index, problem);
@@ -314,7 +322,7 @@ struct ConsumerLoop : Base {
     // ALiBi took the scores to exp2 units.
     const Alibi alibi = alibi_for(blk, params, problem);
     const float scale = alibi.to_log2 == 0.f ? params.scale_softmax_log2 : 1.f;
-    const float natural = alibi.to_log2 == 0.f ? params.scale_softmax : 0.69314718f;
+    const float natural = alibi.to_log2 == 0.f ? params.scale_softmax : kLn2;
 
     // The unit's key tiles, counted from the first it visits (a window's left side may skip
     // some); a tile needs the mask where it crosses a side of the band or the sequence end.
