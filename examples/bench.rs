@@ -14,8 +14,8 @@ use common::{percentiles, shapes, time_calls, time_fn, BenchShape, Inputs};
 use flashcore::plan::{ArchClass, Kernel};
 use flashcore::{
     attention, attention_into, attention_paged_into, attention_varlen_into, AlibiSlopes,
-    AttentionElement, AttentionOptions, Backend, Bias, Causal, Device, Layout, PageTable, Stream,
-    Tensor, VarlenBatch,
+    AttentionElement, AttentionOptions, Backend, BackendKind, Bias, Causal, Device, Layout,
+    PageTable, Stream, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 use serde_json::json;
@@ -203,56 +203,73 @@ fn host_overhead(stream: &Stream) -> flashcore::Result<[f64; 5]> {
     Ok(rounds.map(|mut r| percentiles(&mut r).0))
 }
 
-/// The variable-length prefill row of issue 12: 16 causal sequences of 128 to 4096 tokens (GQA
+/// The variable-length prefill rows of issue 12: 16 causal sequences of 128 to 4096 tokens (GQA
 /// 32:8, d = 128, bf16) as one variable-length batch, and a dense batch of 16 equal sequences
-/// with the same token count, on the WMMA kernel (the family that takes variable-length
-/// batches), and the dense batch under Auto (the Hopper kernel on an H200: what the WMMA
-/// fallback costs). Returns (varlen us, varlen TFLOP/s, dense us, dense TFLOP/s, Auto dense us,
-/// Auto dense TFLOP/s), medians.
-fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 6]> {
+/// with the same token count, on the same kernel: WMMA (forced), and whatever Auto runs (the
+/// Hopper kernel on an H200). Returns per row (the kernel, varlen us, varlen TFLOP/s, dense us,
+/// dense TFLOP/s), medians.
+fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(String, [f64; 4])>> {
     const LENGTHS: [usize; 16] = [
         128, 4096, 256, 3072, 512, 2048, 1024, 3584, 384, 2560, 768, 1536, 1792, 3840, 640, 2304,
     ];
     let (h, hk, d) = (32, 8, 128);
     let total: usize = LENGTHS.iter().sum();
+    let n = total / LENGTHS.len();
     let flops = |lens: &[usize]| {
         lens.iter()
             .map(|&n| 2.0 * (h * n * n * d) as f64)
             .sum::<f64>()
     };
-    let wmma = AttentionOptions::default()
-        .causal(Causal::BottomRight)
-        .backend(Backend::Kernel(Kernel::Wmma));
     let dev =
         |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
     let median = |mut t: Vec<f64>| percentiles(&mut t).0;
+    let tflops = |f: f64, us: f64| f / (us * 1e-6) / 1e12;
 
     let batch = VarlenBatch::from_lengths(&LENGTHS, &LENGTHS)?.to_device(stream)?;
-    let (q, kv) = (dev(&[1, total, h, d])?, dev(&[1, total, hk, d])?);
-    let mut out = dev(&[1, total, h, d])?;
-    let varlen = median(time_fn(stream, 3, iters, |_| {
-        attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &wmma).map(|_| ())
-    })?);
-
-    let n = total / LENGTHS.len();
-    let (q, kv) = (dev(&[16, n, h, d])?, dev(&[16, n, hk, d])?);
-    let mut out = dev(&[16, n, h, d])?;
-    let dense = median(time_fn(stream, 3, iters, |_| {
-        attention_into(&q, &kv, &kv, &mut out, None, &wmma).map(|_| ())
-    })?);
-    let auto = wmma.backend(Backend::Auto);
-    let auto_dense = median(time_fn(stream, 3, iters, |_| {
-        attention_into(&q, &kv, &kv, &mut out, None, &auto).map(|_| ())
-    })?);
-    let tflops = |f: f64, us: f64| f / (us * 1e-6) / 1e12;
-    Ok([
-        varlen,
-        tflops(flops(&LENGTHS), varlen),
-        dense,
-        tflops(flops(&[n; 16]), dense),
-        auto_dense,
-        tflops(flops(&[n; 16]), auto_dense),
-    ])
+    let (q, kv, mut out) = (
+        dev(&[1, total, h, d])?,
+        dev(&[1, total, hk, d])?,
+        dev(&[1, total, h, d])?,
+    );
+    let (dq, dkv, mut dout) = (
+        dev(&[16, n, h, d])?,
+        dev(&[16, n, hk, d])?,
+        dev(&[16, n, h, d])?,
+    );
+    let mut rows = Vec::new();
+    for backend in [Backend::Kernel(Kernel::Wmma), Backend::Auto] {
+        let opts = AttentionOptions::default()
+            .causal(Causal::BottomRight)
+            .backend(backend);
+        let ran = attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts)?.backend;
+        let varlen = median(time_fn(stream, 3, iters, |_| {
+            attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts).map(|_| ())
+        })?);
+        // The dense batch on the kernel the variable-length batch ran on.
+        let same = opts.backend(match ran {
+            BackendKind::Kernel(k) => Backend::Kernel(k),
+            _ => backend,
+        });
+        let dense = median(time_fn(stream, 3, iters, |_| {
+            attention_into(&dq, &dkv, &dkv, &mut dout, None, &same).map(|_| ())
+        })?);
+        let auto = if backend == Backend::Auto {
+            " (Auto)"
+        } else {
+            ""
+        };
+        let name = format!("{}{auto}", ran.name());
+        rows.push((
+            name,
+            [
+                varlen,
+                tflops(flops(&LENGTHS), varlen),
+                dense,
+                tflops(flops(&[n; 16]), dense),
+            ],
+        ));
+    }
+    Ok(rows)
 }
 
 /// The paged decode rows of issue 12 (bf16, GQA 32:8, d = 128, one query per sequence): 1 x 32k,
@@ -450,15 +467,20 @@ fn main() {
         }));
     }
     let varlen = match varlen_prefill(&stream, args.iters) {
-        Ok([vus, vtf, dus, dtf, aus, atf]) => {
-            println!(
-                "varlen prefill (16 causal seqs of 128-4096 tokens, 32kv8, d128, bf16, wmma): \
-                 {vus:.1} us {vtf:.1} TFLOP/s; dense 16 equal seqs, same tokens: {dus:.1} us \
-                 {dtf:.1} TFLOP/s; ratio {:.3}; dense under Auto {aus:.1} us {atf:.1} TFLOP/s",
-                vtf / dtf
-            );
-            json!({ "varlen_us": vus, "varlen_tflops": vtf, "dense_us": dus, "dense_tflops": dtf,
-                    "auto_dense_us": aus, "auto_dense_tflops": atf })
+        Ok(rows) => {
+            for (kernel, [vus, vtf, dus, dtf]) in &rows {
+                println!(
+                    "varlen prefill (16 causal seqs of 128-4096 tokens, 32kv8, d128, bf16) on \
+                     {kernel}: {vus:.1} us {vtf:.1} TFLOP/s; dense 16 equal seqs, same tokens, \
+                     same kernel: {dus:.1} us {dtf:.1} TFLOP/s; ratio {:.3}",
+                    vtf / dtf
+                );
+            }
+            json!(rows
+                .iter()
+                .map(|(kernel, [vus, vtf, dus, dtf])| json!({ "kernel": kernel,
+                    "varlen_us": vus, "varlen_tflops": vtf, "dense_us": dus, "dense_tflops": dtf }))
+                .collect::<Vec<_>>())
         }
         Err(e) => {
             eprintln!("varlen prefill: {e}");

@@ -7,8 +7,8 @@
 mod common;
 
 use common::{
-    dims, logical, lse_values, naive, naive_paged, naive_varlen, randn, random_pages,
-    random_varlen, rel_l2, Rng,
+    dims, logical, lse_values, naive, naive_paged, naive_varlen, randn, random_lengths,
+    random_pages, random_varlen, rel_l2, varlen_of_lengths, Rng,
 };
 use flashcore::interop::{
     cpp_attention_forward, cpp_attention_paged, cpp_attention_varlen, CppDeviceBuffer,
@@ -1051,28 +1051,27 @@ fn planned_runs_match_the_reference_and_refuse_other_operands() {
     );
 }
 
-/// One random variable-length batch on the GPU (Auto: the WMMA kernel) with NaN-poisoned
-/// outputs, against the naive formula per sequence. Returns (out, lse) relative L2 errors.
+/// `n` random sequence lengths up to `max_len` for `causal` ([`random_lengths`]).
+fn lengths(n: usize, max_len: usize, causal: Causal) -> (Vec<usize>, Vec<usize>) {
+    let bottom_right = causal == Causal::BottomRight;
+    random_lengths(&mut Rng::fresh(), n, max_len, max_len, bottom_right)
+}
+
+/// One variable-length batch of fresh normal inputs with sequences of `lq` queries and `lk`
+/// keys, on `kernel` (forced) with NaN-poisoned outputs, against the naive formula per sequence.
+/// Returns (out, lse) relative L2 errors.
+#[allow(clippy::too_many_arguments)]
 fn varlen_case<T: AttentionElement>(
     s: &Stream,
-    n: usize,
-    max_len: usize,
+    kernel: Kernel,
+    (lq, lk): (Vec<usize>, Vec<usize>),
     heads: (usize, usize),
     d: usize,
     causal: Causal,
     layout: Layout,
 ) -> (f64, f64) {
     let mut rng = Rng::fresh();
-    let bottom_right = causal == Causal::BottomRight;
-    let (batch, q, k, v) = random_varlen::<T>(
-        &mut rng,
-        n,
-        (max_len, max_len),
-        heads,
-        d,
-        bottom_right,
-        layout,
-    );
+    let (batch, q, k, v) = varlen_of_lengths::<T>(&mut rng, &lq, &lk, heads, d, layout);
     let tq = q.shape().seq;
     let out_dims = dims(Shape::new(1, tq, heads.0, d), layout);
     let mut out = Tensor::full(T::from_f64(f64::NAN), &out_dims, layout)
@@ -1083,7 +1082,10 @@ fn varlen_case<T: AttentionElement>(
         .unwrap()
         .to_device(s)
         .unwrap();
-    let opts = AttentionOptions::default().causal(causal).with_lse();
+    let opts = AttentionOptions::default()
+        .causal(causal)
+        .with_lse()
+        .backend(Backend::Kernel(kernel));
     let on_device = batch.to_device(s).unwrap();
     let exec = attention_varlen_into(
         &q.to_device(s).unwrap(),
@@ -1101,7 +1103,7 @@ fn varlen_case<T: AttentionElement>(
             batch.cu_seqlens_k()
         )
     });
-    assert_eq!(exec.backend, BackendKind::Kernel(Kernel::Wmma));
+    assert_eq!(exec.backend, BackendKind::Kernel(kernel));
     let (want, want_lse) = naive_varlen(
         &q,
         &k,
@@ -1128,39 +1130,67 @@ fn varlen_batches_match_the_reference() {
             failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
         }
     };
-    for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
-        for (d, heads, layout) in [
-            (64, (8, 2), Layout::Bshd),
-            (128, (4, 4), Layout::Bhsd),
-            (72, (6, 1), Layout::Bshd),
-            (256, (2, 1), Layout::Bshd),
-        ] {
-            let what = |t: &str| format!("{t} d {d} heads {heads:?} {causal:?} {layout:?}");
+    let kernels = [Kernel::Wmma, Kernel::CutlassSm90];
+    for kernel in kernels.into_iter().filter(|&k| runs_here(k)) {
+        for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+            for (d, heads, layout) in [
+                (64, (8, 2), Layout::Bshd),
+                (128, (4, 4), Layout::Bhsd),
+                (72, (6, 1), Layout::Bshd),
+                (256, (2, 1), Layout::Bshd),
+            ] {
+                let what =
+                    |t: &str| format!("{kernel:?} {t} d {d} heads {heads:?} {causal:?} {layout:?}");
+                let f16_case = lengths(5, 2000, causal);
+                check(
+                    what("f16"),
+                    varlen_case::<f16>(&s, kernel, f16_case, heads, d, causal, layout),
+                    2e-3,
+                );
+                let bf16_case = lengths(7, 700, causal);
+                check(
+                    what("bf16"),
+                    varlen_case::<bf16>(&s, kernel, bf16_case, heads, d, causal, layout),
+                    1e-2,
+                );
+            }
+            // Partial tiles of every size beside empty and one-token sequences, Sq < Sk and
+            // Sq = Sk (bottom-right needs Sk >= Sq for every query to see a key).
+            let fixed = (
+                vec![1, 17, 0, 1000, 4097, 3],
+                vec![5, 17, 9, 1300, 4097, 4000],
+            );
             check(
-                what("f16"),
-                varlen_case::<f16>(&s, 5, 2000, heads, d, causal, layout),
+                format!("{kernel:?} f16 lengths {:?} {causal:?}", fixed.0),
+                varlen_case::<f16>(&s, kernel, fixed, (2, 1), 64, causal, Layout::Bshd),
                 2e-3,
             );
-            check(
-                what("bf16"),
-                varlen_case::<bf16>(&s, 7, 700, heads, d, causal, layout),
-                1e-2,
-            );
         }
+        // Many short sequences, one query each included (decode-like rows).
+        check(
+            format!("{kernel:?} f16 40 x <= 3"),
+            varlen_case::<f16>(
+                &s,
+                kernel,
+                lengths(40, 3, Causal::BottomRight),
+                (8, 2),
+                128,
+                Causal::BottomRight,
+                Layout::Bshd,
+            ),
+            2e-3,
+        );
     }
-    // Many short sequences, one query each included (decode-like rows).
-    check(
-        "f16 40 x <= 3".into(),
-        varlen_case::<f16>(&s, 40, 3, (8, 2), 128, Causal::BottomRight, Layout::Bshd),
-        2e-3,
-    );
     assert_none_failed(&failures);
 }
 
-/// `call` forced onto each family that reads neither variable-length batches nor paged caches
-/// (CUTLASS example 41, the Hopper kernel) is refused before any launch.
-fn only_wmma_runs(mut call: impl FnMut(&AttentionOptions) -> Result<Execution, Error>) {
-    for kernel in [Kernel::CutlassSm80, Kernel::CutlassSm90] {
+/// `call` forced onto each of `kernels` (families that do not read its batch) is refused before
+/// any launch.
+fn refused_on(
+    kernels: &[Kernel],
+    mut call: impl FnMut(&AttentionOptions) -> Result<Execution, Error>,
+) {
+    for &kernel in kernels {
         let forced = AttentionOptions::default().backend(Backend::Kernel(kernel));
         let err = call(&forced).unwrap_err();
         assert!(
@@ -1200,7 +1230,10 @@ fn varlen_errors_launch_nothing() {
         "{err}"
     );
     let on_device = batch.to_device(&s).unwrap();
-    only_wmma_runs(|forced| attention_varlen_into(&q, &k, &k, &on_device, &mut out, None, forced));
+    // Example 41 reads no variable-length batch (the Hopper kernel does: the tests above).
+    refused_on(&[Kernel::CutlassSm80], |forced| {
+        attention_varlen_into(&q, &k, &k, &on_device, &mut out, None, forced)
+    });
     let short = VarlenBatch::from_offsets(vec![0, 3, 7], vec![0, 4, 10])
         .unwrap()
         .to_device(&s)
@@ -1228,92 +1261,115 @@ fn varlen_errors_launch_nothing() {
 }
 
 /// Device offsets that break their contract, given to the public C++ API without host copies
-/// (so that nothing can check them before the launch): the kernel clamps them and stays inside
-/// the buffers (compute-sanitizer memcheck runs this test in bundle/run.sh), the stream stays
-/// healthy, and a valid batch given the same way still matches the reference.
+/// (so that nothing can check them before the launch), on the WMMA kernel and (on compute
+/// capability 9.0) the Hopper kernel: each kernel clamps them and stays inside the buffers
+/// (compute-sanitizer memcheck runs this test in bundle/run.sh), the stream stays healthy, and a
+/// valid batch given the same way still matches the reference.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn varlen_device_offsets_stay_inside_the_buffers() {
     let s = stream();
     let mut rng = Rng::fresh();
-    let (tq, tk, h, d) = (40, 50, 2, 64);
-    let q = randn::<bf16>(&mut rng, &[1, tq, h, d], Layout::Bshd);
-    let k = randn::<bf16>(&mut rng, &[1, tk, h, d], Layout::Bshd);
-    let v = randn::<bf16>(&mut rng, &[1, tk, h, d], Layout::Bshd);
+    let (h, d) = (2, 64);
+    let mut packed = |tokens: usize| randn::<bf16>(&mut rng, &[1, tokens, h, d], Layout::Bshd);
+    let (q, k, v) = (packed(300), packed(50), packed(50));
     let (dq, dk, dv) = (
         q.to_device(&s).unwrap(),
         k.to_device(&s).unwrap(),
         v.to_device(&s).unwrap(),
     );
-    let opts = AttentionOptions::default()
-        .causal(Causal::BottomRight)
-        .with_lse();
     // (The host copies give max_seqlen, which the C++ API checks against the token counts.)
     let bad = [
         (vec![0, 30, 10, 40], vec![0, 20, 60, 50]), // decreasing, beyond the keys
-        (vec![-5, 30, 40, 75], vec![-20, 7, 30, 60]), // below 0, beyond the tokens
+        (vec![-5, 30, 40, 330], vec![-20, 7, 30, 60]), // below 0, beyond the tokens
         (vec![0, 20, 40, 40], vec![0, 0, 50, 50]),  // queries without keys
+        // 290 queries on 2 keys: under bottom-right causal (and a window) rows 0-287 see no key,
+        // whole query blocks among them.
+        (vec![0, 290, 295, 300], vec![0, 2, 3, 50]),
     ];
-    for (cu_q, cu_k) in bad {
-        let batch = VarlenBatch::from_offsets(cu_q.clone(), cu_k.clone())
+    let kernels = [Kernel::Wmma, Kernel::CutlassSm90];
+    for kernel in kernels.into_iter().filter(|&k| runs_here(k)) {
+        let causal = AttentionOptions::default()
+            .causal(Causal::BottomRight)
+            .backend(Backend::Kernel(kernel))
+            .with_lse();
+        for (cu_q, cu_k) in &bad {
+            for opts in [causal.clone(), causal.window(Some(1), Some(0))] {
+                let batch = VarlenBatch::from_offsets(cu_q.clone(), cu_k.clone())
+                    .unwrap()
+                    .to_device(&s)
+                    .unwrap();
+                let mut out = Tensor::full(bf16::NAN, &[1, 300, h, d], Layout::Bshd)
+                    .unwrap()
+                    .to_device(&s)
+                    .unwrap();
+                let mut lse = Tensor::full(f32::NAN, &[1, h, 300, 1], Layout::Bhsd)
+                    .unwrap()
+                    .to_device(&s)
+                    .unwrap();
+                let what = format!("{kernel:?} {cu_q:?} / {cu_k:?} window {:?}", opts.window);
+                let exec = cpp_attention_varlen(
+                    &dq,
+                    &dk,
+                    &dv,
+                    &batch,
+                    &mut out,
+                    Some(&mut lse),
+                    &opts,
+                    false,
+                )
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(exec.backend, BackendKind::Kernel(kernel), "{what}");
+                let written = out.to_host().unwrap_or_else(|e| panic!("{what}: {e}"));
+                // Rows the kernel wrote are finite: clamped sequences never produce NaN from
+                // nothing.
+                let finite = written
+                    .host_data()
+                    .unwrap()
+                    .iter()
+                    .filter(|x| x.is_finite())
+                    .count();
+                println!("bad offsets {what}: {finite} finite elements written");
+            }
+        }
+        // A valid batch without host copies, on the first 40 queries.
+        let q = randn::<bf16>(&mut rng, &[1, 40, h, d], Layout::Bshd);
+        let opts = AttentionOptions::default()
+            .causal(Causal::BottomRight)
+            .backend(Backend::Kernel(kernel));
+        let batch = VarlenBatch::from_lengths(&[10, 0, 30], &[15, 0, 35]).unwrap();
+        let on_device = batch.to_device(&s).unwrap();
+        let mut out = Tensor::full(bf16::NAN, &[1, 40, h, d], Layout::Bshd)
             .unwrap()
             .to_device(&s)
             .unwrap();
-        let mut out = Tensor::full(bf16::NAN, &[1, tq, h, d], Layout::Bshd)
-            .unwrap()
-            .to_device(&s)
-            .unwrap();
-        let mut lse = Tensor::full(f32::NAN, &[1, h, tq, 1], Layout::Bhsd)
-            .unwrap()
-            .to_device(&s)
-            .unwrap();
-        cpp_attention_varlen(
-            &dq,
+        let exec = cpp_attention_varlen(
+            &q.to_device(&s).unwrap(),
             &dk,
             &dv,
-            &batch,
+            &on_device,
             &mut out,
-            Some(&mut lse),
+            None,
             &opts,
             false,
         )
-        .unwrap_or_else(|e| panic!("{cu_q:?} / {cu_k:?}: {e}"));
-        let written = out
-            .to_host()
-            .unwrap_or_else(|e| panic!("{cu_q:?} / {cu_k:?}: {e}"));
-        // Rows the kernel wrote are finite: clamped sequences never produce NaN from nothing.
-        let finite = written
-            .host_data()
-            .unwrap()
-            .iter()
-            .filter(|x| x.is_finite())
-            .count();
-        println!("bad offsets {cu_q:?} / {cu_k:?}: {finite} finite elements written");
-    }
-    // A valid batch without host copies.
-    let batch = VarlenBatch::from_lengths(&[10, 0, 30], &[15, 0, 35]).unwrap();
-    let on_device = batch.to_device(&s).unwrap();
-    let mut out = Tensor::full(bf16::NAN, &[1, tq, h, d], Layout::Bshd)
-        .unwrap()
-        .to_device(&s)
         .unwrap();
-    let exec =
-        cpp_attention_varlen(&dq, &dk, &dv, &on_device, &mut out, None, &opts, false).unwrap();
-    assert_eq!(exec.backend, BackendKind::Kernel(Kernel::Wmma));
-    let (want, _) = naive_varlen(
-        &q,
-        &k,
-        &v,
-        batch.cu_seqlens_q(),
-        batch.cu_seqlens_k(),
-        1.0 / 8.0,
-        opts.causal,
-    );
-    let err = rel_l2(&logical(&out.to_host().unwrap()), &want);
-    assert!(
-        err < 1e-2,
-        "valid batch through the C++ API without host copies: {err:.3e}"
-    );
+        assert_eq!(exec.backend, BackendKind::Kernel(kernel));
+        let (want, _) = naive_varlen(
+            &q,
+            &k,
+            &v,
+            batch.cu_seqlens_q(),
+            batch.cu_seqlens_k(),
+            1.0 / 8.0,
+            opts.causal,
+        );
+        let err = rel_l2(&logical(&out.to_host().unwrap()), &want);
+        assert!(
+            err < 1e-2,
+            "{kernel:?}: valid batch through the C++ API without host copies: {err:.3e}"
+        );
+    }
 }
 
 /// One decode-like case on the WMMA kernel (NaN-poisoned outputs): what ran, and the relative
@@ -1665,7 +1721,9 @@ fn paged_errors_launch_nothing() {
         "{err}"
     );
     let on_device = pages.to_device(&s).unwrap();
-    only_wmma_runs(|forced| attention_paged_into(&q, &k, &k, &on_device, &mut out, None, forced));
+    refused_on(&[Kernel::CutlassSm80, Kernel::CutlassSm90], |forced| {
+        attention_paged_into(&q, &k, &k, &on_device, &mut out, None, forced)
+    });
     let bad = PageTable::new(16, vec![vec![3, 0, 10], vec![5, 2, 7, 8]], vec![40, 64])
         .unwrap()
         .to_device(&s)
@@ -2571,7 +2629,8 @@ impl Checks {
     }
 }
 
-/// A variable-length batch (6 sequences, 300-600 tokens, GQA 8:2, d 128, f16) and a paged
+/// A variable-length batch (6 sequences, up to 300 queries and 600 keys, GQA 8:2, d 128, f16;
+/// on the kernel Auto picks) and a paged
 /// decode-and-prefill (3 sequences of 700 / 33 / 1500 keys in shuffled pages of 16, 5 queries
 /// each) with score modifiers on the GPU against the CPU reference; `opts(sequences)` gives
 /// (CPU options, GPU options) for a batch of that many sequences, (at most) that many queries
@@ -2594,7 +2653,25 @@ fn modified_batches_match_the_cpu(
     let batch = batch.to_device(s).unwrap();
     let got = attention_varlen(&qd, &kd, &vd, &batch, &gpu).unwrap();
     let err = rel_l2(&logical(&got.out.to_host().unwrap()), &logical(&want.out));
-    println!("{what} varlen: rel L2 {err:.2e}");
+    println!(
+        "{what} varlen on {}: rel L2 {err:.2e}",
+        got.execution.backend.name()
+    );
+    // Auto: the Hopper kernel where it runs and the longest sequence's 128-row blocks over the
+    // 6 x 8 (sequence, head) pairs fill the SMs, unless a bias keeps the batch on WMMA.
+    let sms = Device::open(0).unwrap().sm_count();
+    let fills = batch.max_seqlen_q().div_ceil(128) * 6 * 8 >= sms;
+    let hopper = runs_here(Kernel::CutlassSm90) && fills && gpu.bias.is_none();
+    let expected = if hopper {
+        Kernel::CutlassSm90
+    } else {
+        Kernel::Wmma
+    };
+    assert_eq!(
+        got.execution.backend,
+        BackendKind::Kernel(expected),
+        "varlen with {what}"
+    );
     assert!(err < 2e-3, "varlen with {what}: {err:.3e}");
     let mut out = got.out.to_host().unwrap().to_device(s).unwrap();
     let plan = AttentionPlan::new_varlen(&qd, &kd, &vd, &batch, &out, None, &gpu).unwrap();

@@ -510,17 +510,43 @@ void variable_lengths() {
   r.cu_k.max_len = 11;
   expect(check(r).ok(), "a sequence without queries or keys");
 
-  // Planning: Auto runs WMMA whatever the device; forcing another family is refused.
+  // Planning: Auto runs a small batch on WMMA; the Hopper kernel runs it where forced on
+  // compute capability 9.0; example 41 forced is refused.
   const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
+  const flashcore::core::DeviceCaps l4{8, 9, 99 * 1024, ~0u, 58};
   r = varlen(q, k);
   flashcore::core::validate(r, &p);
   flashcore::core::Plan plan{};
   s = flashcore::core::plan(r, p, h200, &plan);
-  expect(s.ok() && plan.kernel == Kernel::Wmma, "Auto plans WMMA for a variable-length batch");
+  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 1,
+         "Auto plans WMMA for a small variable-length batch");
   r.options.backend = flashcore::Backend::CutlassSm90;
   s = flashcore::core::plan(r, p, h200, &plan);
-  expect(s.code == Code::BackendUnavailable && s.values[0] == int(Kernel::CutlassSm90),
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.splits == 1,
          "the Hopper kernel forced on a variable-length batch: " + s.message);
+  s = flashcore::core::plan(r, p, l4, &plan);
+  expect(s.code == Code::BackendUnavailable && s.message.find("sm_90a") != std::string::npos,
+         "the Hopper kernel forced on a variable-length batch off Hopper: " + s.message);
+  r.options.backend = flashcore::Backend::CutlassSm80;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.code == Code::BackendUnavailable && s.values[0] == int(Kernel::CutlassSm80) &&
+             s.message.find("variable-length") != std::string::npos,
+         "example 41 forced on a variable-length batch: " + s.message);
+  // A batch whose longest sequence's 128-row blocks fill the SMs (16 x 3 sequences x 8 heads):
+  // Auto runs the Hopper kernel on compute capability 9.0 and WMMA elsewhere.
+  r = varlen(nullptr, nullptr);
+  r.q = bshd(1, 4096, 8, 64);
+  r.out = bshd(1, 4096, 8, 64);
+  r.k = r.v = bshd(1, 4096, 2, 64);
+  r.cu_q.max_len = r.cu_k.max_len = 2048;
+  s = flashcore::core::validate(r, &p);
+  expect(s.ok(), "a long variable-length batch without host copies: " + s.message);
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
+         "Auto plans the Hopper kernel for a long variable-length batch: " + s.message);
+  s = flashcore::core::plan(r, p, l4, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma,
+         "Auto plans WMMA for a long variable-length batch off Hopper: " + s.message);
 }
 
 // Split-KV decoding: which problems split their keys, into how many blocks, and that the plan

@@ -404,7 +404,20 @@ pub fn random_varlen<T: Element>(
     layout: Layout,
 ) -> (VarlenBatch, Tensor<T>, Tensor<T>, Tensor<T>) {
     let (lq, lk) = random_lengths(rng, n, max_q, max_k, bottom_right);
-    let batch = VarlenBatch::from_lengths(&lq, &lk).unwrap();
+    varlen_of_lengths(rng, &lq, &lk, heads, d, layout)
+}
+
+/// A variable-length batch of sequences with `lq` queries and `lk` keys, and its packed host Q,
+/// K and V (`heads` = (query, key/value) heads, head dim `d`, in `layout`), normal values.
+pub fn varlen_of_lengths<T: Element>(
+    rng: &mut Rng,
+    lq: &[usize],
+    lk: &[usize],
+    heads: (usize, usize),
+    d: usize,
+    layout: Layout,
+) -> (VarlenBatch, Tensor<T>, Tensor<T>, Tensor<T>) {
+    let batch = VarlenBatch::from_lengths(lq, lk).unwrap();
     let (tq, tk) = (lq.iter().sum::<usize>(), lk.iter().sum::<usize>());
     let mut packed =
         |tokens: usize, h: usize| randn(rng, &dims(Shape::new(1, tokens, h, d), layout), layout);

@@ -113,8 +113,10 @@ namespace {
 constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kU32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (heads, batch)
-// The family that takes variable-length batches and paged caches.
+// The family that takes paged caches and every variable-length batch, and the family that also
+// takes variable-length batches where Auto or the caller chose it.
 constexpr Kernel kIndexedKernel = Kernel::Wmma;
+constexpr Kernel kHopperVarlenKernel = Kernel::CutlassSm90;
 // The family that applies every score modifier (softcap, sliding window, ALiBi, an additive
 // bias); the Hopper kernel also applies a sliding window (its mask skips the key tiles outside
 // the band), a softcap and ALiBi (each tile's modifier schedule), when no bias comes with them
@@ -282,11 +284,13 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     Kernel kernel = forced.value_or(auto_kernel(arch.value_or(ArchClass::Sm80), p.query_rows(),
                                                 p.batch_heads(), caps.multiprocessors,
                                                 caps.kernels));
-    if (p.varlen || p.paged) {
-      // Variable-length batches and paged caches run on the WMMA kernel (docs/SERVING.md: the
-      // other families take them in later steps).
+    if (p.paged || (p.varlen && kernel != kHopperVarlenKernel)) {
+      // Paged caches run on the WMMA kernel, variable-length batches on it or the Hopper kernel
+      // (docs/SERVING.md: the other families take them in later steps).
       if (Status s = only_family(kIndexedKernel, forced,
-                                 "it reads neither variable-length batches nor paged caches yet; ");
+                                 p.paged ? "it reads no paged caches yet; "
+                                         : "it reads no variable-length batches (the Hopper "
+                                           "kernel does on compute capability 9.0); ");
           !s.ok()) {
         return s;
       }

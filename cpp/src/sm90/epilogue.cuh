@@ -2,7 +2,8 @@
 // rows straight from registers to global memory (two adjacent columns per store), and the
 // logsumexp when asked for. Unlike example 88's TMA epilogue it takes any output strides the
 // validator accepts, GQA's nested heads, partial query tiles and an optional LSE; rows at or past
-// seq_q and columns at or past head_dim are never written.
+// seq_q and columns at or past head_dim are never written. A variable-length batch's sequence
+// writes its rows from its first token on (the problem's q_start).
 #pragma once
 
 #include <cstdint>
@@ -18,11 +19,13 @@ struct Epilogue {
   struct Params {
     Element* out;
     int64_t o_seq, o_head, o_batch;  // output strides in elements (head-dim stride 1)
-    float* lse;                      // dense [batch, heads, seq_q], or nullptr
+    float* lse;                      // [batch, heads, lse_rows], or nullptr
+    int64_t lse_rows;                // seq_q; a variable-length batch's token count
   };
 
   // `acc` and `lse` are one warpgroup's (rows of the P.V tile, head dim) accumulator and its
-  // per-row logsumexp; `m_rows` is the warpgroup's first query row.
+  // per-row logsumexp; `m_rows` is the warpgroup's first query row of the sequence, whose tokens
+  // start at q_start(p) in batch entry `batch`.
   template <class TileShapePV, class Acc, class Lse, class TiledMma>
   CUTLASS_DEVICE static void store(TileShapePV const& tile, Acc const& acc, Lse const& lse,
                                    TiledMma const& mma, ProblemShape const& p,
@@ -33,7 +36,8 @@ struct Epilogue {
     Tensor coord = thr.partition_C(make_identity_tensor(take<0, 2>(tile)));  // (row, col) per value
     static_assert(decltype(size(coord))::value % 2 == 0, "accumulator values come in pairs");
 
-    Element* base = params.out + batch * params.o_batch + head * params.o_head;
+    Element* base = params.out + batch * params.o_batch + head * params.o_head +
+                    int64_t(q_start(p)) * params.o_seq;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(acc); i += 2) {
       const int row = m_rows + get<0>(coord(i));
@@ -63,7 +67,8 @@ struct Epilogue {
       // The lane holding column 0 of a row writes that row's logsumexp.
       Tensor coord_mn = make_tensor(coord.data(),
                                     cutlass::fmha::collective::layout_acc_mn(mma, coord.layout()));
-      float* lse_head = params.lse + (int64_t(batch) * size<1>(p) + head) * rows;
+      float* lse_head =
+          params.lse + (int64_t(batch) * size<1>(p) + head) * params.lse_rows + q_start(p);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size<0>(coord_mn); ++i) {
         const int row = m_rows + get<0>(coord_mn(i, 0));

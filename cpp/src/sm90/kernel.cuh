@@ -103,12 +103,51 @@ struct Kernel {
       ((65536 / kThreads / 8 * 8 * kThreads / cutlass::NumThreadsPerWarpGroup - kLoadRegisters) /
        kMmaWarpGroups) / 8 * 8;
 
+  // A variable-length batch (cu_q null: a dense one): batch + 1 offsets each into the token
+  // axis of Q/O and of K/V, clamped to the token counts as the WMMA kernel clamps them, and the
+  // band rule every sequence applies to its own lengths.
+  struct Sequences {
+    const int32_t* cu_q = nullptr;
+    const int32_t* cu_k = nullptr;
+    int total_q = 0, total_k = 0;
+    Band band;
+  };
+
+  // `problem`: the dense batch's; for a variable-length batch, the packed tensors' (one batch
+  // entry of total_q and total_k tokens: the TMA descriptors' extents), whose heads and head dim
+  // every sequence shares.
   struct Params {
     ProblemShape problem;
     typename Mainloop::Params mainloop;
     typename Out::Params out;
     typename Scheduler::Params scheduler;
+    Sequences seqs;
   };
+
+  // The problem of the work unit of batch entry or sequence `b`, and the batch coordinate of its
+  // loads and stores (0 in a variable-length batch's packed tensors).
+  CUTLASS_DEVICE static ProblemShape unit_problem(Params const& params, int b) {
+    Sequences const& s = params.seqs;
+    if (s.cu_q == nullptr) {
+      return params.problem;
+    }
+    const int q0 = ::min(::max(s.cu_q[b], 0), s.total_q);
+    const int q1 = ::min(::max(s.cu_q[b + 1], q0), s.total_q);
+    const int k0 = ::min(::max(s.cu_k[b], 0), s.total_k);
+    const int k1 = ::min(::max(s.cu_k[b + 1], k0), s.total_k);
+    return make_problem(1, cute::get<1>(params.problem), q1 - q0, k1 - k0,
+                        cute::get<4>(params.problem), s.band, q0, k0);
+  }
+  CUTLASS_DEVICE static int memory_batch(Params const& params, int b) {
+    return params.seqs.cu_q == nullptr ? b : 0;
+  }
+
+  // Whether the unit's query block holds a row of its sequence (a variable-length batch's
+  // grid covers its longest sequence; every block of a dense batch does).
+  template <class BlkCoord>
+  CUTLASS_DEVICE static bool has_rows(BlkCoord const& blk, ProblemShape const& problem) {
+    return cute::get<0>(blk) * kBlockQ < seq_q(problem);
+  }
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem) const {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
@@ -172,15 +211,27 @@ struct Kernel {
       bool first = true;
       if (warp_in_group == kLoadKV) {
         for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
+          auto blk = s.get_block_coord();
+          const ProblemShape problem = unit_problem(params, get<2, 0>(blk));
+          if (!has_rows(blk, problem)) {
+            continue;
+          }
+          get<2, 0>(blk) = memory_batch(params, get<2, 0>(blk));
           mainloop.template load_kv_maybe_q<!kSeparateQ>(
-              0, s.get_block_coord(), params.mainloop, params.problem, pipeline_kv, kv_write,
-              pipeline_q, q_write, storage.mainloop, storage.q_started, kSeparateQ && first);
+              0, blk, params.mainloop, problem, pipeline_kv, kv_write, pipeline_q, q_write,
+              storage.mainloop, storage.q_started, kSeparateQ && first);
           first = false;
         }
       } else if (kSeparateQ && warp_in_group == kLoadQ) {
         for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
-          mainloop.load_maybe_q(s.get_block_coord(), params.mainloop, params.problem, pipeline_q,
-                                q_write, storage.mainloop, storage.q_started, first);
+          auto blk = s.get_block_coord();
+          const ProblemShape problem = unit_problem(params, get<2, 0>(blk));
+          if (!has_rows(blk, problem)) {
+            continue;
+          }
+          get<2, 0>(blk) = memory_batch(params, get<2, 0>(blk));
+          mainloop.load_maybe_q(blk, params.mainloop, problem, pipeline_q, q_write,
+                                storage.mainloop, storage.q_started, first);
           first = false;
         }
       }
@@ -191,10 +242,14 @@ struct Kernel {
     IssueTurns<kMmaWarpGroups, kIssueTurns>::start(consumer);
     for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
       const auto blk = s.get_block_coord();
+      const ProblemShape problem = unit_problem(params, get<2, 0>(blk));
+      if (!has_rows(blk, problem)) {
+        continue;
+      }
       auto wg = blk;
       get<0>(wg) = kMmaWarpGroups * get<0>(blk) + consumer;
       q_read.advance(consumer * Mainloop::kOuterLoads);  // each consumer has its own Q buffer
-      auto result = mainloop.compute(blk, wg, params.mainloop, params.problem, pipeline_kv, kv_read,
+      auto result = mainloop.compute(blk, wg, params.mainloop, problem, pipeline_kv, kv_read,
                                      pipeline_q, q_read, unused_reducer, unused_reducer_state,
                                      storage.mainloop, order);
       q_read.advance(Mainloop::kOuterLoads * (kMmaWarpGroups - consumer));
@@ -202,8 +257,9 @@ struct Kernel {
         order.wait();
       }
       Out::store(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
-                 typename Mainloop::TiledMmaPV{}, params.problem, params.out,
-                 get<0>(wg) * kQueryRowsPerWarpGroup, get<2, 0>(blk), get<2, 1>(blk));
+                 typename Mainloop::TiledMmaPV{}, problem, params.out,
+                 get<0>(wg) * kQueryRowsPerWarpGroup, memory_batch(params, get<2, 0>(blk)),
+                 get<2, 1>(blk));
       if constexpr (kOrderedEpilogue) {
         order.arrive();
       }

@@ -1,5 +1,7 @@
 // Launcher for flashcore's Hopper kernel (kernel.cuh): FmhaArgs -> problem shape, CuTe strides,
 // TMA descriptors (built on the host by CUTLASS through the driver entry point), grid, launch.
+// A variable-length batch's descriptors cover its packed tokens as one batch entry; the kernel
+// moves each sequence's loads and stores to its first tokens.
 //
 // Each file in instances/ (one per dtype x tile x schedule of instances.inc) instantiates
 // `launch_sm90<T, Q, K, D, FLAGS>` once (FLAGS: kernel.cuh's ScheduleFlags); a Hopper kernel
@@ -61,50 +63,56 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
     throw detail::Failure(Code::Launch, "",
                           "sm90 kernel: a softcap or ALiBi needs the modifier schedule");
   }
-  if (a.bias != nullptr) {
-    throw detail::Failure(Code::Launch, "", "sm90 kernel: no additive bias yet");
+  const bool varlen = a.cu_seqlens_q != nullptr;
+  if (varlen && !Kern::kOurLoop) {
+    throw detail::Failure(Code::Launch, "",
+                          "sm90 kernel: example 88's loop takes no variable-length batch");
   }
-  const int group = static_cast<int>(a.heads_q / a.heads_kv);
-  // core::Problem's band (validate.h's blind_rows): row i sees keys i + diag - left <= j <=
-  // i + diag + right, diag = 0 top-left and seq_k - seq_q otherwise; a causal mask bounds the
-  // right side at 0, an unbounded side bounds nothing. The sides are below seq_q + seq_k, which
-  // the planner keeps below INT32_MAX / 4 for windows, so every offset fits an int.
-  const int64_t diag = a.causal == Causal::TopLeft ? 0 : a.seq_k - a.seq_q;
-  const int64_t upper = a.causal != Causal::None ? diag
-                        : a.window_right >= 0    ? diag + a.window_right
-                                                 : a.seq_k;
-  const int64_t lower = a.window_left >= 0 ? diag - a.window_left : -a.seq_q;
-  const ProblemShape problem{static_cast<int>(a.batch),
-                             cute::make_tuple(group, static_cast<int>(a.heads_kv)),
-                             static_cast<int>(a.seq_q),
-                             static_cast<int>(a.seq_k),
-                             static_cast<int>(a.head_dim),
-                             static_cast<int>(upper),
-                             static_cast<int>(lower)};
+  if (a.bias != nullptr || a.block_table != nullptr || a.splits > 1) {
+    throw detail::Failure(Code::Launch, "",
+                          "sm90 kernel: no additive bias, paged cache or key splits yet");
+  }
+  const auto heads = cute::make_tuple(static_cast<int>(a.heads_q / a.heads_kv),
+                                      static_cast<int>(a.heads_kv));
+  // core::Problem's band (validate.h's blind_rows), which a variable-length batch's kernel
+  // applies to each sequence's lengths.
+  const Band band{a.causal == Causal::TopLeft, a.causal != Causal::None, a.window_left,
+                  a.window_right};
+  auto problem_of = [&](int64_t batch, int64_t seq_q, int64_t seq_k) {
+    return make_problem(static_cast<int>(batch), heads, static_cast<int>(seq_q),
+                        static_cast<int>(seq_k), static_cast<int>(a.head_dim), band);
+  };
+  // The work: the dense batch, or the sequences up to the longest (seq_q, seq_k); the tensors:
+  // the dense batch, or the packed tokens as one batch entry.
+  const ProblemShape work = problem_of(a.batch, a.seq_q, a.seq_k);
+  const ProblemShape problem = varlen ? problem_of(1, a.total_q, a.total_k) : work;
 
   // Q, K and V as CuTe strides over (seq, dim, (batch, (group, heads_kv))).
-  auto qo = [&](const int64_t s[3], int64_t seq) {
+  const int64_t group = cute::get<1, 0>(problem), batch = cute::get<0>(problem);
+  auto qo = [&](const int64_t s[3]) {
     const int64_t head = tma_stride(s[2], a.heads_q);
-    return StrideQO{static_cast<int>(tma_stride(s[1], seq)), cute::_1{},
-                    cute::make_tuple(tma_stride(s[0], a.batch),
+    return StrideQO{static_cast<int>(tma_stride(s[1], seq_q(problem))), cute::_1{},
+                    cute::make_tuple(tma_stride(s[0], batch),
                                      cute::make_tuple(head, tma_stride(head * group, a.heads_kv)))};
   };
   auto kv = [&](const int64_t s[3]) {
-    return StrideKV{static_cast<int>(tma_stride(s[1], a.seq_k)), cute::_1{},
-                    cute::make_tuple(tma_stride(s[0], a.batch),
+    return StrideKV{static_cast<int>(tma_stride(s[1], seq_k(problem))), cute::_1{},
+                    cute::make_tuple(tma_stride(s[0], batch),
                                      cute::make_tuple(cute::_0{}, tma_stride(s[2], a.heads_kv)))};
   };
   typename Kern::Mainloop::Arguments mainloop_args{
-      static_cast<const T*>(a.q), qo(a.q_stride, a.seq_q), static_cast<const T*>(a.k),
-      kv(a.k_stride), static_cast<const T*>(a.v), kv(a.v_stride)};
+      static_cast<const T*>(a.q), qo(a.q_stride), static_cast<const T*>(a.k), kv(a.k_stride),
+      static_cast<const T*>(a.v), kv(a.v_stride)};
 
   typename Kern::Params params{
       problem,
       typename Kern::Mainloop::Params{
           Kern::Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr)},
       typename Kern::Out::Params{static_cast<T*>(a.out), a.o_stride[1], a.o_stride[2],
-                                 a.o_stride[0], a.lse},
-      Kern::Scheduler::make(problem, Q, sm_count())};
+                                 a.o_stride[0], a.lse, seq_q(problem)},
+      Kern::Scheduler::make(work, Q, sm_count()),
+      typename Kern::Sequences{a.cu_seqlens_q, a.cu_seqlens_k, static_cast<int>(a.total_q),
+                               static_cast<int>(a.total_k), band}};
   // Example 88 derives the scale from the head dim; ours is the caller's. With a softcap the
   // scores reach the softmax as tanh(scale * s / cap), and the cap is its scale.
   constexpr double kLog2e = 1.4426950408889634;
@@ -114,10 +122,9 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   params.mainloop.scale_softmax_log2 = static_cast<float>(natural * kLog2e);
   if constexpr (Kern::kModifiers) {
     params.mainloop.softcap_in = capped ? a.scale / a.softcap : 0.0f;
-    // ALiBi's distance |i + diag - j| from the causal alignment's diagonal (core::Problem's).
+    // ALiBi's distance |i + diag - j| from the causal alignment's diagonal (the problem's).
     params.mainloop.alibi_slopes = a.alibi_slopes;
     params.mainloop.alibi_batch_stride = a.alibi_batch_stride;
-    params.mainloop.alibi_diag = static_cast<int>(diag);
   }
 
   constexpr auto kernel = fmha_sm90_kernel<Kern>;

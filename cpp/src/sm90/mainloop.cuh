@@ -65,12 +65,11 @@ struct ConsumerLoop : Base {
 
   // Example 88's parameters and the modifiers': scores s become tanh(softcap_in * s) where
   // softcap_in is not 0; ALiBi slopes (float [batch or 1, heads_q], row stride
-  // alibi_batch_stride; null for none) and the diagonal of their distance.
+  // alibi_batch_stride; null for none), whose distance is measured from the problem's diagonal.
   struct Params : Base::Params {
     float softcap_in = 0.f;
     const float* alibi_slopes = nullptr;
     int64_t alibi_batch_stride = 0;
-    int alibi_diag = 0;
   };
 
   // A work unit's ALiBi: the bias per unit of distance (0: none), in the scores' units where
@@ -107,10 +106,10 @@ struct ConsumerLoop : Base {
   }
 
   // The score modifiers on one tile of scores, in place (kModifiers): the softcap where the call
-  // has one, then ALiBi where the unit has a bias.
+  // has one, then ALiBi where the unit has a bias, its distance |i + diag - j|.
   template <class AccS, class Index>
   CUTLASS_DEVICE static void modify_scores(AccS& acc_s, Index const& index, Alibi const& alibi,
-                                           Params const& params) {
+                                           int diag, Params const& params) {
     using namespace cute;
     if (params.softcap_in != 0.f) {
       CUTLASS_PRAGMA_UNROLL
@@ -122,7 +121,7 @@ struct ConsumerLoop : Base {
     // one float add per score.
     const auto first = index(0);
     const int first_diff = get<0>(first) - get<1>(first);
-    const float base = float(first_diff + params.alibi_diag);
+    const float base = float(first_diff + diag);
     auto distance = [&](int e) {
       const auto pos = index(e);
       return ::fabsf(base + float(get<0>(pos) - get<1>(pos) - first_diff));
@@ -150,7 +149,7 @@ struct ConsumerLoop : Base {
                                      float (&row_sum)[kRows], float (&rescale)[kRows]) {
     using namespace cute;
     if constexpr (kModifiers) {
-      modify_scores(acc_s, index, alibi, params);
+      modify_scores(acc_s, index, alibi, diagonal(problem), params);
     }
     if (masked) {
       Fusion{}.before_softmax(acc_s, index, problem);
@@ -227,13 +226,55 @@ struct ConsumerLoop : Base {
     warpgroup_commit_batch();
   }
 
+  // `state` (a load's init_state) moved `start` tokens along the sequence axis, mode kSeq of the
+  // load's global tensor `shape` (Q and K: 0; V, seen as (head_dim, seq_k): 1): a variable-length
+  // batch's sequence starts there in the packed tensors. The TMA coordinates move; the
+  // descriptor, made for all the tokens, zero-fills rows past the last.
+  template <int kSeq, class Load, class State, class Shape>
+  CUTLASS_DEVICE static auto at_token(Load const& load, State const& state, Shape const& shape,
+                                      int start) {
+    using namespace cute;
+    auto at = make_coord(0, 0, make_coord(0, make_coord(0, 0)));
+    get<kSeq>(at) = start;
+    Tensor src = get<0>(state);
+    auto offset = load.params.get_tma_tensor(shape).layout()(at);
+    return make_tuple(make_tensor(src.data() + offset, src.layout()), get<1>(state));
+  }
+
+  // The Q, K and V load states of a unit (example 88's, from the sequence's first tokens on).
+  template <class Load, class ProblemShape, class BlkCoord>
+  CUTLASS_DEVICE static auto q_state(Load& load, ProblemShape const& problem,
+                                     BlkCoord const& blk) {
+    using namespace cute;
+    return at_token<0>(
+        load, load.init_state(_0{}, problem, TileShapeQK{}, blk, Base::NumMmaWarpGroups),
+        make_shape(seq_q(problem), get<4>(problem), select<0, 1>(problem)), q_start(problem));
+  }
+  template <class Load, class ProblemShape, class BlkCoord>
+  CUTLASS_DEVICE static auto k_state(Load& load, ProblemShape const& problem, BlkCoord const& blk,
+                                     int end) {
+    using namespace cute;
+    return at_token<0>(load, load.init_state(0, problem, TileShapeQK{}, blk, end),
+                       make_shape(seq_k(problem), get<4>(problem), select<0, 1>(problem)),
+                       k_start(problem));
+  }
+  template <class Load, class ProblemShape, class BlkCoord>
+  CUTLASS_DEVICE static auto v_state(Load& load, ProblemShape const& problem, BlkCoord const& blk,
+                                     int end) {
+    using namespace cute;
+    return at_token<1>(load, load.init_state(0, problem, TileShapePV{}, blk, end),
+                       make_shape(get<4>(problem), seq_k(problem), select<0, 1>(problem)),
+                       k_start(problem));
+  }
+
   // The producer's loads for one work unit, in the order the consumers read them (K V K V ...):
   // the K and V tiles from the first the block visits (a sliding window's left side may skip the
   // leading ones) to its trip count, and, unless a warp of its own loads Q (kLoadQ false), the
   // consumers' Q tiles between them, as example 88's load does (which always starts at key tile
-  // 0). The cluster is one block, so no load multicasts.
+  // 0). The cluster is one block, so no load multicasts. `blk` is the unit's coordinate in the
+  // tensors: batch entry 0 for a variable-length batch, whose problem gives its first tokens.
   template <bool kLoadQ, class BlkCoord, class ProblemShape, class QStarted>
-  CUTLASS_DEVICE void load_kv_maybe_q(int block_rank_in_cluster, BlkCoord const& blk,
+  CUTLASS_DEVICE void load_kv_maybe_q(int /*block rank in its cluster of one*/, BlkCoord const& blk,
                                       Params const& params, ProblemShape const& problem,
                                       MainloopPipeline& pipeline, PipelineState& write,
                                       MainloopPipelineQ& pipeline_q, PipelineStateQ& write_q,
@@ -249,34 +290,58 @@ struct ConsumerLoop : Base {
     int kv_left = 2 * (end - first);
 
     typename Base::LoadQ load_q{params.tma_load_q, pipeline_q, storage.smem_q};
-    auto q_state = load_q.init_state(_0{}, problem, TileShapeQK{}, blk, Base::NumMmaWarpGroups);
+    auto q_at = q_state(load_q, problem, blk);
     typename Base::LoadK load_k{params.tma_load_k, pipeline, storage.smem_k};
-    auto k_state = load_k.init_state(block_rank_in_cluster, problem, TileShapeQK{}, blk, end);
+    auto k_at = k_state(load_k, problem, blk, end);
     typename Base::LoadV load_v{params.tma_load_v, pipeline, storage.smem_v};
-    auto v_state = load_v.init_state(block_rank_in_cluster, problem, TileShapePV{}, blk, end);
+    auto v_at = v_state(load_v, problem, blk, end);
 
     // Q of the first consumer, K(first), Q of the second, V(first), the other Qs, then K V pairs.
     if constexpr (kLoadQ) {
-      load_q.step(q_tile, q_state, write_q, lane, q_left);
+      load_q.step(q_tile, q_at, write_q, lane, q_left);
     }
-    load_k.template step<false>(kv_tile, k_state, write, lane, kv_left);
+    load_k.template step<false>(kv_tile, k_at, write, lane, kv_left);
     if constexpr (kLoadQ) {
-      load_q.step(q_tile, q_state, write_q, lane, q_left);
+      load_q.step(q_tile, q_at, write_q, lane, q_left);
     } else if (wait_for_q) {
       // The Q warp's first loads and these start together (kernel.cuh's q_started).
       q_started.arrive();
       q_started.wait(0);
     }
-    load_v.template step<true>(kv_tile, v_state, write, lane, kv_left);
+    load_v.template step<true>(kv_tile, v_at, write, lane, kv_left);
     if constexpr (kLoadQ) {
       while (q_left > 0) {
-        load_q.step(q_tile, q_state, write_q, lane, q_left);
+        load_q.step(q_tile, q_at, write_q, lane, q_left);
       }
     }
     CUTLASS_PRAGMA_NO_UNROLL
     while (kv_left > 0) {
-      load_k.template step<false>(kv_tile, k_state, write, lane, kv_left);
-      load_v.template step<true>(kv_tile, v_state, write, lane, kv_left);
+      load_k.template step<false>(kv_tile, k_at, write, lane, kv_left);
+      load_v.template step<true>(kv_tile, v_at, write, lane, kv_left);
+    }
+  }
+
+  // The Q loads of one work unit by a warp of their own (kernel.cuh's kSeparateQ): example 88's
+  // load_maybe_q from the sequence's first query on.
+  template <class BlkCoord, class ProblemShape, class QStarted>
+  CUTLASS_DEVICE void load_maybe_q(BlkCoord const& blk, Params const& params,
+                                   ProblemShape const& problem, MainloopPipelineQ& pipeline_q,
+                                   PipelineStateQ& write_q, SharedStorage& storage,
+                                   QStarted& q_started, bool wait_for_q) {
+    using namespace cute;
+    const int lane = cute::elect_one_sync();
+    typename Base::LoadQ load_q{params.tma_load_q, pipeline_q, storage.smem_q};
+    auto q_at = q_state(load_q, problem, blk);
+    auto q_tile = make_coord_iterator(Int<Base::NumMmaWarpGroups>{});
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < Base::NumMmaWarpGroups; ++i) {
+      int one = 1;
+      load_q.step(q_tile, q_at, write_q, lane, one);
+      if (i == 0 && wait_for_q) {
+        // The K/V warp's first loads and these start together (kernel.cuh's q_started).
+        q_started.arrive();
+        q_started.wait(0);
+      }
     }
   }
 

@@ -31,11 +31,13 @@ struct CausalBandMask {
     return cute::min(first_row(blk, tile) + cute::get<0>(tile), int64_t(seq_q(p))) - 1;
   }
 
-  // The first key tile the block at `blk` visits: the one with the first key its first row sees.
+  // The first key tile the block at `blk` visits: the one with the first key its first row sees,
+  // and never past the last (see get_trip_count).
   template <class BlkCoord, class TileShape, class P>
   CUTLASS_DEVICE int get_first_tile(BlkCoord const& blk, TileShape const& tile, P const& p) {
     const int64_t first_key = first_row(blk, tile) + int64_t(window_offset(p));
-    return int(cute::max(int64_t(0), first_key) / cute::get<1>(tile));
+    const int first = int(cute::max(int64_t(0), first_key) / cute::get<1>(tile));
+    return cute::min(first, get_trip_count(blk, tile, p) - 1);
   }
 
   // The first key tile from which on the window's left side hides no key from any row of the
@@ -49,12 +51,14 @@ struct CausalBandMask {
   }
 
   // The end of the key tiles the block at `blk` visits: up to the last key its last real row
-  // sees.
+  // sees. At least one: a block none of whose rows sees a key (which validation refuses, but a
+  // variable-length batch's device offsets can describe) visits tile 0 wholly masked, so its
+  // loads and its consumers agree and its rows come out 0.
   template <class BlkCoord, class TileShape, class P>
   CUTLASS_DEVICE int get_trip_count(BlkCoord const& blk, TileShape const& tile, P const& p) {
     const int64_t last_key =
         cute::min(int64_t(seq_k(p)) - 1, last_row(blk, tile, p) + causal_offset(p));
-    return int(last_key / cute::get<1>(tile) + 1);
+    return int(cute::max(int64_t(0), last_key) / cute::get<1>(tile) + 1);
   }
 
   // The leading tiles in which every key is visible to every row of the block.

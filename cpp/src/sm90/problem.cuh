@@ -1,7 +1,8 @@
 // The problem shape of flashcore's Hopper kernel, as CUTLASS example 88's mainloop collective reads
-// it (get<0..4>) plus two modes of ours:
+// it (get<0..4>) plus modes of ours:
 //
-//   (batch, (group, heads_kv), seq_q, seq_k, head_dim, causal_offset, window_offset)
+//   (batch, (group, heads_kv), seq_q, seq_k, head_dim, causal_offset, window_offset, diagonal,
+//    q_start, k_start)
 //
 // - The head mode is nested: query head h = hkv * group + g is the flat index of (g, hkv) in
 //   (group, heads_kv), so K and V take stride 0 over `group` and GQA/MQA need no copies (CuTe
@@ -11,15 +12,23 @@
 //   A sliding window's right side moves it (core::Problem's band).
 // - window_offset: key j is visible to query row i only when j - i >= window_offset: a sliding
 //   window's left side; -seq_q bounds nothing (j - i > -seq_q for every row and key).
-//   The fusion (mask.cuh) is default-constructed inside the collective, so the offsets travel in
-//   the problem shape rather than in the fusion.
+// - diagonal: the causal alignment's diagonal, j - i = 0 top-left and seq_k - seq_q otherwise,
+//   from which ALiBi measures its distance |i + diagonal - j|.
+// - q_start, k_start: the tokens where the sequence's queries and keys start along the sequence
+//   axis: 0 in a dense batch; in a variable-length batch, whose sequences lie packed in tensors
+//   of one batch entry, the sequence's offsets (each work unit has its own problem).
+// The fusion (mask.cuh) is default-constructed inside the collective, so the offsets travel in
+// the problem shape rather than in the fusion.
 #pragma once
+
+#include <cstdint>
 
 #include "cute/tensor.hpp"
 
 namespace flashcore::sm90 {
 
-using ProblemShape = cute::tuple<int, cute::tuple<int, int>, int, int, int, int, int>;
+using ProblemShape =
+    cute::tuple<int, cute::tuple<int, int>, int, int, int, int, int, int, int, int>;
 
 // Strides in elements, CuTe style: (seq, head_dim = 1, (batch, (group, heads_kv))).
 using StrideQO = cute::tuple<int, cute::_1, cute::tuple<int64_t, cute::tuple<int64_t, int64_t>>>;
@@ -33,5 +42,37 @@ template <class P>
 CUTLASS_HOST_DEVICE int causal_offset(P const& p) { return cute::get<5>(p); }
 template <class P>
 CUTLASS_HOST_DEVICE int window_offset(P const& p) { return cute::get<6>(p); }
+template <class P>
+CUTLASS_HOST_DEVICE int diagonal(P const& p) { return cute::get<7>(p); }
+template <class P>
+CUTLASS_HOST_DEVICE int q_start(P const& p) { return cute::get<8>(p); }
+template <class P>
+CUTLASS_HOST_DEVICE int k_start(P const& p) { return cute::get<9>(p); }
+
+// A call's band rule, the same for every sequence of a batch (core::Problem's band): key j is
+// visible to query i when i + diagonal - left <= j <= i + diagonal + right, the diagonal being 0
+// top-left and seq_k - seq_q otherwise; a causal mask bounds the right side at 0 and a side of
+// -1 bounds nothing.
+struct Band {
+  bool top_left = false;
+  bool causal = false;
+  int64_t left = -1, right = -1;
+};
+
+// The problem of `seq_q` queries and `seq_k` keys under `band`, starting at tokens `q_start` and
+// `k_start`. Offsets are clamped to [-seq_q, seq_k], which bounds nothing more (j - i lies in
+// (-seq_q, seq_k)), so that every one fits an int for any window.
+CUTLASS_HOST_DEVICE ProblemShape make_problem(int batch, cute::tuple<int, int> heads, int seq_q,
+                                              int seq_k, int head_dim, Band const& band,
+                                              int q_start = 0, int k_start = 0) {
+  const int64_t diag = band.top_left ? 0 : int64_t(seq_k) - seq_q;
+  const int64_t upper = band.causal ? diag : band.right >= 0 ? diag + band.right : seq_k;
+  const int64_t lower = band.left >= 0 ? diag - band.left : -int64_t(seq_q);
+  auto clamp = [&](int64_t x) {
+    return int(x < -int64_t(seq_q) ? -int64_t(seq_q) : x > seq_k ? int64_t(seq_k) : x);
+  };
+  return ProblemShape{batch,    heads,        seq_q,        seq_k,      head_dim,
+                      clamp(upper), clamp(lower), int(diag), q_start, k_start};
+}
 
 }  // namespace flashcore::sm90
