@@ -561,8 +561,13 @@ fn decode_splits_aim_at_two_blocks_per_sm() {
     }
     assert_eq!(kv_splits(Kernel::Wmma, h200, 4, 8, 1024, 132), 2); // >= 512 keys per split
     assert_eq!(kv_splits(Kernel::Wmma, h200, 33, 8, 32768, 132), 1); // not decode
-    assert_eq!(kv_splits(Kernel::CutlassSm90, h200, 4, 8, 32768, 132), 1); // only WMMA
-                                                                           // L4: 2 per SM x 58 SMs = 116 resident blocks.
+    assert_eq!(kv_splits(Kernel::CutlassSm80, h200, 4, 8, 32768, 132), 1); // never example 41
+                                                                           // The Hopper kernel: one 128-row block per SM.
+    let hopper = select_row(Kernel::CutlassSm90, ArchClass::Sm90, 128, 4).unwrap();
+    assert_eq!(kv_splits(Kernel::CutlassSm90, hopper, 4, 8, 32768, 132), 16);
+    assert_eq!(kv_splits(Kernel::CutlassSm90, hopper, 4, 64, 8192, 132), 2);
+    assert_eq!(kv_splits(Kernel::CutlassSm90, hopper, 4, 128, 8192, 132), 1);
+    // L4: 2 per SM x 58 SMs = 116 resident blocks.
     assert_eq!(
         kv_splits(Kernel::Wmma, row(ArchClass::Sm86Sm89), 4, 8, 32768, 58),
         14
@@ -574,16 +579,16 @@ fn auto_picks_by_arch_rows_and_work() {
     let limit = flashcore::plan::decode_max_query_rows();
     for arch in ArchClass::ALL {
         for rows in [1, 4, limit] {
-            // Decode: split-KV WMMA on few units, the Hopper kernel (compute capability 9.0)
-            // from 7/8 of a unit per SM, or WMMA, up to two per SM, CUTLASS's decode row beyond.
+            // Decode: the Hopper kernel (compute capability 9.0; split below one unit per SM),
+            // or split-KV WMMA, up to two units per SM, CUTLASS's decode row beyond.
             let middle = if arch == ArchClass::Sm90 {
                 Kernel::CutlassSm90
             } else {
                 Kernel::Wmma
             };
             for (units, want) in [
-                (1, Kernel::Wmma),
-                (115, Kernel::Wmma),
+                (1, middle),
+                (115, middle),
                 (116, middle),
                 (132, middle),
                 (263, middle),

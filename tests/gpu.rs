@@ -1372,10 +1372,11 @@ fn varlen_device_offsets_stay_inside_the_buffers() {
     }
 }
 
-/// One decode-like case on the WMMA kernel (NaN-poisoned outputs): what ran, and the relative
-/// L2 errors of the output and the logsumexp against the f64 reference.
+/// One decode-like case on `kernel` (NaN-poisoned outputs): what ran, and the relative L2 errors
+/// of the output and the logsumexp against the f64 reference.
 fn split_case<T: AttentionElement>(
     s: &Stream,
+    kernel: Kernel,
     (b, sq, sk, hq, hk, d): (usize, usize, usize, usize, usize, usize),
     causal: Causal,
 ) -> (Execution, f64, f64) {
@@ -1394,7 +1395,7 @@ fn split_case<T: AttentionElement>(
         .unwrap();
     let opts = AttentionOptions::default()
         .causal(causal)
-        .backend(Backend::Kernel(Kernel::Wmma))
+        .backend(Backend::Kernel(kernel))
         .with_lse();
     let (dq, dk, dv) = (
         q.to_device(s).unwrap(),
@@ -1410,9 +1411,10 @@ fn split_case<T: AttentionElement>(
     )
 }
 
-/// Split-KV decoding on the WMMA kernel: few query rows over many keys, split over blocks and
-/// combined through their logsumexps, against the f64 reference. The split count is
-/// `kv_splits`', and 1 when the (batch, head) units fill the GPU.
+/// Split-KV decoding on the WMMA kernel and (on compute capability 9.0) the Hopper kernel: few
+/// query rows over many keys, split over blocks and combined through their logsumexps, against
+/// the f64 reference. The split count is `kv_splits`', and 1 when the (batch, head) units fill
+/// the GPU.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn split_kv_decode_matches_the_reference() {
@@ -1437,22 +1439,26 @@ fn split_kv_decode_matches_the_reference() {
         } else {
             (sq, b * hq)
         };
-        for (dtype, (exec, err, lse_err), tol) in [
-            ("f16", split_case::<f16>(&s, shape, causal), 2e-3),
-            ("bf16", split_case::<bf16>(&s, shape, causal), 1e-2),
-        ] {
-            // Every case has at most 32 rows per head: WMMA's decode row runs.
-            let row = exec.tile.expect("a GPU run names its row");
-            let decode_row = decode_table(Kernel::Wmma).contains(&row);
-            let want = kv_splits(Kernel::Wmma, &row, rows, units, sk, sms);
-            let what = format!(
-                "{shape:?} {causal:?} {dtype}: {} splits (want {want}), tile {:?}",
-                exec.splits, row.tile
-            );
-            println!("split-KV {what}, rel L2 {err:.2e} lse {lse_err:.2e}");
-            let accurate = err < tol && lse_err < 1e-4; // false for NaN
-            if exec.splits != want || !decode_row || !accurate {
-                failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
+        let kernels = [Kernel::Wmma, Kernel::CutlassSm90];
+        for kernel in kernels.into_iter().filter(|&k| runs_here(k)) {
+            for (dtype, (exec, err, lse_err), tol) in [
+                ("f16", split_case::<f16>(&s, kernel, shape, causal), 2e-3),
+                ("bf16", split_case::<bf16>(&s, kernel, shape, causal), 1e-2),
+            ] {
+                // Every case has at most 32 rows per head: WMMA runs its decode row, the Hopper
+                // kernel its one table.
+                let row = exec.tile.expect("a GPU run names its row");
+                let right_row = kernel != Kernel::Wmma || decode_table(kernel).contains(&row);
+                let want = kv_splits(kernel, &row, rows, units, sk, sms);
+                let what = format!(
+                    "{kernel:?} {shape:?} {causal:?} {dtype}: {} splits (want {want}), tile {:?}",
+                    exec.splits, row.tile
+                );
+                println!("split-KV {what}, rel L2 {err:.2e} lse {lse_err:.2e}");
+                let accurate = err < tol && lse_err < 1e-4; // false for NaN
+                if exec.splits != want || !right_row || !accurate {
+                    failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
+                }
             }
         }
     }
@@ -2029,8 +2035,11 @@ fn score_modifiers_match_the_reference() {
         window: (Some(1000), None),
         ..Mods::default()
     };
-    let (errs, splits) = mods_case::<bf16>(
+    let wmma = Kernel::Wmma;
+    let (errs, splits) = mods_case_on::<bf16>(
         &s,
+        wmma,
+        Some(wmma),
         (1, 1, 20_000),
         (32, 8, 128),
         Causal::BottomRight,
@@ -2254,11 +2263,47 @@ fn hopper_window_softcap_and_alibi_match_the_reference() {
         let problem = ((1, 700, 1300), (8, 2, 128), Causal::BottomRight);
         checks.both_dtypes_on(&s, hopper, Some(hopper), &what, problem, mods);
     }
+    // Decode under Auto, split over the keys (one query per head, 20k keys): a window of 1000
+    // with a softcap (the splits before the band see no key) and ALiBi.
+    for (name, mods) in [
+        (
+            "window 1000 softcap 30",
+            Mods {
+                softcap: Some(30.0),
+                window: (Some(1000), None),
+                ..Mods::default()
+            },
+        ),
+        (
+            "ALiBi",
+            Mods {
+                alibi: Some(geometric(32)),
+                ..Mods::default()
+            },
+        ),
+    ] {
+        let hopper = Kernel::CutlassSm90;
+        let (errs, splits) = mods_case_on::<bf16>(
+            &s,
+            hopper,
+            None,
+            (1, 1, 20_000),
+            (32, 8, 128),
+            Causal::BottomRight,
+            mods,
+        );
+        assert!(splits > 1, "a long decode splits its keys ({splits})");
+        checks.check(
+            format!("bf16 decode 1x20000 {name}, {splits} splits"),
+            errs,
+            1e-2,
+        );
+    }
     // Every alibi case under None and TopLeft, all but Sq > Sk under BottomRight.
     let alibi_runs = 3 * alibi_cases.len() - 1;
     assert_eq!(
         checks.count,
-        2 * (3 * (windows.len() + caps.len()) + alibi_runs + 8),
+        2 * (3 * (windows.len() + caps.len()) + alibi_runs + 8) + 2,
         "every window, softcap and ALiBi case ran"
     );
     assert_none_failed(&checks.failures);
@@ -2358,8 +2403,11 @@ fn alibi_matches_the_reference() {
         alibi: Some(geometric(32)),
         ..Mods::default()
     };
-    let (errs, splits) = mods_case::<bf16>(
+    let wmma = Kernel::Wmma;
+    let (errs, splits) = mods_case_on::<bf16>(
         &s,
+        wmma,
+        Some(wmma),
         (1, 1, 20_000),
         (32, 8, 128),
         Causal::BottomRight,

@@ -98,9 +98,9 @@ constexpr uint32_t kCompiled = compiled_mask();
 uint32_t compiled_kernels() noexcept { return kCompiled; }
 
 void launch(Kernel kernel, const FmhaArgs& args, cudaStream_t stream) {
-  const bool indexed = args.block_table != nullptr || args.splits > 1;
+  const bool split_or_varlen = args.cu_seqlens_q != nullptr || args.splits > 1;
   if (kernel != Kernel::Wmma &&
-      (indexed || (args.cu_seqlens_q != nullptr && kernel != Kernel::CutlassSm90))) {
+      (args.block_table != nullptr || (split_or_varlen && kernel != Kernel::CutlassSm90))) {
     throw detail::Failure(Code::Launch, "",  // the planner rules this out
                           std::string(name(kernel)) +
                               " takes no variable-length batch, paged cache or key splits");

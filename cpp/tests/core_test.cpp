@@ -178,12 +178,12 @@ void planning() {
   using flashcore::auto_kernel;
   expect(auto_kernel(ArchClass::Sm90, 1, 4096, 132) == Kernel::CutlassSm80,
          "Auto: one query on many units runs CUTLASS's decode row");
-  // Decode by units on 132 SMs: split-KV WMMA below 7/8 of one per SM, then the Hopper kernel
-  // up to two per SM (without it, WMMA below two per SM), CUTLASS's decode row beyond.
+  // Decode by units on 132 SMs: the Hopper kernel up to two per SM (split below one), without
+  // it WMMA below two per SM (split), CUTLASS's decode row beyond.
   const uint32_t without_sm90 = ~(1u << int(Kernel::CutlassSm90));
   const std::tuple<int64_t, Kernel, Kernel> decode[] = {
-      {1, Kernel::Wmma, Kernel::Wmma},
-      {115, Kernel::Wmma, Kernel::Wmma},
+      {1, Kernel::CutlassSm90, Kernel::Wmma},
+      {115, Kernel::CutlassSm90, Kernel::Wmma},
       {116, Kernel::CutlassSm90, Kernel::Wmma},
       {132, Kernel::CutlassSm90, Kernel::Wmma},
       {263, Kernel::CutlassSm90, Kernel::Wmma},
@@ -571,7 +571,16 @@ void key_splits() {
   expect(kv_splits(Kernel::Wmma, r128, 4, 8, 511, 132) == 1, "too few keys to split");
   expect(kv_splits(Kernel::Wmma, r128, 4, 1, 1 << 30, 132) == flashcore::kMaxKvSplits, "<= 64");
   expect(kv_splits(Kernel::Wmma, r128, 33, 8, 32768, 132) == 1, "more rows than decode: 1");
-  expect(kv_splits(Kernel::CutlassSm80, r128, 4, 8, 32768, 132) == 1, "only WMMA splits");
+  expect(kv_splits(Kernel::CutlassSm80, r128, 4, 8, 32768, 132) == 1, "example 41 never splits");
+  // The Hopper kernel: one 128-row block per SM.
+  const flashcore::TileRow* h128 =
+      flashcore::select_row(Kernel::CutlassSm90, flashcore::ArchClass::Sm90, 128, 4);
+  expect(h128 != nullptr && kv_splits(Kernel::CutlassSm90, *h128, 4, 8, 32768, 132) == 16,
+         "Hopper: 1 x 8 kv heads x 32k keys: 132 / 8 = 16");
+  expect(kv_splits(Kernel::CutlassSm90, *h128, 4, 64, 8192, 132) == 2, "Hopper: 8 x 8k: 2");
+  expect(kv_splits(Kernel::CutlassSm90, *h128, 4, 128, 8192, 132) == 1, "Hopper: 16 x 8k: 1");
+  expect(kv_splits(Kernel::CutlassSm90, *h128, 4, 8, 1500, 132) == 2, "Hopper: >= 512 keys");
+  expect(kv_splits(Kernel::CutlassSm90, *h128, 64, 8, 32768, 132) == 1, "Hopper: prefill: 1");
   expect(kv_splits(Kernel::Wmma, r128, 4, 0, 32768, 132) == 1, "no units");
   expect(kv_splits(Kernel::Wmma, r128, 4, int64_t{1} << 40, 32768, 132) == 1, "huge batch: 1");
   // The main d = 128 row (128 x 32, four warps): 2 blocks per SM by registers.
@@ -599,8 +608,14 @@ void key_splits() {
          "WMMA plans its decode row, 33 splits: " + std::to_string(plan.splits));
   r.options.backend = flashcore::Backend::Auto;
   s = flashcore::core::plan(r, p, h200, &plan);
-  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 33 && plan.row == row,
-         "Auto splits 8 units on WMMA's decode row");
+  const flashcore::TileRow* hopper128 =
+      flashcore::select_row(Kernel::CutlassSm90, flashcore::ArchClass::Sm90, 128, 4);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.splits == 16 &&
+             plan.row == hopper128,
+         "Auto splits 8 units 16 ways on the Hopper kernel: " + std::to_string(plan.splits));
+  s = flashcore::core::plan(r, p, flashcore::core::DeviceCaps{8, 9, 99 * 1024, ~0u, 58}, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 14,
+         "Auto splits 8 units on WMMA's decode row off Hopper: " + std::to_string(plan.splits));
   r.q = bshd(64, 1, 32, 128);
   r.out = bshd(64, 1, 32, 128);  // 512 units: CUTLASS's decode row, unsplit
   r.k = r.v = bshd(64, 2048, 8, 128);

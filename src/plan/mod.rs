@@ -209,14 +209,15 @@ pub fn wmma_smem_bytes(tile: Tile) -> usize {
 /// one-query GQA problem counts its packed heads as rows and its kv heads as heads: see
 /// [`decode_max_query_rows`]), in a build with every kernel family. Measured, the reasons are
 /// beside `flashcore::auto_kernel` in `cpp/src/core/plan.cpp`. Decode (up to
-/// [`decode_max_query_rows`] query rows): on compute capability 9.0, split-KV on WMMA below 7/8
-/// of a unit per SM, the Hopper kernel up to two per SM; elsewhere WMMA (split where it helps)
-/// below two units per SM; CUTLASS's decode row beyond. Otherwise, on compute capability 9.0 the Hopper kernel once its
-/// 128-row work units fill the SMs; WMMA otherwise.
+/// [`decode_max_query_rows`] query rows): on compute capability 9.0 the Hopper kernel (split-KV
+/// below one unit per SM) up to two units per SM; elsewhere WMMA (split where it helps) below two
+/// units per SM; CUTLASS's decode row beyond. Otherwise, on compute capability 9.0 the Hopper
+/// kernel once its 128-row work units fill the SMs; WMMA otherwise.
 ///
 /// ```
 /// use flashcore::plan::{auto_kernel, ArchClass, Kernel};
-/// assert_eq!(auto_kernel(ArchClass::Sm90, 4, 8, 132), Kernel::Wmma); // one long sequence
+/// assert_eq!(auto_kernel(ArchClass::Sm90, 4, 8, 132), Kernel::CutlassSm90); // one long sequence
+/// assert_eq!(auto_kernel(ArchClass::Sm86Sm89, 4, 8, 58), Kernel::Wmma); // the same on an L4
 /// assert_eq!(auto_kernel(ArchClass::Sm90, 4, 128, 132), Kernel::CutlassSm90); // 16 sequences
 /// assert_eq!(auto_kernel(ArchClass::Sm90, 4, 512, 132), Kernel::CutlassSm80); // 64 sequences
 /// assert_eq!(auto_kernel(ArchClass::Sm90, 4096, 64, 132), Kernel::CutlassSm90); // 2048 units
@@ -242,10 +243,10 @@ pub fn auto_kernel(
 /// query rows per head (after one-query GQA heads are packed into rows), `batch_heads` (batch x
 /// heads, as packed) and `seq_k` keys at tile-table `row` on a GPU with `multiprocessors` SMs
 /// (split-KV decoding, combined through the partial states' logsumexps;
-/// [`Execution::splits`](crate::Execution) reports it). 1 unless the kernel is WMMA and the rows
-/// are at most [`decode_max_query_rows`]; then enough splits for two blocks of `row` per SM (as
-/// measured on the H200; fewer where `row` fits fewer), at most 64, each of at least 512 keys (the
-/// C++ library's `flashcore::kv_splits`).
+/// [`Execution::splits`](crate::Execution) reports it). 1 unless the kernel is WMMA or the Hopper
+/// kernel and the rows are at most [`decode_max_query_rows`]; then enough splits for two WMMA
+/// blocks of `row` per SM (as measured on the H200; fewer where `row` fits fewer), or one Hopper
+/// block per SM, at most 64, each of at least 512 keys (the C++ library's `flashcore::kv_splits`).
 ///
 /// ```
 /// use flashcore::plan::{decode_table, kv_splits, ArchClass, Kernel};

@@ -104,10 +104,10 @@ const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
 
 // How many key splits `kernel` runs a problem of `query_rows` query rows per head (after packing),
 // `batch_heads` (batch x heads) heads and `seq_k` keys with at tile-table `row` on
-// `multiprocessors` SMs: 1 (no split) unless the kernel is WMMA and the rows are few (decode);
-// then enough splits for two blocks per SM (at most wmma_blocks_per_sm of `row`) over the
-// unsplit blocks, at most kMaxKvSplits, each of at least kMinKeysPerSplit keys (measured: see
-// its definition in cpp/src/core/plan.cpp).
+// `multiprocessors` SMs: 1 (no split) unless the kernel is WMMA or the Hopper kernel and the rows
+// are few (decode); then enough splits for two WMMA blocks per SM (at most wmma_blocks_per_sm of
+// `row`), or one Hopper block per SM, over the unsplit blocks, at most kMaxKvSplits, each of at
+// least kMinKeysPerSplit keys (measured: see its definition in cpp/src/core/plan.cpp).
 int32_t kv_splits(Kernel kernel, const TileRow& row, int64_t query_rows, int64_t batch_heads,
                   int64_t seq_k, int32_t multiprocessors) noexcept;
 

@@ -51,15 +51,15 @@ int64_t sm90_work_units(int64_t query_rows, int64_t batch_heads) {
 
 }  // namespace
 
-// Measured on the H200 (2026-11-23, docs/PERFORMANCE.md, f16 and bf16):
+// Measured on the H200 (2026-11-23 and, for split-KV on the Hopper kernel, 2026-11-24;
+// docs/PERFORMANCE.md, f16 and bf16):
 // - decode (at most kDecodeMaxQueryRows query rows per head), by (batch x heads) units, d = 128,
-//   GQA 32:8: few units, split-KV on WMMA (one sequence of 32k keys, 8 units: 56 us against 378
-//   on the Hopper kernel and 764 on CUTLASS's decode row); the Hopper kernel from 7/8 of a unit
-//   per SM to two (129 us at 128 units against 144 split on WMMA; 135 at 256 units against 138
-//   on CUTLASS; it streams at ~97% of the roofline once every SM has a unit, and in proportion
-//   below, where split WMMA streams at ~85%), or without it WMMA below two units per SM (144
-//   against 211 on CUTLASS at 128 units, a tie at 256); beyond, CUTLASS's decode row (133 us at
-//   512 units against 141 on WMMA and 143 on Hopper);
+//   GQA 32:8: the Hopper kernel up to two units per SM, its keys split below one (one sequence
+//   of 32k keys, 8 units: 47.6 us in 16 splits against 55.9 split on WMMA and 769 on CUTLASS's
+//   decode row; 64 units: 72.9 in 2 splits against 79.3; 128 units: 126.8 against 143.8 on WMMA;
+//   256: 129.6 against 136.7 on CUTLASS), or without it WMMA below two units per SM (split; 144
+//   against 211 on CUTLASS at 128 units, a tie at 256); beyond, CUTLASS's decode row (129.9 us at
+//   512 units against 131.3 on Hopper and 139.3 on WMMA);
 // - on compute capability 9.0, the Hopper kernel once its 128-row work units fill the SMs: it ran
 //   every throughput shape of the bench list 1.2-2.6x faster than WMMA;
 // - elsewhere WMMA, faster than CUTLASS everywhere but decode (2026-11-21), and than the Hopper
@@ -70,9 +70,7 @@ Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int3
   if (query_rows <= kDecodeMaxQueryRows) {
     const int64_t sms = multiprocessors;
     if (hopper) {
-      return 8 * batch_heads < 7 * sms ? Kernel::Wmma
-             : batch_heads <= 2 * sms  ? Kernel::CutlassSm90
-                                       : Kernel::CutlassSm80;
+      return batch_heads <= 2 * sms ? Kernel::CutlassSm90 : Kernel::CutlassSm80;
     }
     return batch_heads < 2 * sms ? Kernel::Wmma : Kernel::CutlassSm80;
   }
@@ -93,15 +91,18 @@ int64_t wmma_blocks_per_sm(const TileRow& row) noexcept {
 // keys (56 vs 68 us: 33 vs 64 splits), 16 x 8k keys (144 vs 150 us: 2 vs 5) and 32 x 4k keys
 // (138 vs 147 us: 1 vs 2); each split's start and the combine cost more than the extra loads in
 // flight gain.
+// The Hopper kernel runs one block per SM (persistent), so its splits aim at one unit per SM.
 int32_t kv_splits(Kernel kernel, const TileRow& row, int64_t query_rows, int64_t batch_heads,
                   int64_t seq_k, int32_t multiprocessors) noexcept {
   constexpr int64_t kSplitBlocksPerSm = 2;
-  if (kernel != Kernel::Wmma || query_rows > kDecodeMaxQueryRows || query_rows <= 0 ||
-      batch_heads <= 0 || multiprocessors <= 0) {
+  const bool wmma = kernel == Kernel::Wmma;
+  if ((!wmma && kernel != Kernel::CutlassSm90) || query_rows > kDecodeMaxQueryRows ||
+      query_rows <= 0 || batch_heads <= 0 || multiprocessors <= 0) {
     return 1;
   }
   const int64_t blocks = ceil_div(query_rows, row.tile.queries_per_block);
-  const int64_t target = std::min(kSplitBlocksPerSm, wmma_blocks_per_sm(row)) * multiprocessors;
+  const int64_t per_sm = wmma ? std::min(kSplitBlocksPerSm, wmma_blocks_per_sm(row)) : 1;
+  const int64_t target = per_sm * multiprocessors;
   const int64_t fill = batch_heads > target / blocks ? 1 : target / (blocks * batch_heads);
   const int64_t most = std::min<int64_t>(kMaxKvSplits, seq_k / kMinKeysPerSplit);
   return static_cast<int32_t>(std::max<int64_t>(1, std::min(fill, most)));
@@ -284,6 +285,12 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     Kernel kernel = forced.value_or(auto_kernel(arch.value_or(ArchClass::Sm80), p.query_rows(),
                                                 p.batch_heads(), caps.multiprocessors,
                                                 caps.kernels));
+    if (p.varlen && !forced) {
+      // Variable-length batches split no keys: Auto takes the Hopper kernel only where its
+      // units fill the SMs, as for prefill.
+      const bool fills = sm90_work_units(p.query_rows(), p.batch_heads()) >= caps.multiprocessors;
+      kernel = kernel == kHopperVarlenKernel && fills ? kHopperVarlenKernel : kIndexedKernel;
+    }
     if (p.paged || (p.varlen && kernel != kHopperVarlenKernel)) {
       // Paged caches run on the WMMA kernel, variable-length batches on it or the Hopper kernel
       // (docs/SERVING.md: the other families take them in later steps).

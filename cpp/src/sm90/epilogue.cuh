@@ -78,6 +78,37 @@ struct Epilogue {
       }
     }
   }
+
+  // A key split's partial state (split-KV): the warpgroup's normalised rows in f32 and their
+  // logsumexps, query row i of the split's (batch, head) at row `row0 + i` of `part_out`
+  // ([row][head_dim]) and `part_lse` (split/combine.cuh's Partials); rows at or past seq_q and
+  // columns at or past head_dim are never written.
+  template <class TileShapePV, class Acc, class Lse, class TiledMma>
+  CUTLASS_DEVICE static void store_partial(TileShapePV const& tile, Acc const& acc,
+                                           Lse const& lse, TiledMma const& mma,
+                                           ProblemShape const& p, float* part_out,
+                                           float* part_lse, int64_t row0, int m_rows) {
+    using namespace cute;
+    const int rows = seq_q(p), dim = get<4>(p);
+    auto thr = mma.get_thread_slice(threadIdx.x);
+    Tensor coord = thr.partition_C(make_identity_tensor(take<0, 2>(tile)));
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc); ++i) {
+      const int row = m_rows + get<0>(coord(i)), col = get<1>(coord(i));
+      if (row < rows && col < dim) {
+        part_out[(row0 + row) * dim + col] = acc(i);
+      }
+    }
+    Tensor coord_mn = make_tensor(coord.data(),
+                                  cutlass::fmha::collective::layout_acc_mn(mma, coord.layout()));
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size<0>(coord_mn); ++i) {
+      const int row = m_rows + get<0>(coord_mn(i, 0));
+      if (get<1>(coord_mn(i, 0)) == 0 && row < rows) {
+        part_lse[row0 + row] = lse(i);
+      }
+    }
+  }
 };
 
 }  // namespace flashcore::sm90

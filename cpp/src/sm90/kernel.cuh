@@ -113,6 +113,19 @@ struct Kernel {
     Band band;
   };
 
+  // Split-KV (count 1: none): the keys of each (batch entry, head) in `count` splits of `keys`
+  // keys (the last may hold fewer), the scheduler's batch index running over (batch entry,
+  // split); each split writes its partial state in f32 to part_out and part_lse (rows ordered
+  // (split, batch, head, query row): split/combine.cuh's Partials), which the launcher combines.
+  struct Splits {
+    int count = 1;
+    int keys = 0;
+    int batches = 0;
+    cutlass::FastDivmod div;  // scheduler batch index -> (batch entry, split)
+    float* part_out = nullptr;
+    float* part_lse = nullptr;
+  };
+
   // `problem`: the dense batch's; for a variable-length batch, the packed tensors' (one batch
   // entry of total_q and total_k tokens: the TMA descriptors' extents), whose heads and head dim
   // every sequence shares.
@@ -122,22 +135,40 @@ struct Kernel {
     typename Out::Params out;
     typename Scheduler::Params scheduler;
     Sequences seqs;
+    Splits splits;
   };
 
-  // The problem of the work unit of batch entry or sequence `b`, and the batch coordinate of its
-  // loads and stores (0 in a variable-length batch's packed tensors).
-  CUTLASS_DEVICE static ProblemShape unit_problem(Params const& params, int b) {
-    Sequences const& s = params.seqs;
-    if (s.cu_q == nullptr) {
-      return params.problem;
+  // A work unit's problem, batch entry or sequence, and key split.
+  struct Unit {
+    ProblemShape problem;
+    int batch, split;
+  };
+
+  // The unit of the scheduler's batch index `index`: a dense batch entry's problem is the
+  // call's; a sequence's has its own lengths, band and first tokens; a split takes its keys.
+  CUTLASS_DEVICE static Unit unit_of(Params const& params, int index) {
+    Unit u{params.problem, index, 0};
+    if (params.splits.count > 1) {
+      params.splits.div(u.batch, u.split, index);
     }
-    const int q0 = ::min(::max(s.cu_q[b], 0), s.total_q);
-    const int q1 = ::min(::max(s.cu_q[b + 1], q0), s.total_q);
-    const int k0 = ::min(::max(s.cu_k[b], 0), s.total_k);
-    const int k1 = ::min(::max(s.cu_k[b + 1], k0), s.total_k);
-    return make_problem(1, cute::get<1>(params.problem), q1 - q0, k1 - k0,
-                        cute::get<4>(params.problem), s.band, q0, k0);
+    Sequences const& s = params.seqs;
+    if (s.cu_q != nullptr) {
+      const int b = u.batch;
+      const int q0 = ::min(::max(s.cu_q[b], 0), s.total_q);
+      const int q1 = ::min(::max(s.cu_q[b + 1], q0), s.total_q);
+      const int k0 = ::min(::max(s.cu_k[b], 0), s.total_k);
+      const int k1 = ::min(::max(s.cu_k[b + 1], k0), s.total_k);
+      u.problem = make_problem(1, cute::get<1>(params.problem), q1 - q0, k1 - k0,
+                               cute::get<4>(params.problem), s.band, q0, k0);
+    }
+    if (params.splits.count > 1) {
+      const int64_t keys = params.splits.keys;
+      u.problem = key_split(u.problem, u.split * keys, keys);
+    }
+    return u;
   }
+  // The batch coordinate of a unit's loads and stores: 0 in a variable-length batch's packed
+  // tensors.
   CUTLASS_DEVICE static int memory_batch(Params const& params, int b) {
     return params.seqs.cu_q == nullptr ? b : 0;
   }
@@ -212,25 +243,25 @@ struct Kernel {
       if (warp_in_group == kLoadKV) {
         for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
           auto blk = s.get_block_coord();
-          const ProblemShape problem = unit_problem(params, get<2, 0>(blk));
-          if (!has_rows(blk, problem)) {
+          const Unit u = unit_of(params, get<2, 0>(blk));
+          if (!has_rows(blk, u.problem)) {
             continue;
           }
-          get<2, 0>(blk) = memory_batch(params, get<2, 0>(blk));
+          get<2, 0>(blk) = memory_batch(params, u.batch);
           mainloop.template load_kv_maybe_q<!kSeparateQ>(
-              0, blk, params.mainloop, problem, pipeline_kv, kv_write, pipeline_q, q_write,
+              0, blk, params.mainloop, u.problem, pipeline_kv, kv_write, pipeline_q, q_write,
               storage.mainloop, storage.q_started, kSeparateQ && first);
           first = false;
         }
       } else if (kSeparateQ && warp_in_group == kLoadQ) {
         for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
           auto blk = s.get_block_coord();
-          const ProblemShape problem = unit_problem(params, get<2, 0>(blk));
-          if (!has_rows(blk, problem)) {
+          const Unit u = unit_of(params, get<2, 0>(blk));
+          if (!has_rows(blk, u.problem)) {
             continue;
           }
-          get<2, 0>(blk) = memory_batch(params, get<2, 0>(blk));
-          mainloop.load_maybe_q(blk, params.mainloop, problem, pipeline_q, q_write,
+          get<2, 0>(blk) = memory_batch(params, u.batch);
+          mainloop.load_maybe_q(blk, params.mainloop, u.problem, pipeline_q, q_write,
                                 storage.mainloop, storage.q_started, first);
           first = false;
         }
@@ -241,11 +272,13 @@ struct Kernel {
     cutlass::arch::warpgroup_reg_alloc<kMmaRegisters>();
     IssueTurns<kMmaWarpGroups, kIssueTurns>::start(consumer);
     for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
-      const auto blk = s.get_block_coord();
-      const ProblemShape problem = unit_problem(params, get<2, 0>(blk));
+      auto blk = s.get_block_coord();
+      const Unit u = unit_of(params, get<2, 0>(blk));
+      const ProblemShape& problem = u.problem;
       if (!has_rows(blk, problem)) {
         continue;
       }
+      get<2, 0>(blk) = u.batch;  // ALiBi's slopes are the batch entry's or sequence's
       auto wg = blk;
       get<0>(wg) = kMmaWarpGroups * get<0>(blk) + consumer;
       q_read.advance(consumer * Mainloop::kOuterLoads);  // each consumer has its own Q buffer
@@ -256,10 +289,20 @@ struct Kernel {
       if constexpr (kOrderedEpilogue) {
         order.wait();
       }
-      Out::store(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
-                 typename Mainloop::TiledMmaPV{}, problem, params.out,
-                 get<0>(wg) * kQueryRowsPerWarpGroup, memory_batch(params, get<2, 0>(blk)),
-                 get<2, 1>(blk));
+      const int m_rows = get<0>(wg) * kQueryRowsPerWarpGroup;
+      if (params.splits.count > 1) {
+        Splits const& sp = params.splits;
+        const int64_t row0 =
+            ((int64_t(u.split) * sp.batches + u.batch) * size<1>(problem) + get<2, 1>(blk)) *
+            seq_q(problem);
+        Out::store_partial(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
+                           typename Mainloop::TiledMmaPV{}, problem, sp.part_out, sp.part_lse,
+                           row0, m_rows);
+      } else {
+        Out::store(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
+                   typename Mainloop::TiledMmaPV{}, problem, params.out, m_rows,
+                   memory_batch(params, u.batch), get<2, 1>(blk));
+      }
       if constexpr (kOrderedEpilogue) {
         order.arrive();
       }

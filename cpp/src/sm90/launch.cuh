@@ -19,6 +19,7 @@
 #include "../launcher.h"
 #include "../smem.h"
 #include "sm90/kernel.cuh"
+#include "split/combine.cuh"
 
 namespace flashcore::sm90 {
 
@@ -64,14 +65,21 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                           "sm90 kernel: a softcap or ALiBi needs the modifier schedule");
   }
   const bool varlen = a.cu_seqlens_q != nullptr;
-  if (varlen && !Kern::kOurLoop) {
+  if ((varlen || a.splits > 1) && !Kern::kOurLoop) {
     throw detail::Failure(Code::Launch, "",
-                          "sm90 kernel: example 88's loop takes no variable-length batch");
+                          "sm90 kernel: example 88's loop takes no variable-length batch or "
+                          "key splits");
   }
-  if (a.bias != nullptr || a.block_table != nullptr || a.splits > 1) {
+  if (a.bias != nullptr || a.block_table != nullptr || (varlen && a.splits > 1)) {
     throw detail::Failure(Code::Launch, "",
-                          "sm90 kernel: no additive bias, paged cache or key splits yet");
+                          "sm90 kernel: no additive bias, paged cache or split variable-length "
+                          "batch yet");
   }
+  // Keys per split: a whole number of key tiles; the split count follows (the last split is
+  // never empty).
+  const int64_t per_split =
+      a.splits > 1 ? ((a.seq_k + a.splits - 1) / a.splits + K - 1) / K * K : a.seq_k;
+  const int splits = a.splits > 1 ? static_cast<int>((a.seq_k + per_split - 1) / per_split) : 1;
   const auto heads = cute::make_tuple(static_cast<int>(a.heads_q / a.heads_kv),
                                       static_cast<int>(a.heads_kv));
   // core::Problem's band (validate.h's blind_rows), which a variable-length batch's kernel
@@ -82,9 +90,9 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
     return make_problem(static_cast<int>(batch), heads, static_cast<int>(seq_q),
                         static_cast<int>(seq_k), static_cast<int>(a.head_dim), band);
   };
-  // The work: the dense batch, or the sequences up to the longest (seq_q, seq_k); the tensors:
-  // the dense batch, or the packed tokens as one batch entry.
-  const ProblemShape work = problem_of(a.batch, a.seq_q, a.seq_k);
+  // The work: the dense batch (times its key splits), or the sequences up to the longest (seq_q,
+  // seq_k); the tensors: the dense batch, or the packed tokens as one batch entry.
+  const ProblemShape work = problem_of(a.batch * splits, a.seq_q, a.seq_k);
   const ProblemShape problem = varlen ? problem_of(1, a.total_q, a.total_k) : work;
 
   // Q, K and V as CuTe strides over (seq, dim, (batch, (group, heads_kv))).
@@ -112,7 +120,8 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                                  a.o_stride[0], a.lse, seq_q(problem)},
       Kern::Scheduler::make(work, Q, sm_count()),
       typename Kern::Sequences{a.cu_seqlens_q, a.cu_seqlens_k, static_cast<int>(a.total_q),
-                               static_cast<int>(a.total_k), band}};
+                               static_cast<int>(a.total_k), band},
+      typename Kern::Splits{}};
   // Example 88 derives the scale from the head dim; ours is the caller's. With a softcap the
   // scores reach the softmax as tanh(scale * s / cap), and the cap is its scale.
   constexpr double kLog2e = 1.4426950408889634;
@@ -129,9 +138,24 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
 
   constexpr auto kernel = fmha_sm90_kernel<Kern>;
   ensure_smem_limit<kernel>(Kern::kSmemBytes);
-  kernel<<<Kern::Scheduler::grid_shape(params.scheduler), Kern::kThreads, Kern::kSmemBytes,
-           stream>>>(params);
-  check_cuda(cudaGetLastError(), "launch fmha_sm90_kernel");
+  const auto enqueue = [&](const char* what) {
+    kernel<<<Kern::Scheduler::grid_shape(params.scheduler), Kern::kThreads, Kern::kSmemBytes,
+             stream>>>(params);
+    check_cuda(cudaGetLastError(), what);
+  };
+  if (splits == 1) {
+    enqueue("launch fmha_sm90_kernel");
+    return;
+  }
+  const split::Partials parts(a, splits, stream);
+  params.splits = typename Kern::Splits{splits,
+                                        static_cast<int>(per_split),
+                                        static_cast<int>(a.batch),
+                                        cutlass::FastDivmod(splits),
+                                        parts.out(),
+                                        parts.lse()};
+  enqueue("launch fmha_sm90_kernel (split keys)");
+  parts.combine<T>(a, stream);
 }
 
 }  // namespace flashcore::sm90

@@ -508,9 +508,10 @@ struct ConsumerLoop : Base {
       float sum = row_sum[i];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // a row's 4 lanes: see quad_max
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      // A row without a visible key (a key split's, or one the device contract allows) is 0
+      // with logsumexp -inf, the weight 0 a merge gives it.
       const float inv = sum == 0.f || sum != sum ? 1.f : __frcp_rn(sum);
-      lse(i) = sum == 0.f || sum != sum ? INFINITY
-                                        : row_max[i] * natural + ::logf(sum);
+      lse(i) = sum == 0.f ? -INFINITY : row_max[i] * natural + ::logf(sum);
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < size<1>(acc_o_mn); ++k) {
         acc_o_mn(i, k) *= inv;

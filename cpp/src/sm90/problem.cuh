@@ -75,4 +75,21 @@ CUTLASS_HOST_DEVICE ProblemShape make_problem(int batch, cute::tuple<int, int> h
                       clamp(upper), clamp(lower), int(diag), q_start, k_start};
 }
 
+// The part of `p` that keys [first, first + count) of its sequence make: a split of the keys
+// (split-KV). Its keys start `first` tokens later and number at most `count` (none past the
+// sequence's end); the band and the diagonal move with them, so each key keeps its visibility
+// and its ALiBi distance.
+CUTLASS_HOST_DEVICE ProblemShape key_split(ProblemShape p, int64_t first, int64_t count) {
+  const int64_t keys = cute::max(int64_t(0), cute::min(count, int64_t(seq_k(p)) - first));
+  auto clamp = [&](int64_t x) {
+    return int(cute::max(-int64_t(seq_q(p)), cute::min(keys, x)));
+  };
+  cute::get<5>(p) = clamp(causal_offset(p) - first);
+  cute::get<6>(p) = clamp(window_offset(p) - first);
+  cute::get<7>(p) = int(diagonal(p) - first);
+  cute::get<9>(p) = int(k_start(p) + first);
+  cute::get<3>(p) = int(keys);
+  return p;
+}
+
 }  // namespace flashcore::sm90

@@ -80,8 +80,8 @@ struct Params {
   int32_t total_q, total_k;
   // Split-KV: blockIdx.x runs over (query block, split), split s taking keys
   // [s * split_keys, (s + 1) * split_keys); with splits > 1 each block writes its normalised f32
-  // partial output and logsumexp to part_out / part_lse ([split][batch][head][row], split.cuh
-  // combines them). One split: split_keys covers every sequence.
+  // partial output and logsumexp to part_out / part_lse ([split][batch][head][row];
+  // split/combine.cuh combines them). One split: split_keys covers every sequence.
   int32_t splits, split_keys;
   float* part_out;
   float* part_lse;
@@ -545,7 +545,7 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
   // The sequence's output offsets are read again rather than held through the loop, whose
   // accumulators take every register.
   const Sequence out_seq = sequence(p, blockIdx.z, gridDim.y);
-  if (p.splits > 1) {  // one split of the keys: its f32 partial state (split.cuh combines)
+  if (p.splits > 1) {  // one split of the keys: its f32 partial state (split/combine.cuh)
     const int64_t part = ((int64_t(split) * gridDim.z + b) * gridDim.y + h) * p.seq_q;
     float* stage = reinterpret_cast<float*>(smem) + warp * 16 * WM * D;
     store_partial<WM, NJ, D>(o, rows, stage, p, out_seq.seq_q, warp_row0, part, lane);

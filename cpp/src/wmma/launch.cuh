@@ -1,5 +1,5 @@
 // Launcher for flashcore's WMMA kernel (kernel.cuh): FmhaArgs -> Params, grid, shared memory;
-// with key splits (FmhaArgs::splits), the workspace and the combine kernel (split.cuh).
+// with key splits (FmhaArgs::splits), the workspace and the combine kernel (split/combine.cuh).
 //
 // Each file in instances/ (one per dtype x tile of instances.inc) instantiates
 // `launch_wmma<T, BR, BC, D>` once and checks that the table's shared-memory figure matches.
@@ -18,7 +18,7 @@
 #include "../smem.h"
 #include "../launcher.h"
 #include "kernel.cuh"
-#include "split.cuh"
+#include "split/combine.cuh"
 
 namespace flashcore::wmma_fa {
 
@@ -131,28 +131,11 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
     enqueue_attention("launch fmha_wmma_kernel");
     return;
   }
-  CombineParams c{};
-  c.rows = a.batch * a.heads_q * a.seq_q;
-  const detail::Scratch ws(sizeof(float) * size_t(p.splits) * size_t(c.rows) * size_t(a.head_dim + 1),
-                     stream);
-  p.part_out = ws.floats();
-  p.part_lse = p.part_out + int64_t(p.splits) * c.rows * a.head_dim;
+  const split::Partials parts(a, p.splits, stream);
+  p.part_out = parts.out();
+  p.part_lse = parts.lse();
   enqueue_attention("launch fmha_wmma_kernel (split keys)");
-  c.part_out = p.part_out;
-  c.part_lse = p.part_lse;
-  c.out = a.out;
-  c.lse = a.lse;
-  for (int i = 0; i < 3; ++i) {
-    c.o_stride[i] = a.o_stride[i];
-  }
-  c.seq_q = static_cast<int32_t>(a.seq_q);
-  c.heads = static_cast<int32_t>(a.heads_q);
-  c.head_dim = static_cast<int32_t>(a.head_dim);
-  c.splits = p.splits;
-  const int64_t per_block = kCombineThreads / (a.head_dim / kCombineVector);
-  const auto blocks = static_cast<unsigned>((c.rows + per_block - 1) / per_block);
-  combine_kernel<T><<<blocks, kCombineThreads, 0, stream>>>(c);
-  check_cuda(cudaGetLastError(), "launch the split-KV combine kernel");
+  parts.combine<T>(a, stream);
 }
 
 }  // namespace flashcore::wmma_fa

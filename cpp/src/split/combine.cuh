@@ -1,6 +1,6 @@
-// Split-KV for the WMMA kernel: the workspace of the splits' partial states and the kernel that
-// combines them. Each split of a (batch, head) wrote its normalised f32 output rows and their
-// logsumexps (kernel.cuh); per query row the combine computes
+// Split-KV for every kernel family that splits keys (WMMA, Hopper): the workspace of the splits'
+// partial states and the kernel that combines them. Each split of a (batch, head) writes its
+// normalised f32 output rows and their logsumexps; per query row the combine computes
 //
 //   m = max_s lse_s,  w_s = exp(lse_s - m),  out = sum_s w_s out_s / sum_s w_s,
 //   lse = m + log(sum_s w_s),
@@ -14,9 +14,11 @@
 #include <cmath>
 #include <cstdint>
 
-#include "fragments.cuh"
+#include "../check.h"
+#include "../launcher.h"
+#include "../scratch.h"
 
-namespace flashcore::wmma_fa {
+namespace flashcore::split {
 
 struct CombineParams {
   const float* part_out;  // [split][row][head_dim], rows ordered (batch, head, query row)
@@ -31,7 +33,8 @@ struct CombineParams {
 constexpr int kCombineThreads = 128;
 constexpr int kCombineVector = 8;  // columns per thread: one 16-byte store
 
-// Rows of head_dim / 8 threads each, kCombineThreads / (head_dim / 8) rows per block.
+// Rows of head_dim / 8 threads each, kCombineThreads / (head_dim / 8) rows per block. T is the
+// output element (a 16-bit float type constructible from float).
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineParams p) {
   const int vectors = p.head_dim / kCombineVector;
@@ -68,8 +71,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   const float inv = total > 0.f ? 1.f / total : 0.f;
   alignas(16) T packed[kCombineVector];
 #pragma unroll
-  for (int e = 0; e < kCombineVector; e += 2) {
-    *reinterpret_cast<uint32_t*>(&packed[e]) = pack2(T(), acc[e] * inv, acc[e + 1] * inv);
+  for (int e = 0; e < kCombineVector; ++e) {
+    packed[e] = T(acc[e] * inv);
   }
   const int64_t i = row % p.seq_q, bh = row / p.seq_q;
   const int64_t h = bh % p.heads, b = bh / p.heads;
@@ -81,4 +84,46 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   }
 }
 
-}  // namespace flashcore::wmma_fa
+// The partial states of a launch `a` split over `splits` blocks of keys, in stream-ordered
+// scratch: f32 outputs [split][batch][head][row][head_dim], then logsumexps
+// [split][batch][head][row].
+class Partials {
+ public:
+  Partials(const FmhaArgs& a, int32_t splits, cudaStream_t stream)
+      : splits_(splits),
+        rows_(a.batch * a.heads_q * a.seq_q),
+        scratch_(sizeof(float) * size_t(splits) * size_t(rows_) * size_t(a.head_dim + 1), stream),
+        lse_(scratch_.floats() + int64_t(splits) * rows_ * a.head_dim) {}
+  float* out() const { return scratch_.floats(); }
+  float* lse() const { return lse_; }
+
+  // Enqueues the combine of the partial states into `a`'s output (and logsumexp) on `stream`.
+  template <typename T>
+  void combine(const FmhaArgs& a, cudaStream_t stream) const {
+    CombineParams c{};
+    c.part_out = out();
+    c.part_lse = lse();
+    c.out = a.out;
+    c.lse = a.lse;
+    for (int i = 0; i < 3; ++i) {
+      c.o_stride[i] = a.o_stride[i];
+    }
+    c.rows = rows_;
+    c.seq_q = static_cast<int32_t>(a.seq_q);
+    c.heads = static_cast<int32_t>(a.heads_q);
+    c.head_dim = static_cast<int32_t>(a.head_dim);
+    c.splits = splits_;
+    const int64_t per_block = kCombineThreads / (a.head_dim / kCombineVector);
+    const auto blocks = static_cast<unsigned>((rows_ + per_block - 1) / per_block);
+    combine_kernel<T><<<blocks, kCombineThreads, 0, stream>>>(c);
+    check_cuda(cudaGetLastError(), "launch the split-KV combine kernel");
+  }
+
+ private:
+  int32_t splits_;
+  int64_t rows_;
+  detail::Scratch scratch_;
+  float* lse_;
+};
+
+}  // namespace flashcore::split
