@@ -59,20 +59,30 @@ struct Band {
   int64_t left = -1, right = -1;
 };
 
+// A causal or window offset (a bound on j - i) clamped to [-seq_q, seq_k], which bounds nothing
+// more (j - i lies in (-seq_q, seq_k)), so that it fits an int for any window.
+CUTLASS_HOST_DEVICE int clamp_offset(int64_t offset, int64_t seq_q, int64_t seq_k) {
+  return int(cute::max(-seq_q, cute::min(seq_k, offset)));
+}
+
 // The problem of `seq_q` queries and `seq_k` keys under `band`, starting at tokens `q_start` and
-// `k_start`. Offsets are clamped to [-seq_q, seq_k], which bounds nothing more (j - i lies in
-// (-seq_q, seq_k)), so that every one fits an int for any window.
+// `k_start`.
 CUTLASS_HOST_DEVICE ProblemShape make_problem(int batch, cute::tuple<int, int> heads, int seq_q,
                                               int seq_k, int head_dim, Band const& band,
                                               int q_start = 0, int k_start = 0) {
   const int64_t diag = band.top_left ? 0 : int64_t(seq_k) - seq_q;
   const int64_t upper = band.causal ? diag : band.right >= 0 ? diag + band.right : seq_k;
   const int64_t lower = band.left >= 0 ? diag - band.left : -int64_t(seq_q);
-  auto clamp = [&](int64_t x) {
-    return int(x < -int64_t(seq_q) ? -int64_t(seq_q) : x > seq_k ? int64_t(seq_k) : x);
-  };
-  return ProblemShape{batch,    heads,        seq_q,        seq_k,      head_dim,
-                      clamp(upper), clamp(lower), int(diag), q_start, k_start};
+  return ProblemShape{batch,
+                      heads,
+                      seq_q,
+                      seq_k,
+                      head_dim,
+                      clamp_offset(upper, seq_q, seq_k),
+                      clamp_offset(lower, seq_q, seq_k),
+                      int(diag),
+                      q_start,
+                      k_start};
 }
 
 // The part of `p` that keys [first, first + count) of its sequence make: a split of the keys
@@ -81,11 +91,8 @@ CUTLASS_HOST_DEVICE ProblemShape make_problem(int batch, cute::tuple<int, int> h
 // and its ALiBi distance.
 CUTLASS_HOST_DEVICE ProblemShape key_split(ProblemShape p, int64_t first, int64_t count) {
   const int64_t keys = cute::max(int64_t(0), cute::min(count, int64_t(seq_k(p)) - first));
-  auto clamp = [&](int64_t x) {
-    return int(cute::max(-int64_t(seq_q(p)), cute::min(keys, x)));
-  };
-  cute::get<5>(p) = clamp(causal_offset(p) - first);
-  cute::get<6>(p) = clamp(window_offset(p) - first);
+  cute::get<5>(p) = clamp_offset(causal_offset(p) - first, seq_q(p), keys);
+  cute::get<6>(p) = clamp_offset(window_offset(p) - first, seq_q(p), keys);
   cute::get<7>(p) = int(diagonal(p) - first);
   cute::get<9>(p) = int(k_start(p) + first);
   cute::get<3>(p) = int(keys);
