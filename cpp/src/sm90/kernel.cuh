@@ -180,6 +180,18 @@ struct Kernel {
     return cute::get<0>(blk) * kBlockQ < seq_q(problem);
   }
 
+  // For the loaders: the unit at the scheduler's `blk`, whose batch coordinate becomes that of
+  // its loads; false when its query block holds no row (no load, as the consumers skip it).
+  template <class BlkCoord>
+  CUTLASS_DEVICE static bool load_unit(Params const& params, BlkCoord& blk, Unit& u) {
+    u = unit_of(params, cute::get<2, 0>(blk));
+    if (!has_rows(blk, u.problem)) {
+      return false;
+    }
+    cute::get<2, 0>(blk) = memory_batch(params, u.batch);
+    return true;
+  }
+
   CUTLASS_DEVICE void operator()(Params const& params, char* smem) const {
 #if defined(CUTLASS_ARCH_MMA_SM90A_ENABLED)
     using namespace cute;
@@ -243,11 +255,10 @@ struct Kernel {
       if (warp_in_group == kLoadKV) {
         for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
           auto blk = s.get_block_coord();
-          const Unit u = unit_of(params, get<2, 0>(blk));
-          if (!has_rows(blk, u.problem)) {
+          Unit u;
+          if (!load_unit(params, blk, u)) {
             continue;
           }
-          get<2, 0>(blk) = memory_batch(params, u.batch);
           mainloop.template load_kv_maybe_q<!kSeparateQ>(
               0, blk, params.mainloop, u.problem, pipeline_kv, kv_write, pipeline_q, q_write,
               storage.mainloop, storage.q_started, kSeparateQ && first);
@@ -256,11 +267,10 @@ struct Kernel {
       } else if (kSeparateQ && warp_in_group == kLoadQ) {
         for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
           auto blk = s.get_block_coord();
-          const Unit u = unit_of(params, get<2, 0>(blk));
-          if (!has_rows(blk, u.problem)) {
+          Unit u;
+          if (!load_unit(params, blk, u)) {
             continue;
           }
-          get<2, 0>(blk) = memory_batch(params, u.batch);
           mainloop.load_maybe_q(blk, params.mainloop, u.problem, pipeline_q, q_write,
                                 storage.mainloop, storage.q_started, first);
           first = false;
