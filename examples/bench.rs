@@ -272,11 +272,55 @@ fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(Strin
     Ok(rows)
 }
 
+/// The block table of `b` sequences of `n` keys in pages of `size`: page i of the batch is cache
+/// page (i · stride) mod pages, shuffled for the prime 7919 (no page count here is a multiple of
+/// it), in order for 1.
+fn page_table(b: usize, n: usize, size: usize, stride: usize) -> flashcore::Result<PageTable> {
+    let (per_seq, pages) = (n / size, b * n / size);
+    let table = (0..b)
+        .map(|s| {
+            (0..per_seq)
+                .map(|j| ((s * per_seq + j) * stride % pages) as i32)
+                .collect()
+        })
+        .collect();
+    PageTable::new(size, table, vec![n as i32; b])
+}
+
+/// One paged call timed under `opts` (Auto), forced onto WMMA and forced onto the Hopper kernel
+/// (refused off compute capability 9.0: NaN): the kernel Auto ran and the three medians in µs.
+#[allow(clippy::too_many_arguments)]
+fn time_paged(
+    stream: &Stream,
+    iters: usize,
+    q: &Tensor<bf16>,
+    k: &Tensor<bf16>,
+    v: &Tensor<bf16>,
+    table: &PageTable,
+    out: &mut Tensor<bf16>,
+    opts: &AttentionOptions,
+) -> flashcore::Result<(String, [f64; 3])> {
+    let mut time = |opts: &AttentionOptions| {
+        let ran = attention_paged_into(q, k, v, table, out, None, opts)?.backend;
+        let mut t = time_fn(stream, 3, iters, |_| {
+            attention_paged_into(q, k, v, table, out, None, opts).map(|_| ())
+        })?;
+        Ok::<_, flashcore::Error>((ran, percentiles(&mut t).0))
+    };
+    let (ran, auto) = time(opts)?;
+    let (_, wmma) = time(&opts.backend(Backend::Kernel(Kernel::Wmma)))?;
+    let hopper =
+        time(&opts.backend(Backend::Kernel(Kernel::CutlassSm90))).map_or(f64::NAN, |(_, us)| us);
+    Ok((ran.name().to_string(), [auto, wmma, hopper]))
+}
+
 /// The paged decode rows of issue 12 (bf16, GQA 32:8, d = 128, one query per sequence): 1 x 32k,
-/// 16 x 8k and 64 x 2k keys in shuffled pages of 16 and of 64 keys, under Auto, beside the same
-/// problem with contiguous K/V (and pages of 64 in order). Returns per row (batch, keys, page
-/// size, paged µs, contiguous µs, K+V GB/s of the paged call, page stride), medians.
-fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<[f64; 7]>> {
+/// 16 x 8k and 64 x 2k keys in shuffled pages of 16 and of 64 keys, under Auto and forced onto
+/// WMMA and the Hopper kernel, beside the same problem with contiguous K/V under Auto (and pages
+/// of 64 in order). Returns per row the kernel Auto ran and (batch, keys, page size, paged µs
+/// under Auto, contiguous µs, K+V GB/s of the paged call under Auto, page stride, paged µs on
+/// WMMA, paged µs on the Hopper kernel or NaN), medians.
+fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(String, [f64; 9])>> {
     let (h, hk, d) = (32, 8, 128);
     let dev =
         |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
@@ -286,41 +330,61 @@ fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<[f64; 7]
     for (b, n) in [(1, 32768), (16, 8192), (64, 2048)] {
         let q = dev(&[b, 1, h, d])?;
         let mut out = dev(&[b, 1, h, d])?;
-        let kv = dev(&[b, n, hk, d])?;
+        let (k, v) = (dev(&[b, n, hk, d])?, dev(&[b, n, hk, d])?);
         let contiguous = median(time_fn(stream, 3, iters, |_| {
-            attention_into(&q, &kv, &kv, &mut out, None, &opts).map(|_| ())
+            attention_into(&q, &k, &v, &mut out, None, &opts).map(|_| ())
         })?);
-        drop(kv);
+        drop((k, v));
         for (size, stride) in [(16, 7919), (64, 7919), (64, 1)] {
             let pages = b * n / size;
-            // Page i of the batch is cache page (i * stride) mod pages: shuffled for the prime
-            // 7919 (no page count here is a multiple of it), in order for 1.
-            let per_seq = n / size;
-            let table = (0..b)
-                .map(|s| {
-                    (0..per_seq)
-                        .map(|j| ((s * per_seq + j) * stride % pages) as i32)
-                        .collect()
-                })
-                .collect();
-            let table = PageTable::new(size, table, vec![n as i32; b])?.to_device(stream)?;
-            let cache = dev(&[pages, size, hk, d])?;
-            let paged = median(time_fn(stream, 3, iters, |_| {
-                attention_paged_into(&q, &cache, &cache, &table, &mut out, None, &opts).map(|_| ())
-            })?);
+            let table = page_table(b, n, size, stride)?.to_device(stream)?;
+            let (k, v) = (dev(&[pages, size, hk, d])?, dev(&[pages, size, hk, d])?);
+            let (ran, [paged, wmma, hopper]) =
+                time_paged(stream, iters, &q, &k, &v, &table, &mut out, &opts)?;
             let bytes = 2.0 * (b * n * hk * d * 2) as f64;
-            rows.push([
-                b as f64,
-                n as f64,
-                size as f64,
-                paged,
-                contiguous,
-                bytes / paged / 1e3,
-                stride as f64,
-            ]);
+            rows.push((
+                ran,
+                [
+                    b as f64,
+                    n as f64,
+                    size as f64,
+                    paged,
+                    contiguous,
+                    bytes / paged / 1e3,
+                    stride as f64,
+                    wmma,
+                    hopper,
+                ],
+            ));
         }
     }
     Ok(rows)
+}
+
+/// A paged chunked-prefill row (bf16, GQA 32:8, d = 128, bottom-right causal): 4 sequences of
+/// 8192 cached keys, the last 2048 of them the new queries', in shuffled pages of 64, under Auto
+/// and forced onto WMMA and the Hopper kernel, beside the same problem with contiguous K/V under
+/// Auto. Returns (the kernel Auto ran, [paged µs under Auto, on WMMA, on the Hopper kernel or
+/// NaN, contiguous µs]), medians.
+fn paged_prefill(stream: &Stream, iters: usize) -> flashcore::Result<(String, [f64; 4])> {
+    let (b, n, sq, size, h, hk, d) = (4, 8192, 2048, 64, 32, 8, 128);
+    let dev =
+        |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
+    let median = |mut t: Vec<f64>| percentiles(&mut t).0;
+    let opts = AttentionOptions::default().causal(Causal::BottomRight);
+    let q = dev(&[b, sq, h, d])?;
+    let mut out = dev(&[b, sq, h, d])?;
+    let (k, v) = (dev(&[b, n, hk, d])?, dev(&[b, n, hk, d])?);
+    let contiguous = median(time_fn(stream, 3, iters, |_| {
+        attention_into(&q, &k, &v, &mut out, None, &opts).map(|_| ())
+    })?);
+    drop((k, v));
+    let pages = b * n / size;
+    let table = page_table(b, n, size, 7919)?.to_device(stream)?;
+    let (k, v) = (dev(&[pages, size, hk, d])?, dev(&[pages, size, hk, d])?);
+    let (ran, [auto, wmma, hopper]) =
+        time_paged(stream, iters, &q, &k, &v, &table, &mut out, &opts)?;
+    Ok((ran, [auto, wmma, hopper, contiguous]))
 }
 
 /// The score-modifier rows of issue 13 (bf16, d = 128, bottom-right causal, same run): a
@@ -489,7 +553,7 @@ fn main() {
     };
     let paged = match paged_decode(&stream, args.iters) {
         Ok(rows) => {
-            for [b, n, size, us, contiguous, gbps, stride] in &rows {
+            for (ran, [b, n, size, us, contiguous, gbps, stride, wmma, hopper]) in &rows {
                 let order = if *stride == 1.0 {
                     "in order"
                 } else {
@@ -497,14 +561,35 @@ fn main() {
                 };
                 println!(
                     "paged decode {b}x{n} keys (32kv8, d128, bf16), pages of {size} ({order}): {us:.1} us \
-                     ({gbps:.0} GB/s of K+V); contiguous K/V {contiguous:.1} us; ratio {:.3}",
+                     on {ran} (Auto, {gbps:.0} GB/s of K+V), {wmma:.1} us on wmma, {hopper:.1} us \
+                     on cutlass-sm90; contiguous K/V \
+                     {contiguous:.1} us; ratio {:.3}",
                     us / contiguous
                 );
             }
-            json!(rows)
+            json!(rows
+                .iter()
+                .map(|(ran, r)| json!({ "kernel": ran, "row": r }))
+                .collect::<Vec<_>>())
         }
         Err(e) => {
             eprintln!("paged decode: {e}");
+            serde_json::Value::Null
+        }
+    };
+    let prefill = match paged_prefill(&stream, args.iters) {
+        Ok((ran, [auto, wmma, hopper, contiguous])) => {
+            println!(
+                "paged chunked prefill 4x2048 queries on 8192 keys (32kv8, d128, bf16, causal), \
+                 pages of 64 (shuffled): {auto:.1} us on {ran} (Auto), {wmma:.1} us on wmma, \
+                 {hopper:.1} us on cutlass-sm90; contiguous K/V {contiguous:.1} us; ratio {:.3}",
+                auto / contiguous
+            );
+            json!({ "kernel": ran, "auto_us": auto, "wmma_us": wmma, "hopper_us": hopper,
+                    "contiguous_us": contiguous })
+        }
+        Err(e) => {
+            eprintln!("paged prefill: {e}");
             serde_json::Value::Null
         }
     };
@@ -593,7 +678,7 @@ fn main() {
     };
     if let Some(path) = args.json {
         let doc = json!({ "device": device.name(), "records": rows, "host_overhead": overhead,
-                          "varlen_prefill": varlen, "paged_decode": paged,
+                          "varlen_prefill": varlen, "paged_decode": paged, "paged_prefill": prefill,
                           "score_modifiers": modifiers, "bias": bias });
         std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).expect("write json");
         eprintln!("wrote {path}");

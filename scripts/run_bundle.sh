@@ -61,7 +61,7 @@ rm -f "$marker"
     sanitize_tests varlen_
     echo "== compute-sanitizer memcheck and racecheck: split-KV decoding (WMMA and its combine)"
     sanitize_tests split_kv
-    echo "== compute-sanitizer memcheck and racecheck: paged KV caches (WMMA; bad device tables too)"
+    echo "== compute-sanitizer memcheck and racecheck: paged KV caches (WMMA and the Hopper kernel; bad device tables too)"
     sanitize_tests paged_
     echo "== compute-sanitizer memcheck and racecheck: score modifiers (window, softcap, ALiBi, bias)"
     sanitize_tests score_modifiers

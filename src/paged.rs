@@ -22,8 +22,12 @@ use crate::tensor::{Location, Tensor};
 /// a power of two from 16 to 1024 and K's dim 1, each sequence's keys fit its row of the table,
 /// and every page a sequence's keys reach is in the cache (entries past its keys are never read).
 ///
-/// The CPU reference and the WMMA kernel read paged caches (Auto picks WMMA for device tensors).
-/// For a GPU call, copy the table to the device once with `PageTable::to_device` (feature `cuda`) and reuse it.
+/// The CPU reference, the WMMA kernel and, on compute capability 9.0, the Hopper kernel read
+/// paged caches. For device tensors Auto picks as for contiguous K/V: the Hopper kernel on an
+/// H100/H200 for prefill and for decode batches of up to two (sequence, kv head) units per SM,
+/// WMMA for wider decode batches and on other GPUs (docs/PERFORMANCE.md has the measurements).
+/// For a GPU call, copy the table to the device once with `PageTable::to_device` (feature
+/// `cuda`) and reuse it.
 ///
 /// ```
 /// use flashcore::PageTable;

@@ -94,6 +94,15 @@ struct FmhaArgs {
   int64_t page_size = 0, pages_per_seq = 0, num_pages = 0;
 };
 
+// log2 of a paged cache's page size (FmhaArgs::page_size, a power of two: validated).
+inline int page_shift(int64_t page_size) {
+  int shift = 0;
+  while ((int64_t{1} << shift) < page_size) {
+    ++shift;
+  }
+  return shift;
+}
+
 // Launches `kernel`'s instantiation for `args.tile` and `args.dtype` on `stream` (of the current
 // device) and returns once it is queued (cpp/src/dispatch.cpp).
 void launch(Kernel kernel, const FmhaArgs& args, cudaStream_t stream);

@@ -724,7 +724,7 @@ void no_allocation_on_the_hot_path() {
 }
 
 // A paged KV cache: each rule, placement and shape, the host copies' contents, visible keys,
-// and planning (no GPU kernel takes one yet).
+// and planning (Auto: the dense rule, the Hopper kernel or WMMA; the Hopper kernel forced).
 void paged_cache() {
   using flashcore::core::PagesDesc;
   static const int32_t table[2 * 4] = {3, 0, 9, 1, 5, 2, 7, 8};  // 2 sequences x 4 pages
@@ -805,15 +805,38 @@ void paged_cache() {
   flashcore::core::validate(r, &p);
   flashcore::core::Plan plan{};
   s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
+         "Auto reads a small paged decode with the Hopper kernel on an H200: " + s.message);
+  const flashcore::core::DeviceCaps a100{8, 0, 163 * 1024, ~0u, 108};
+  s = flashcore::core::plan(r, p, a100, &plan);
   expect(s.ok() && plan.kernel == Kernel::Wmma,
-         "Auto reads a paged cache with the WMMA kernel: " + s.message);
-  for (const auto forced : {flashcore::Backend::CutlassSm80, flashcore::Backend::CutlassSm90}) {
-    r.options.backend = forced;
-    s = flashcore::core::plan(r, p, h200, &plan);
-    expect(s.code == Code::BackendUnavailable &&
-               s.values[0] == int64_t(*flashcore::kernel_of(forced)),
-           "a family that reads no paged cache, forced: " + s.message);
+         "Auto reads a paged cache with the WMMA kernel on an A100: " + s.message);
+  {
+    // 300 sequences x 2 kv heads: a dense decode this wide runs CUTLASS's decode row, which
+    // reads no pages, so Auto takes WMMA (no host copies: the device holds the table).
+    Request wide = paged();
+    wide.q = bshd(300, 1, 8, 64);
+    wide.out = bshd(300, 1, 8, 64);
+    wide.pages.count = 300;
+    wide.pages.host_table = nullptr;
+    wide.pages.host_seqlens = nullptr;
+    Problem wp{};
+    s = flashcore::core::validate(wide, &wp);
+    if (s.ok()) {
+      s = flashcore::core::plan(wide, wp, h200, &plan);
+    }
+    expect(s.ok() && plan.kernel == Kernel::Wmma,
+           "Auto reads a wide paged decode with the WMMA kernel on an H200: " + s.message);
   }
+  r.options.backend = flashcore::Backend::CutlassSm90;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
+         "the Hopper kernel, forced, reads a paged cache: " + s.message);
+  r.options.backend = flashcore::Backend::CutlassSm80;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.code == Code::BackendUnavailable &&
+             s.values[0] == int64_t(Kernel::CutlassSm80),
+         "example 41 reads no paged cache, forced: " + s.message);
 }
 
 // Score modifiers. Logit softcapping: a cap that is not positive and finite is refused. A sliding

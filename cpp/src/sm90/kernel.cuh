@@ -17,6 +17,7 @@
 #include "cutlass/pipeline/pipeline.hpp"
 #include "flashcore/plan.h"
 #include "kernel/fmha_options.hpp"
+#include "sequences.cuh"
 #include "sm90/epilogue.cuh"
 #include "sm90/mainloop.cuh"
 #include "sm90/mask.cuh"
@@ -104,8 +105,9 @@ struct Kernel {
        kMmaWarpGroups) / 8 * 8;
 
   // A variable-length batch (cu_q null: a dense one): batch + 1 offsets each into the token
-  // axis of Q/O and of K/V, clamped to the token counts as the WMMA kernel clamps them, and the
-  // band rule every sequence applies to its own lengths.
+  // axis of Q/O and of K/V, clamped to the token counts as the WMMA kernel clamps them
+  // (sequences.cuh), and the band rule every sequence (of a variable-length batch or a paged
+  // cache) applies to its own lengths.
   struct Sequences {
     const int32_t* cu_q = nullptr;
     const int32_t* cu_k = nullptr;
@@ -145,7 +147,8 @@ struct Kernel {
   };
 
   // The unit of the scheduler's batch index `index`: a dense batch entry's problem is the
-  // call's; a sequence's has its own lengths, band and first tokens; a split takes its keys.
+  // call's; a sequence's has its own lengths, band and first tokens (a paged cache's sequence,
+  // its own key count); a split takes its keys.
   CUTLASS_DEVICE static Unit unit_of(Params const& params, int index) {
     Unit u{params.problem, index, 0};
     if (params.splits.count > 1) {
@@ -153,13 +156,19 @@ struct Kernel {
     }
     Sequences const& s = params.seqs;
     if (s.cu_q != nullptr) {
-      const int b = u.batch;
-      const int q0 = ::min(::max(s.cu_q[b], 0), s.total_q);
-      const int q1 = ::min(::max(s.cu_q[b + 1], q0), s.total_q);
-      const int k0 = ::min(::max(s.cu_k[b], 0), s.total_k);
-      const int k1 = ::min(::max(s.cu_k[b + 1], k0), s.total_k);
-      u.problem = make_problem(1, cute::get<1>(params.problem), q1 - q0, k1 - k0,
-                               cute::get<4>(params.problem), s.band, q0, k0);
+      const TokenRange q = token_range(s.cu_q, u.batch, s.total_q);
+      const TokenRange k = token_range(s.cu_k, u.batch, s.total_k);
+      u.problem = make_problem(1, cute::get<1>(params.problem), q.end - q.begin, k.end - k.begin,
+                               cute::get<4>(params.problem), s.band, q.begin, k.begin);
+    }
+    if constexpr (kOurLoop) {
+      auto const& pages = params.mainloop.pages;
+      if (pages.table != nullptr) {  // a paged cache: the sequence's own key count
+        u.problem = make_problem(
+            cute::get<0>(params.problem), cute::get<1>(params.problem), seq_q(params.problem),
+            paged_keys(pages.seqlens_k, u.batch, pages.pages_per_seq, pages.page_shift),
+            cute::get<4>(params.problem), s.band);
+      }
     }
     if (params.splits.count > 1) {
       const int64_t keys = params.splits.keys;

@@ -1,7 +1,8 @@
 // Launcher for flashcore's Hopper kernel (kernel.cuh): FmhaArgs -> problem shape, CuTe strides,
 // TMA descriptors (built on the host by CUTLASS through the driver entry point), grid, launch.
 // A variable-length batch's descriptors cover its packed tokens as one batch entry; the kernel
-// moves each sequence's loads and stores to its first tokens.
+// moves each sequence's loads and stores to its first tokens. A paged cache's K and V have
+// descriptors of their own, over the pages (pages.cuh).
 //
 // Each file in instances/ (one per dtype x tile x schedule of instances.inc) instantiates
 // `launch_sm90<T, Q, K, D, FLAGS>` once (FLAGS: kernel.cuh's ScheduleFlags); a Hopper kernel
@@ -65,21 +66,19 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                           "sm90 kernel: a softcap or ALiBi needs the modifier schedule");
   }
   const bool varlen = a.cu_seqlens_q != nullptr;
-  if ((varlen || a.splits > 1) && !Kern::kOurLoop) {
+  const bool paged = a.block_table != nullptr;
+  if ((varlen || paged || a.splits > 1) && !Kern::kOurLoop) {
     throw detail::Failure(Code::Launch, "",
-                          "sm90 kernel: example 88's loop takes no variable-length batch or "
-                          "key splits");
+                          "sm90 kernel: example 88's loop takes no variable-length batch, paged "
+                          "cache or key splits");
   }
-  if (a.bias != nullptr || a.block_table != nullptr || (varlen && a.splits > 1)) {
+  if (a.bias != nullptr || (varlen && a.splits > 1)) {
     throw detail::Failure(Code::Launch, "",
-                          "sm90 kernel: no additive bias, paged cache or split variable-length "
-                          "batch yet");
+                          "sm90 kernel: no additive bias or split variable-length batch yet");
   }
-  // Keys per split: a whole number of key tiles; the split count follows (the last split is
-  // never empty).
-  const int64_t per_split =
-      a.splits > 1 ? ((a.seq_k + a.splits - 1) / a.splits + K - 1) / K * K : a.seq_k;
-  const int splits = a.splits > 1 ? static_cast<int>((a.seq_k + per_split - 1) / per_split) : 1;
+  // Keys per split, whole key tiles.
+  const split::KeySplits key_splits = split::key_splits(a.seq_k, a.splits, K);
+  const int splits = key_splits.count;
   const auto heads = cute::make_tuple(static_cast<int>(a.heads_q / a.heads_kv),
                                       static_cast<int>(a.heads_kv));
   // core::Problem's band (validate.h's blind_rows), which a variable-length batch's kernel
@@ -135,6 +134,17 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
     params.mainloop.alibi_slopes = a.alibi_slopes;
     params.mainloop.alibi_batch_stride = a.alibi_batch_stride;
   }
+  if constexpr (Kern::kOurLoop) {
+    // A paged cache: K and V are read through the pages' descriptors (pages.cuh); the dense
+    // ones above, built over the same pointers, are never used.
+    if (paged) {
+      params.mainloop.pages = Kern::Mainloop::Pages::make(
+          static_cast<const T*>(a.k), a.k_stride, static_cast<const T*>(a.v), a.v_stride,
+          a.block_table, a.seqlens_k, a.pages_per_seq, a.num_pages, page_shift(a.page_size),
+          static_cast<int>(a.heads_q), static_cast<int>(a.heads_kv),
+          static_cast<int>(a.head_dim));
+    }
+  }
 
   constexpr auto kernel = fmha_sm90_kernel<Kern>;
   ensure_smem_limit<kernel>(Kern::kSmemBytes);
@@ -149,7 +159,7 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   }
   const split::Partials parts(a, splits, stream);
   params.splits = typename Kern::Splits{splits,
-                                        static_cast<int>(per_split),
+                                        static_cast<int>(key_splits.keys),
                                         static_cast<int>(a.batch),
                                         cutlass::FastDivmod(splits),
                                         parts.out(),

@@ -24,6 +24,7 @@
 #include "cute/tensor.hpp"
 #include "fast_math.cuh"
 #include "sm90/mask.cuh"
+#include "sm90/pages.cuh"
 #include "sm90/turns.cuh"
 
 namespace flashcore::sm90 {
@@ -62,15 +63,24 @@ struct ConsumerLoop : Base {
   using typename Base::TileShapePV;
   using typename Base::TileShapeQK;
   using Turns = IssueTurns<Base::NumMmaWarpGroups, kTurns>;
+  using Pages = PagedKV<Element, SmemLayoutK, SmemLayoutV, int(cute::get<1>(TileShapeQK{})),
+                        int(cute::get<2>(TileShapeQK{}))>;
 
-  // Example 88's parameters and the modifiers': scores s become tanh(softcap_in * s) where
-  // softcap_in is not 0; ALiBi slopes (float [batch or 1, heads_q], row stride
-  // alibi_batch_stride; null for none), whose distance is measured from the problem's diagonal.
+  // Example 88's parameters, the modifiers' and a paged cache's: scores s become
+  // tanh(softcap_in * s) where softcap_in is not 0; ALiBi slopes (float [batch or 1, heads_q],
+  // row stride alibi_batch_stride; null for none), whose distance is measured from the problem's
+  // diagonal; K and V in pages where pages.table is not null (pages.cuh).
   struct Params : Base::Params {
     float softcap_in = 0.f;
     const float* alibi_slopes = nullptr;
     int64_t alibi_batch_stride = 0;
+    typename Pages::Params pages{};
   };
+
+  CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& params) {
+    Base::prefetch_tma_descriptors(params);
+    Pages::prefetch(params.pages);
+  }
 
   // A work unit's ALiBi: the bias per unit of distance (0: none), in the scores' units where
   // `to_log2` is 0, else in exp2 units, `to_log2` being the factor that takes the scores there.
@@ -273,6 +283,8 @@ struct ConsumerLoop : Base {
   // consumers' Q tiles between them, as example 88's load does (which always starts at key tile
   // 0). The cluster is one block, so no load multicasts. `blk` is the unit's coordinate in the
   // tensors: batch entry 0 for a variable-length batch, whose problem gives its first tokens.
+  // A paged cache's K and V tiles are loaded by the whole warp (pages.cuh), the others by the
+  // elected lane.
   template <bool kLoadQ, class BlkCoord, class ProblemShape, class QStarted>
   CUTLASS_DEVICE void load_kv_maybe_q(int /*block rank in its cluster of one*/, BlkCoord const& blk,
                                       Params const& params, ProblemShape const& problem,
@@ -291,34 +303,65 @@ struct ConsumerLoop : Base {
 
     typename Base::LoadQ load_q{params.tma_load_q, pipeline_q, storage.smem_q};
     auto q_at = q_state(load_q, problem, blk);
+
+    // Q of the first consumer, K(first), Q of the second, V(first), the other Qs, then K V pairs.
+    auto loads = [&](auto&& step_k, auto&& step_v) {
+      if constexpr (kLoadQ) {
+        load_q.step(q_tile, q_at, write_q, lane, q_left);
+      }
+      step_k();
+      if constexpr (kLoadQ) {
+        load_q.step(q_tile, q_at, write_q, lane, q_left);
+      } else if (wait_for_q) {
+        // The Q warp's first loads and these start together (kernel.cuh's q_started).
+        q_started.arrive();
+        q_started.wait(0);
+      }
+      step_v();
+      if constexpr (kLoadQ) {
+        while (q_left > 0) {
+          load_q.step(q_tile, q_at, write_q, lane, q_left);
+        }
+      }
+      CUTLASS_PRAGMA_NO_UNROLL
+      while (kv_left > 0) {
+        step_k();
+        step_v();
+      }
+    };
+
+    if (params.pages.table != nullptr) {
+      // A paged cache: the table entries of tile j's slabs, and those of tiles j + 1 and j + 2,
+      // loaded ahead (pages.cuh). (Its own branch, so that the dense loads keep their
+      // registers: the producer has few.)
+      const auto unit = Pages::unit(params.pages, get<2, 0>(blk), get<2, 1>(blk),
+                                    k_start(problem), k_start(problem) + seq_k(problem));
+      int j = first;
+      int entry = Pages::slab_entry(params.pages, unit, j);
+      int entry1 = Pages::slab_entry(params.pages, unit, j + 1), entry2 = 0;
+      loads(
+          [&] {
+            entry2 = Pages::slab_entry(params.pages, unit, j + 2);
+            Pages::template load<false>(params.pages, unit, j, entry, pipeline, write,
+                                        storage.smem_k.data(), lane == 1);
+            --kv_left;
+          },
+          [&] {
+            Pages::template load<true>(params.pages, unit, j, entry, pipeline, write,
+                                       storage.smem_v.data(), lane == 1);
+            --kv_left;
+            ++j;
+            entry = entry1;
+            entry1 = entry2;
+          });
+      return;
+    }
     typename Base::LoadK load_k{params.tma_load_k, pipeline, storage.smem_k};
     auto k_at = k_state(load_k, problem, blk, end);
     typename Base::LoadV load_v{params.tma_load_v, pipeline, storage.smem_v};
     auto v_at = v_state(load_v, problem, blk, end);
-
-    // Q of the first consumer, K(first), Q of the second, V(first), the other Qs, then K V pairs.
-    if constexpr (kLoadQ) {
-      load_q.step(q_tile, q_at, write_q, lane, q_left);
-    }
-    load_k.template step<false>(kv_tile, k_at, write, lane, kv_left);
-    if constexpr (kLoadQ) {
-      load_q.step(q_tile, q_at, write_q, lane, q_left);
-    } else if (wait_for_q) {
-      // The Q warp's first loads and these start together (kernel.cuh's q_started).
-      q_started.arrive();
-      q_started.wait(0);
-    }
-    load_v.template step<true>(kv_tile, v_at, write, lane, kv_left);
-    if constexpr (kLoadQ) {
-      while (q_left > 0) {
-        load_q.step(q_tile, q_at, write_q, lane, q_left);
-      }
-    }
-    CUTLASS_PRAGMA_NO_UNROLL
-    while (kv_left > 0) {
-      load_k.template step<false>(kv_tile, k_at, write, lane, kv_left);
-      load_v.template step<true>(kv_tile, v_at, write, lane, kv_left);
-    }
+    loads([&] { load_k.template step<false>(kv_tile, k_at, write, lane, kv_left); },
+          [&] { load_v.template step<true>(kv_tile, v_at, write, lane, kv_left); });
   }
 
   // The Q loads of one work unit by a warp of their own (kernel.cuh's kSeparateQ): example 88's

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../sequences.cuh"
 #include "copy.cuh"
 #include "fragments.cuh"
 #include "pages.cuh"
@@ -133,17 +134,15 @@ __device__ inline Sequence sequence(const Params& p, int64_t b, int64_t heads) {
     s.k = 0;
     s.v = 0;
     s.seq_q = p.seq_q;
-    const int64_t held = min(p.pages_per_seq << p.page_shift, int64_t(INT32_MAX));
-    s.seq_k = int32_t(min(max(int64_t(p.seqlens_k[b]), int64_t(0)), held));
+    s.seq_k = paged_keys(p.seqlens_k, b, p.pages_per_seq, p.page_shift);
     s.lse0 = b * heads * p.seq_q;
     s.lse_head = p.seq_q;
   } else {
-    const int32_t q0 = min(max(p.cu_q[b], 0), p.total_q);
-    const int32_t q1 = min(max(p.cu_q[b + 1], q0), p.total_q);
-    const int32_t k0 = min(max(p.cu_k[b], 0), p.total_k);
-    const int32_t k1 = min(max(p.cu_k[b + 1], k0), p.total_k);
-    s.seq_q = q1 - q0;
-    s.seq_k = k1 - k0;
+    const TokenRange qs = token_range(p.cu_q, b, p.total_q);
+    const TokenRange ks = token_range(p.cu_k, b, p.total_k);
+    const int32_t q0 = qs.begin, k0 = ks.begin;
+    s.seq_q = qs.end - q0;
+    s.seq_k = ks.end - k0;
     const int64_t kt = s.seq_k > 0 ? k0 : 0;  // a keyless sequence keeps an in-bounds base
     s.q = int64_t(q0) * p.q_stride[1];
     s.o = int64_t(q0) * p.o_stride[1];

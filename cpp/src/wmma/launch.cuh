@@ -91,9 +91,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   if (a.block_table != nullptr) {  // page sizes are powers of two (validated)
     p.block_table = a.block_table;
     p.seqlens_k = a.seqlens_k;
-    while ((int64_t{1} << p.page_shift) < a.page_size) {
-      ++p.page_shift;
-    }
+    p.page_shift = page_shift(a.page_size);
     // Page indices are int32: pages past INT32_MAX cannot be named. No page: no key is read.
     p.pages_per_seq = a.num_pages > 0 ? a.pages_per_seq : 0;
     p.last_page = static_cast<int32_t>(std::min<int64_t>(a.num_pages - 1, INT32_MAX));
@@ -108,12 +106,10 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
                 "up to " + std::to_string(D));
   }
 
-  // Keys per split: a whole number of key tiles; the split count follows (the last split is
-  // never empty). One split covers every sequence.
-  const int64_t per_split = a.splits > 1 ? ((a.seq_k + a.splits - 1) / a.splits + BC - 1) / BC * BC
-                                         : int64_t{INT32_MAX};
-  p.split_keys = static_cast<int32_t>(per_split);
-  p.splits = a.splits > 1 ? static_cast<int32_t>((a.seq_k + per_split - 1) / per_split) : 1;
+  // Keys per split, whole key tiles (one split covers every sequence).
+  const split::KeySplits splits = split::key_splits(a.seq_k, a.splits, BC);
+  p.split_keys = static_cast<int32_t>(splits.keys);
+  p.splits = splits.count;
 
   const int64_t m_blocks = (a.seq_q + BR - 1) / BR;
   const dim3 grid(static_cast<unsigned>(m_blocks * p.splits), static_cast<unsigned>(a.heads_q),

@@ -1,0 +1,29 @@
+// Where a sequence of a variable-length batch or of a paged cache lies, read from device memory
+// that the host may not have checked (docs/SERVING.md, the device contract), and clamped as every
+// kernel family clamps it, so that no read or write leaves the buffers.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+
+namespace flashcore {
+
+// Tokens [begin, end) of sequence `b` in a packed tensor of `total` tokens, from the batch + 1
+// offsets `cu`: each offset clamped to [the previous one (0 for the first), total].
+struct TokenRange {
+  int32_t begin, end;
+};
+__device__ inline TokenRange token_range(const int32_t* cu, int64_t b, int32_t total) {
+  const int32_t begin = ::min(::max(cu[b], 0), total);
+  return {begin, ::min(::max(cu[b + 1], begin), total)};
+}
+
+// The key count of sequence `b` of a paged cache: seqlens_k[b] clamped to [0, the keys its row
+// of `pages_per_seq` pages of 2^page_shift keys holds] (and to int32).
+__device__ inline int32_t paged_keys(const int32_t* seqlens_k, int64_t b, int64_t pages_per_seq,
+                                     int page_shift) {
+  const int64_t held = ::min(pages_per_seq << page_shift, int64_t{INT32_MAX});
+  return int32_t(::min(::max(int64_t{seqlens_k[b]}, int64_t{0}), held));
+}
+
+}  // namespace flashcore
