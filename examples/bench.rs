@@ -287,31 +287,52 @@ fn page_table(b: usize, n: usize, size: usize, stride: usize) -> flashcore::Resu
     PageTable::new(size, table, vec![n as i32; b])
 }
 
-/// One paged call timed under `opts` (Auto), forced onto WMMA and forced onto the Hopper kernel
-/// (refused off compute capability 9.0: NaN): the kernel Auto ran and the three medians in µs.
-#[allow(clippy::too_many_arguments)]
-fn time_paged(
+/// The kernel a paged call ran under the caller's options, and its µs there, on WMMA and on the
+/// Hopper kernel (NaN where refused).
+type PagedRun = (String, [f64; 3]);
+
+/// One paged problem beside contiguous K/V (bf16, GQA 32:8, d = 128): `b` sequences of `sq`
+/// queries on `n` keys, timed with contiguous K/V under `opts`, then in a cache paged each way of
+/// `pagings` ((page size, page stride): page_table's) under `opts`, forced onto WMMA and forced
+/// onto the Hopper kernel (refused off compute capability 9.0: NaN). Returns the contiguous µs
+/// and per paging the kernel `opts` ran and the three paged µs, medians.
+fn paged_against_contiguous(
     stream: &Stream,
     iters: usize,
-    q: &Tensor<bf16>,
-    k: &Tensor<bf16>,
-    v: &Tensor<bf16>,
-    table: &PageTable,
-    out: &mut Tensor<bf16>,
+    (b, sq, n): (usize, usize, usize),
+    pagings: &[(usize, usize)],
     opts: &AttentionOptions,
-) -> flashcore::Result<(String, [f64; 3])> {
-    let mut time = |opts: &AttentionOptions| {
-        let ran = attention_paged_into(q, k, v, table, out, None, opts)?.backend;
-        let mut t = time_fn(stream, 3, iters, |_| {
-            attention_paged_into(q, k, v, table, out, None, opts).map(|_| ())
-        })?;
-        Ok::<_, flashcore::Error>((ran, percentiles(&mut t).0))
-    };
-    let (ran, auto) = time(opts)?;
-    let (_, wmma) = time(&opts.backend(Backend::Kernel(Kernel::Wmma)))?;
-    let hopper =
-        time(&opts.backend(Backend::Kernel(Kernel::CutlassSm90))).map_or(f64::NAN, |(_, us)| us);
-    Ok((ran.name().to_string(), [auto, wmma, hopper]))
+) -> flashcore::Result<(f64, Vec<PagedRun>)> {
+    let (h, hk, d) = (32, 8, 128);
+    let dev =
+        |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
+    let median = |mut t: Vec<f64>| percentiles(&mut t).0;
+    let q = dev(&[b, sq, h, d])?;
+    let mut out = dev(&[b, sq, h, d])?;
+    let (k, v) = (dev(&[b, n, hk, d])?, dev(&[b, n, hk, d])?);
+    let contiguous = median(time_fn(stream, 3, iters, |_| {
+        attention_into(&q, &k, &v, &mut out, None, opts).map(|_| ())
+    })?);
+    drop((k, v));
+    let mut runs = Vec::new();
+    for &(size, stride) in pagings {
+        let pages = b * n / size;
+        let table = page_table(b, n, size, stride)?.to_device(stream)?;
+        let (k, v) = (dev(&[pages, size, hk, d])?, dev(&[pages, size, hk, d])?);
+        let mut time = |opts: &AttentionOptions| {
+            let ran = attention_paged_into(&q, &k, &v, &table, &mut out, None, opts)?.backend;
+            let us = median(time_fn(stream, 3, iters, |_| {
+                attention_paged_into(&q, &k, &v, &table, &mut out, None, opts).map(|_| ())
+            })?);
+            Ok::<_, flashcore::Error>((ran, us))
+        };
+        let (ran, paged) = time(opts)?;
+        let (_, wmma) = time(&opts.backend(Backend::Kernel(Kernel::Wmma)))?;
+        let hopper = time(&opts.backend(Backend::Kernel(Kernel::CutlassSm90)))
+            .map_or(f64::NAN, |(_, us)| us);
+        runs.push((ran.name().to_string(), [paged, wmma, hopper]));
+    }
+    Ok((contiguous, runs))
 }
 
 /// The paged decode rows of issue 12 (bf16, GQA 32:8, d = 128, one query per sequence): 1 x 32k,
@@ -321,40 +342,19 @@ fn time_paged(
 /// under Auto, contiguous µs, K+V GB/s of the paged call under Auto, page stride, paged µs on
 /// WMMA, paged µs on the Hopper kernel or NaN), medians.
 fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(String, [f64; 9])>> {
-    let (h, hk, d) = (32, 8, 128);
-    let dev =
-        |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
-    let median = |mut t: Vec<f64>| percentiles(&mut t).0;
+    let pagings = [(16, 7919), (64, 7919), (64, 1)];
     let opts = AttentionOptions::default();
     let mut rows = Vec::new();
     for (b, n) in [(1, 32768), (16, 8192), (64, 2048)] {
-        let q = dev(&[b, 1, h, d])?;
-        let mut out = dev(&[b, 1, h, d])?;
-        let (k, v) = (dev(&[b, n, hk, d])?, dev(&[b, n, hk, d])?);
-        let contiguous = median(time_fn(stream, 3, iters, |_| {
-            attention_into(&q, &k, &v, &mut out, None, &opts).map(|_| ())
-        })?);
-        drop((k, v));
-        for (size, stride) in [(16, 7919), (64, 7919), (64, 1)] {
-            let pages = b * n / size;
-            let table = page_table(b, n, size, stride)?.to_device(stream)?;
-            let (k, v) = (dev(&[pages, size, hk, d])?, dev(&[pages, size, hk, d])?);
-            let (ran, [paged, wmma, hopper]) =
-                time_paged(stream, iters, &q, &k, &v, &table, &mut out, &opts)?;
-            let bytes = 2.0 * (b * n * hk * d * 2) as f64;
+        let (contiguous, runs) =
+            paged_against_contiguous(stream, iters, (b, 1, n), &pagings, &opts)?;
+        let bytes = 2.0 * (b * n * 8 * 128 * 2) as f64;
+        for ((size, stride), (ran, [paged, wmma, hopper])) in pagings.into_iter().zip(runs) {
+            let gbps = bytes / paged / 1e3;
+            let (b, n, size, stride) = (b as f64, n as f64, size as f64, stride as f64);
             rows.push((
                 ran,
-                [
-                    b as f64,
-                    n as f64,
-                    size as f64,
-                    paged,
-                    contiguous,
-                    bytes / paged / 1e3,
-                    stride as f64,
-                    wmma,
-                    hopper,
-                ],
+                [b, n, size, paged, contiguous, gbps, stride, wmma, hopper],
             ));
         }
     }
@@ -367,23 +367,10 @@ fn paged_decode(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(String,
 /// Auto. Returns (the kernel Auto ran, [paged µs under Auto, on WMMA, on the Hopper kernel or
 /// NaN, contiguous µs]), medians.
 fn paged_prefill(stream: &Stream, iters: usize) -> flashcore::Result<(String, [f64; 4])> {
-    let (b, n, sq, size, h, hk, d) = (4, 8192, 2048, 64, 32, 8, 128);
-    let dev =
-        |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
-    let median = |mut t: Vec<f64>| percentiles(&mut t).0;
     let opts = AttentionOptions::default().causal(Causal::BottomRight);
-    let q = dev(&[b, sq, h, d])?;
-    let mut out = dev(&[b, sq, h, d])?;
-    let (k, v) = (dev(&[b, n, hk, d])?, dev(&[b, n, hk, d])?);
-    let contiguous = median(time_fn(stream, 3, iters, |_| {
-        attention_into(&q, &k, &v, &mut out, None, &opts).map(|_| ())
-    })?);
-    drop((k, v));
-    let pages = b * n / size;
-    let table = page_table(b, n, size, 7919)?.to_device(stream)?;
-    let (k, v) = (dev(&[pages, size, hk, d])?, dev(&[pages, size, hk, d])?);
-    let (ran, [auto, wmma, hopper]) =
-        time_paged(stream, iters, &q, &k, &v, &table, &mut out, &opts)?;
+    let (contiguous, mut runs) =
+        paged_against_contiguous(stream, iters, (4, 2048, 8192), &[(64, 7919)], &opts)?;
+    let (ran, [auto, wmma, hopper]) = runs.remove(0);
     Ok((ran, [auto, wmma, hopper, contiguous]))
 }
 

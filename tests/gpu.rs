@@ -182,6 +182,15 @@ fn runs_here(kernel: Kernel) -> bool {
     kernel != Kernel::CutlassSm90 || device.compute_capability() == (9, 0)
 }
 
+/// The families that take variable-length batches, paged caches and key splits and run on
+/// device 0: WMMA, and the Hopper kernel on compute capability 9.0.
+fn indexed_kernels_here() -> Vec<Kernel> {
+    [Kernel::Wmma, Kernel::CutlassSm90]
+        .into_iter()
+        .filter(|&k| runs_here(k))
+        .collect()
+}
+
 /// Runs every case (on its pinned kernel, or on every kernel that runs here) and fails listing
 /// all cases over tolerance (NaN counts as infinite error).
 fn check_all<T: AttentionElement>(cases: &[Case]) {
@@ -1130,8 +1139,7 @@ fn varlen_batches_match_the_reference() {
             failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
         }
     };
-    let kernels = [Kernel::Wmma, Kernel::CutlassSm90];
-    for kernel in kernels.into_iter().filter(|&k| runs_here(k)) {
+    for kernel in indexed_kernels_here() {
         for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
             for (d, heads, layout) in [
                 (64, (8, 2), Layout::Bshd),
@@ -1260,10 +1268,18 @@ fn varlen_errors_launch_nothing() {
     assert!(untouched.host_data().unwrap().iter().all(|x| x.is_nan()));
 }
 
-/// The finite elements of a NaN-poisoned device output after a launch whose inputs broke the
-/// device contract (copying it back also shows the stream healthy): the rows the kernel wrote,
-/// which clamped offsets or tables never make NaN from nothing.
-fn finite_elements<T: AttentionElement>(out: &Tensor<T>, what: &str) -> usize {
+/// A call whose device inputs broke their contract (`exec`, its result) ran on `kernel`; returns
+/// the finite elements of its NaN-poisoned device output (copying it back also shows the stream
+/// healthy): the rows the kernel wrote, which clamped offsets or tables never make NaN from
+/// nothing.
+fn finite_elements<T: AttentionElement>(
+    exec: Result<Execution, Error>,
+    kernel: Kernel,
+    out: &Tensor<T>,
+    what: &str,
+) -> usize {
+    let exec = exec.unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(exec.backend, BackendKind::Kernel(kernel), "{what}");
     let written = out.to_host().unwrap_or_else(|e| panic!("{what}: {e}"));
     let values = written.host_data().unwrap();
     values.iter().filter(|x| x.to_f64().is_finite()).count()
@@ -1296,8 +1312,7 @@ fn varlen_device_offsets_stay_inside_the_buffers() {
         // whole query blocks among them.
         (vec![0, 290, 295, 300], vec![0, 2, 3, 50]),
     ];
-    let kernels = [Kernel::Wmma, Kernel::CutlassSm90];
-    for kernel in kernels.into_iter().filter(|&k| runs_here(k)) {
+    for kernel in indexed_kernels_here() {
         let causal = AttentionOptions::default()
             .causal(Causal::BottomRight)
             .backend(Backend::Kernel(kernel))
@@ -1317,19 +1332,9 @@ fn varlen_device_offsets_stay_inside_the_buffers() {
                     .to_device(&s)
                     .unwrap();
                 let what = format!("{kernel:?} {cu_q:?} / {cu_k:?} window {:?}", opts.window);
-                let exec = cpp_attention_varlen(
-                    &dq,
-                    &dk,
-                    &dv,
-                    &batch,
-                    &mut out,
-                    Some(&mut lse),
-                    &opts,
-                    false,
-                )
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert_eq!(exec.backend, BackendKind::Kernel(kernel), "{what}");
-                let finite = finite_elements(&out, &what);
+                let lse = Some(&mut lse);
+                let exec = cpp_attention_varlen(&dq, &dk, &dv, &batch, &mut out, lse, &opts, false);
+                let finite = finite_elements(exec, kernel, &out, &what);
                 println!("bad offsets {what}: {finite} finite elements written");
             }
         }
@@ -1440,8 +1445,7 @@ fn split_kv_decode_matches_the_reference() {
         } else {
             (sq, b * hq)
         };
-        let kernels = [Kernel::Wmma, Kernel::CutlassSm90];
-        for kernel in kernels.into_iter().filter(|&k| runs_here(k)) {
+        for kernel in indexed_kernels_here() {
             for (dtype, (exec, err, lse_err), tol) in [
                 ("f16", split_case::<f16>(&s, kernel, shape, causal), 2e-3),
                 ("bf16", split_case::<bf16>(&s, kernel, shape, causal), 1e-2),
@@ -1639,8 +1643,7 @@ fn paged_case<T: AttentionElement>(
 fn paged_caches_match_the_reference() {
     let s = stream();
     let mut failures = Vec::new();
-    let kernels = [Kernel::Wmma, Kernel::CutlassSm90];
-    for kernel in kernels.into_iter().filter(|&k| runs_here(k)) {
+    for kernel in indexed_kernels_here() {
         let run = (Backend::Kernel(kernel), kernel);
         let mut split_seen = false;
         let mut check = |what: String, (err, lse_err, splits): (f64, f64, usize), tol: f64| {
@@ -1810,12 +1813,12 @@ fn paged_errors_launch_nothing() {
     );
     let on_device = pages.to_device(&s).unwrap();
     // Example 41 reads no pages; the Hopper kernel does, on compute capability 9.0 only.
-    let refusing = if runs_here(Kernel::CutlassSm90) {
-        &[Kernel::CutlassSm80][..]
-    } else {
-        &[Kernel::CutlassSm80, Kernel::CutlassSm90][..]
-    };
-    refused_on(refusing, |forced| {
+    let indexed = indexed_kernels_here();
+    let refusing: Vec<Kernel> = Kernel::ALL
+        .into_iter()
+        .filter(|k| !indexed.contains(k))
+        .collect();
+    refused_on(&refusing, |forced| {
         attention_paged_into(&q, &k, &k, &on_device, &mut out, None, forced)
     });
     let bad = PageTable::new(16, vec![vec![3, 0, 10], vec![5, 2, 7, 8]], vec![40, 64])
@@ -1853,8 +1856,20 @@ fn paged_device_table_stays_inside_the_buffers() {
         k.to_device(&s).unwrap(),
         v.to_device(&s).unwrap(),
     );
-    let kernels = [Kernel::Wmma, Kernel::CutlassSm90];
-    for kernel in kernels.into_iter().filter(|&k| runs_here(k)) {
+    // A device table without host copies, and a NaN-poisoned output.
+    let device_pages = |table: &[Vec<i32>], seqlens: &[i32]| {
+        PageTable::new(size, table.to_vec(), seqlens.to_vec())
+            .unwrap()
+            .to_device(&s)
+            .unwrap()
+    };
+    let nan_out = || {
+        Tensor::full(bf16::NAN, &[2, 3, h, d], Layout::Bshd)
+            .unwrap()
+            .to_device(&s)
+            .unwrap()
+    };
+    for kernel in indexed_kernels_here() {
         let opts = AttentionOptions::default()
             .causal(Causal::BottomRight)
             .with_lse()
@@ -1864,44 +1879,22 @@ fn paged_device_table_stays_inside_the_buffers() {
             (vec![vec![0, 1], vec![2, 3]], vec![-5, 32]), // a negative count (the longest fits)
         ];
         for (table, seqlens) in bad {
-            let pages = PageTable::new(size, table.clone(), seqlens.clone())
-                .unwrap()
-                .to_device(&s)
-                .unwrap();
-            let mut out = Tensor::full(bf16::NAN, &[2, 3, h, d], Layout::Bshd)
-                .unwrap()
-                .to_device(&s)
-                .unwrap();
+            let pages = device_pages(&table, &seqlens);
+            let mut out = nan_out();
             let mut lse = Tensor::full(f32::NAN, &[2, h, 3, 1], Layout::Bhsd)
                 .unwrap()
                 .to_device(&s)
                 .unwrap();
             let what = format!("{kernel:?}: table {table:?}, counts {seqlens:?}");
-            let exec = cpp_attention_paged(
-                &dq,
-                &dk,
-                &dv,
-                &pages,
-                &mut out,
-                Some(&mut lse),
-                &opts,
-                false,
-            )
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(exec.backend, BackendKind::Kernel(kernel), "{what}");
-            let finite = finite_elements(&out, &what);
+            let lse = Some(&mut lse);
+            let exec = cpp_attention_paged(&dq, &dk, &dv, &pages, &mut out, lse, &opts, false);
+            let finite = finite_elements(exec, kernel, &out, &what);
             println!("bad paged cache {what}: {finite} finite elements written");
         }
         let table = vec![vec![4, 1], vec![0, 5, 3]];
         let lengths = [20, 40];
-        let pages = PageTable::new(size, table.clone(), vec![20, 40])
-            .unwrap()
-            .to_device(&s)
-            .unwrap();
-        let mut out = Tensor::full(bf16::NAN, &[2, 3, h, d], Layout::Bshd)
-            .unwrap()
-            .to_device(&s)
-            .unwrap();
+        let pages = device_pages(&table, &[20, 40]);
+        let mut out = nan_out();
         let exec =
             cpp_attention_paged(&dq, &dk, &dv, &pages, &mut out, None, &opts, false).unwrap();
         assert_eq!(exec.backend, BackendKind::Kernel(kernel));

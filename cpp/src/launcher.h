@@ -74,17 +74,18 @@ struct FmhaArgs {
   int64_t bias_stride[4] = {0, 0, 0, 0};
   int64_t bias_rows = 0, bias_keys = 0;
   Tile tile;
-  // A variable-length batch (only the WMMA kernel takes one): batch + 1 int32 offsets each into
+  // A variable-length batch (the WMMA and Hopper kernels): batch + 1 int32 offsets each into
   // the token axis of q/out and of k/v, whose batch stride is then unused; seq_q and seq_k are
   // the longest sequence's lengths, total_q and total_k the token counts the kernel clamps the
   // offsets to. Null for a dense batch.
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   int64_t total_q = 0, total_k = 0;
-  // Split-KV (only the WMMA kernel, dense batches): the keys of each (batch, head) are split
-  // over this many blocks, whose partial states the launcher combines (kv_splits; 1: none).
+  // Split-KV (the WMMA and Hopper kernels; no variable-length batch): the keys of each (batch,
+  // head) are split over this many blocks, whose partial states the launcher combines
+  // (kv_splits; 1: none).
   int32_t splits = 1;
-  // A paged KV cache (only the WMMA kernel): k and v are [num_pages, page_size, heads_kv,
+  // A paged KV cache (the WMMA and Hopper kernels): k and v are [num_pages, page_size, heads_kv,
   // head_dim] (k_stride[0] / v_stride[0]: the page stride). Sequence b has seqlens_k[b] keys,
   // clamped to [0, pages_per_seq * page_size]; its key j is slot j % page_size of page
   // block_table[b * pages_per_seq + j / page_size], clamped to [0, num_pages). seq_k is the
@@ -94,13 +95,24 @@ struct FmhaArgs {
   int64_t page_size = 0, pages_per_seq = 0, num_pages = 0;
 };
 
-// log2 of a paged cache's page size (FmhaArgs::page_size, a power of two: validated).
-inline int page_shift(int64_t page_size) {
+// A paged cache's bounds as both kernel families read them: log2 of the page size (a power of
+// two: validated); the table entries per sequence, 0 when the cache has no page (then no key is
+// read); the last page a table entry is clamped to (page indices are int32: pages past INT32_MAX
+// cannot be named; 0 without pages).
+struct PageBounds {
   int shift = 0;
-  while ((int64_t{1} << shift) < page_size) {
-    ++shift;
+  int64_t pages_per_seq = 0;
+  int32_t last_page = 0;
+};
+inline PageBounds page_bounds(const FmhaArgs& a) {
+  PageBounds b;
+  while ((int64_t{1} << b.shift) < a.page_size) {
+    ++b.shift;
   }
-  return shift;
+  b.pages_per_seq = a.num_pages > 0 ? a.pages_per_seq : 0;
+  b.last_page = static_cast<int32_t>(
+      a.num_pages > 0 ? (a.num_pages > INT32_MAX ? INT32_MAX : a.num_pages) - 1 : 0);
+  return b;
 }
 
 // Launches `kernel`'s instantiation for `args.tile` and `args.dtype` on `stream` (of the current

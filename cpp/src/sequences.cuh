@@ -26,4 +26,10 @@ __device__ inline int32_t paged_keys(const int32_t* seqlens_k, int64_t b, int64_
   return int32_t(::min(::max(int64_t{seqlens_k[b]}, int64_t{0}), held));
 }
 
+// A block table entry as read (the device's, unchecked) clamped to the cache's pages
+// [0, last_page] (launcher.h's PageBounds).
+__device__ inline int clamp_page(int entry, int last_page) {
+  return ::min(::max(entry, 0), last_page);
+}
+
 }  // namespace flashcore

@@ -295,8 +295,8 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       // Paged caches and variable-length batches run on the WMMA kernel, or on the Hopper kernel
       // where Auto or the caller chose it (docs/SERVING.md). A paged cache follows the dense
       // rule: on the H200 (2026-11-24, bf16, GQA 32:8, d = 128) the Hopper kernel read paged
-      // decodes of 1 x 32k and 16 x 8k keys in 61 and 181 us against 86 and 270 on WMMA; where
-      // CUTLASS's decode row would run (64 x 2k: 512 units), WMMA took 131 against 186.
+      // decodes of 1 x 32k and 16 x 8k keys in 59-62 and 179-186 us against 86 and 270 on WMMA;
+      // where CUTLASS's decode row would run (64 x 2k: 512 units), WMMA took 137 against 185-194.
       if (Status s = only_family(kIndexedKernel, forced,
                                  p.paged ? "it reads no paged caches (the Hopper kernel does on "
                                            "compute capability 9.0); "

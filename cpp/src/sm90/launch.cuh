@@ -138,11 +138,7 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
     // A paged cache: K and V are read through the pages' descriptors (pages.cuh); the dense
     // ones above, built over the same pointers, are never used.
     if (paged) {
-      params.mainloop.pages = Kern::Mainloop::Pages::make(
-          static_cast<const T*>(a.k), a.k_stride, static_cast<const T*>(a.v), a.v_stride,
-          a.block_table, a.seqlens_k, a.pages_per_seq, a.num_pages, page_shift(a.page_size),
-          static_cast<int>(a.heads_q), static_cast<int>(a.heads_kv),
-          static_cast<int>(a.head_dim));
+      params.mainloop.pages = Kern::Mainloop::Pages::make(a);
     }
   }
 

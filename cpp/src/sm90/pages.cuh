@@ -24,6 +24,8 @@
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/pipeline/pipeline.hpp"
+#include "launcher.h"
+#include "sequences.cuh"
 #include "sm90/problem.cuh"
 
 namespace flashcore::sm90 {
@@ -68,44 +70,45 @@ struct PagedKV {
     int64_t v_page = 0, v_slot = 0, v_head = 0;
   };
 
-  // The parameters of a cache of `num_pages` pages of 2^page_shift keys whose K and V have the
-  // strides (page, slot, kv head) in elements.
-  static Params make(const Element* k, const int64_t (&k_stride)[3], const Element* v,
-                     const int64_t (&v_stride)[3], const int32_t* table, const int32_t* seqlens_k,
-                     int64_t pages_per_seq, int64_t num_pages, int page_shift, int heads_q,
-                     int heads_kv, int head_dim) {
+  // The parameters of the call's cache (FmhaArgs: K and V with the strides (page, slot, kv
+  // head) in elements).
+  static Params make(const FmhaArgs& a) {
     using namespace cute;
+    const auto* k = static_cast<const Element*>(a.k);
+    const auto* v = static_cast<const Element*>(a.v);
+    const PageBounds bounds = page_bounds(a);
+    const int heads_kv = static_cast<int>(a.heads_kv);
     Params p;
-    p.table = table;
-    p.seqlens_k = seqlens_k;
-    // Page indices are int32: pages past INT32_MAX cannot be named. Without pages no key is
-    // read (every sequence's count clamps to 0), and the descriptors, which need an extent of
-    // at least 1, are never used.
-    p.pages_per_seq = num_pages > 0 ? pages_per_seq : 0;
-    num_pages = cute::max(int64_t{1}, cute::min(num_pages, int64_t{INT32_MAX}));
-    p.page_shift = page_shift;
-    p.last_page = static_cast<int>(num_pages - 1);
-    p.group = heads_q / heads_kv;
-    p.head_dim = head_dim;
-    const int slots = 1 << page_shift;
+    p.table = a.block_table;
+    p.seqlens_k = a.seqlens_k;
+    p.pages_per_seq = bounds.pages_per_seq;
+    p.page_shift = bounds.shift;
+    p.last_page = bounds.last_page;
+    // Without pages no key is read (every sequence's count clamps to 0); the descriptors, which
+    // need an extent of at least 1, then see one page and are never used.
+    const int64_t num_pages = int64_t{bounds.last_page} + 1;
+    p.group = static_cast<int>(a.heads_q) / heads_kv;
+    p.head_dim = static_cast<int>(a.head_dim);
+    const int slots = 1 << bounds.shift;
     // A dimension of extent 1 is never stepped over; TMA still wants a stride of 16 bytes.
     auto stride = [](int64_t s, int64_t extent) { return extent == 1 ? int64_t{8} : s; };
     auto kv = [&](const int64_t (&s)[3]) {
+      const auto heads = make_tuple(_0{}, stride(s[2], heads_kv));
       return StrideKV{static_cast<int>(stride(s[1], slots)), _1{},
-                      make_tuple(stride(s[0], num_pages), make_tuple(_0{}, stride(s[2], heads_kv)))};
+                      make_tuple(stride(s[0], num_pages), heads)};
     };
-    p.shape_k = CacheShape{slots, head_dim, make_tuple(static_cast<int>(num_pages),
-                                                  make_tuple(p.group, heads_kv))};
+    p.shape_k = CacheShape{slots, p.head_dim,
+                           make_tuple(static_cast<int>(num_pages), make_tuple(p.group, heads_kv))};
     p.shape_v = select<1, 0, 2>(p.shape_k);
-    p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(k), p.shape_k, kv(k_stride)),
-                            SlabK{});
-    p.tma_v = make_tma_copy(SM90_TMA_LOAD{},
-                            make_tensor(make_gmem_ptr(v), p.shape_v, select<1, 0, 2>(kv(v_stride))),
-                            SlabV{});
+    p.tma_k = make_tma_copy(SM90_TMA_LOAD{},
+                            make_tensor(make_gmem_ptr(k), p.shape_k, kv(a.k_stride)), SlabK{});
+    p.tma_v = make_tma_copy(
+        SM90_TMA_LOAD{},
+        make_tensor(make_gmem_ptr(v), p.shape_v, select<1, 0, 2>(kv(a.v_stride))), SlabV{});
     p.v = v;
-    p.v_page = v_stride[0];
-    p.v_slot = v_stride[1];
-    p.v_head = v_stride[2];
+    p.v_page = a.v_stride[0];
+    p.v_slot = a.v_stride[1];
+    p.v_head = a.v_stride[2];
     return p;
   }
 
@@ -143,7 +146,7 @@ struct PagedKV {
   CUTLASS_DEVICE static void load(Params const& p, Unit const& u, int tile, int entry,
                                   Pipeline& pipeline, State& write, Element* smem, bool leader) {
     using namespace cute;
-    const int pages = ::min(::max(entry, 0), p.last_page);
+    const int pages = clamp_page(entry, p.last_page);
     const int token0 = u.start + tile * kTileKeys;
     // TMA loads the slabs below `by_tma`: K's that hold a key of the unit, V's that hold only its
     // keys. K's other slabs keep what the stage held (their scores are masked); V's the warp

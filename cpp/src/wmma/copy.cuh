@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "../sequences.cuh"
+
 namespace flashcore::wmma_fa {
 
 // Copies ROWS x D tiles of a row-major global matrix into shared memory (row stride LD),
@@ -71,7 +73,7 @@ class TileCopy {
 #pragma unroll
     for (int i = 0; i < PAGES; ++i) {
       // Slots past the tile's pages are never written (nor selected below).
-      const int page = (i << shift) < ROWS ? min(max(pages[i], 0), last_page) : 0;
+      const int page = (i << shift) < ROWS ? clamp_page(pages[i], last_page) : 0;
       base[i] = src_ + page * page_stride + (int64_t(lead) - (int64_t(i) << shift)) * stride_;
     }
     const int64_t step = int64_t(kRowStep) * stride_;

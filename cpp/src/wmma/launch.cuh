@@ -91,10 +91,10 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   if (a.block_table != nullptr) {  // page sizes are powers of two (validated)
     p.block_table = a.block_table;
     p.seqlens_k = a.seqlens_k;
-    p.page_shift = page_shift(a.page_size);
-    // Page indices are int32: pages past INT32_MAX cannot be named. No page: no key is read.
-    p.pages_per_seq = a.num_pages > 0 ? a.pages_per_seq : 0;
-    p.last_page = static_cast<int32_t>(std::min<int64_t>(a.num_pages - 1, INT32_MAX));
+    const PageBounds bounds = page_bounds(a);
+    p.page_shift = bounds.shift;
+    p.pages_per_seq = bounds.pages_per_seq;
+    p.last_page = bounds.last_page;
   }
   // The scale is positive (validated); a subnormal one becomes the smallest normal float, so that
   // -inf * scale stays -inf for masked keys (exp2 of |s| * 2^-126 rounds to 1 either way).
