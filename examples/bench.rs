@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{percentiles, shapes, time_calls, time_fn, BenchShape, Inputs};
+use common::{percentiles, random_on, shapes, time_calls, time_fn, BenchShape, Inputs};
 use flashcore::plan::{ArchClass, Kernel};
 use flashcore::{
     attention, attention_into, attention_paged_into, attention_varlen_into, AlibiSlopes,
@@ -220,8 +220,7 @@ fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(Strin
             .map(|&n| 2.0 * (h * n * n * d) as f64)
             .sum::<f64>()
     };
-    let dev =
-        |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
+    let dev = |dims: &[usize]| random_on::<bf16>(stream, dims, Layout::Bshd);
     let median = |mut t: Vec<f64>| percentiles(&mut t).0;
     let tflops = |f: f64, us: f64| f / (us * 1e-6) / 1e12;
 
@@ -304,8 +303,7 @@ fn paged_against_contiguous(
     opts: &AttentionOptions,
 ) -> flashcore::Result<(f64, Vec<PagedRun>)> {
     let (h, hk, d) = (32, 8, 128);
-    let dev =
-        |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
+    let dev = |dims: &[usize]| random_on::<bf16>(stream, dims, Layout::Bshd);
     let median = |mut t: Vec<f64>| percentiles(&mut t).0;
     let q = dev(&[b, sq, h, d])?;
     let mut out = dev(&[b, sq, h, d])?;
@@ -383,8 +381,7 @@ fn paged_prefill(stream: &Stream, iters: usize) -> flashcore::Result<(String, [f
 /// Auto us, plain WMMA us, softcapped WMMA us, ALiBi WMMA us, plain Auto us, softcapped Auto us,
 /// ALiBi Auto us), medians.
 fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 10]> {
-    let dev =
-        |dims: &[usize]| Tensor::full(bf16::from_f32(0.01), dims, Layout::Bshd)?.to_device(stream);
+    let dev = |dims: &[usize]| random_on::<bf16>(stream, dims, Layout::Bshd);
     let median = |mut t: Vec<f64>| percentiles(&mut t).0;
     let wmma = AttentionOptions::default()
         .causal(Causal::BottomRight)
@@ -417,16 +414,15 @@ fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 10]
 
 /// The additive-bias rows of issue 13 (4 x 16 x 2048 x 128 bf16, no causal mask: PyTorch takes
 /// `attn_mask` or `is_causal`, not both; `scripts/torch_sdpa.py` times the same bias as
-/// `attn_mask`): the call without a bias on WMMA and under Auto, with a full bf16 bias
-/// `[4, 16, 2048, 2048]` (PyTorch's memory order), and with one broadcast over the batch
-/// `[1, 16, 2048, 2048]`. Returns (plain WMMA, plain Auto, full bias, broadcast bias) us, medians.
-fn bias_rows(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 4]> {
+/// `attn_mask`), random normal inputs and biases: the call without a bias on WMMA and under Auto;
+/// with a full bf16 bias `[4, 16, 2048, 2048]` (PyTorch's memory order) on WMMA and under Auto;
+/// under Auto with one broadcast over the batch `[1, 16, 2048, 2048]`, and with a full f32 bias.
+/// Returns the kernel Auto ran the full bias on and (plain WMMA, plain Auto, full bias WMMA, full
+/// bias Auto, broadcast bias Auto, f32 bias Auto) us, medians.
+fn bias_rows(stream: &Stream, iters: usize) -> flashcore::Result<(String, [f64; 6])> {
     let (b, h, s, d) = (4, 16, 2048, 128);
-    let dev = |dims: &[usize], layout| {
-        Tensor::full(bf16::from_f32(0.01), dims, layout)?.to_device(stream)
-    };
-    let x = dev(&[b, s, h, d], Layout::Bshd)?;
-    let mut out = dev(&[b, s, h, d], Layout::Bshd)?;
+    let x = random_on::<bf16>(stream, &[b, s, h, d], Layout::Bshd)?;
+    let mut out = Tensor::uninit_on(stream, &[b, s, h, d], Layout::Bshd)?;
     let median = |mut t: Vec<f64>| percentiles(&mut t).0;
     let mut time = |opts: AttentionOptions| -> flashcore::Result<f64> {
         Ok(median(time_fn(stream, 3, iters, |_| {
@@ -434,14 +430,26 @@ fn bias_rows(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 4]> {
         })?))
     };
     let plain = AttentionOptions::default();
-    let full = Bias::from(dev(&[b, h, s, s], Layout::Bhsd)?);
-    let shared = Bias::from(dev(&[1, h, s, s], Layout::Bhsd)?);
-    Ok([
-        time(plain.backend(Backend::Kernel(Kernel::Wmma)))?,
-        time(plain.clone())?,
-        time(plain.bias(full))?,
-        time(plain.bias(shared))?,
-    ])
+    let wmma = plain.backend(Backend::Kernel(Kernel::Wmma));
+    let full = Bias::from(random_on::<bf16>(stream, &[b, h, s, s], Layout::Bhsd)?);
+    let shared = Bias::from(random_on::<bf16>(stream, &[1, h, s, s], Layout::Bhsd)?);
+    let wide = Bias::from(random_on::<f32>(stream, &[b, h, s, s], Layout::Bhsd)?);
+    let ran = attention(&x, &x, &x, &plain.bias(full.clone()))?
+        .execution
+        .backend
+        .name()
+        .to_string();
+    Ok((
+        ran,
+        [
+            time(wmma.clone())?,
+            time(plain.clone())?,
+            time(wmma.bias(full.clone()))?,
+            time(plain.bias(full))?,
+            time(plain.bias(shared))?,
+            time(plain.bias(wide))?,
+        ],
+    ))
 }
 
 fn main() {
@@ -623,16 +631,18 @@ fn main() {
         }
     };
     let bias = match bias_rows(&stream, args.iters) {
-        Ok([wmma, auto, full, shared]) => {
+        Ok((ran, [wmma, auto, full_wmma, full, shared, wide])) => {
             println!(
-                "bias (4x16x2048x128 bf16, bf16 bias, wmma): full [4,16,2048,2048] {full:.1} us, \
-                 broadcast [1,16,2048,2048] {shared:.1} us; without a bias {wmma:.1} us on wmma \
-                 (ratios {:.3} / {:.3}), {auto:.1} us under Auto",
-                full / wmma,
-                shared / wmma
+                "bias (4x16x2048x128 bf16, random): without a bias {wmma:.1} us on wmma, \
+                 {auto:.1} us under Auto; full bf16 bias [4,16,2048,2048] {full_wmma:.1} us on \
+                 wmma (ratio {:.3}), {full:.1} us under Auto on {ran} (ratio {:.3}); broadcast \
+                 [1,16,2048,2048] {shared:.1} us, f32 [4,16,2048,2048] {wide:.1} us under Auto",
+                full_wmma / wmma,
+                full / auto
             );
-            json!({ "plain_wmma_us": wmma, "plain_auto_us": auto, "full_bias_us": full,
-                    "broadcast_bias_us": shared })
+            json!({ "plain_wmma_us": wmma, "plain_auto_us": auto, "full_bias_wmma_us": full_wmma,
+                    "full_bias_us": full, "auto_kernel": ran, "broadcast_bias_us": shared,
+                    "f32_bias_us": wide })
         }
         Err(e) => {
             eprintln!("bias: {e}");

@@ -32,9 +32,12 @@ use crate::tensor::{Location, Shape, Tensor};
 /// [`crate::Operand::Bias`]); a bias that shares memory with an output is
 /// [`crate::Error::OverlappingOutput`].
 ///
-/// The CPU reference and the WMMA kernel apply it (`Backend::Auto` picks WMMA on a GPU; forcing
-/// another kernel is [`crate::Error::BackendUnavailable`]). Making a bias moves the tensor in,
-/// without a copy; clones share it, so one bias can serve every layer of a step.
+/// The CPU reference, the WMMA kernel and the Hopper kernel apply it (`Backend::Auto` picks the
+/// Hopper kernel on compute capability 9.0 where it picks it for the call without the bias, else
+/// WMMA; forcing CUTLASS example 41 is [`crate::Error::BackendUnavailable`]). The Hopper kernel
+/// reads an `f16` or `bf16` bias with contiguous keys and even row offsets two keys per load,
+/// ahead of the tile that needs them, and any other bias key by key. Making a bias moves the
+/// tensor in, without a copy; clones share it, so one bias can serve every layer of a step.
 ///
 /// ```
 /// use flashcore::{attention, AttentionOptions, Bias, Layout, Tensor};

@@ -86,8 +86,7 @@ pub struct AttentionOptions {
     pub scale: Option<f32>,
     /// Logit softcapping (Gemma 2, Grok): `scores = softcap * tanh(scale * q.k / softcap)`
     /// before the softmax; positive and finite ([`crate::Error::InvalidSoftcap`]). The CPU
-    /// reference, the WMMA kernel and, without a bias, the Hopper kernel
-    /// (`Kernel::CutlassSm90`, where `Backend::Auto` runs it for the call without the softcap;
+    /// reference, the WMMA kernel and the Hopper kernel (`Kernel::CutlassSm90`, where `Backend::Auto` runs it for the call without the softcap;
     /// its tanh is `tanh.approx.f32`, absolute error below 1e-5) apply it; forcing another
     /// kernel is [`crate::Error::BackendUnavailable`].
     pub softcap: Option<f32>,
@@ -137,8 +136,7 @@ impl AttentionOptions {
     /// and `Causal::None`, and 0 under `Causal::TopLeft`. `None` leaves a side unbounded; a
     /// causal mask also bounds the right side at 0. Rows the window leaves without keys are
     /// [`crate::Error::NoVisibleKeys`], before anything runs. The CPU reference, the WMMA
-    /// kernel and, for a window without a bias, the Hopper kernel
-    /// (`Kernel::CutlassSm90`, where `Backend::Auto` runs it for the plain call) apply it; the
+    /// kernel and the Hopper kernel (`Kernel::CutlassSm90`, where `Backend::Auto` runs it for the plain call) apply it; the
     /// GPU kernels visit only the key tiles inside the band, so their time scales with the
     /// window, not with `seq_k`.
     ///
@@ -168,8 +166,8 @@ impl AttentionOptions {
     /// window's `offset` (`seq_k - seq_q`, or 0 under `Causal::TopLeft`). See
     /// [`AlibiSlopes`] for their shapes; a GPU call needs them on the device
     /// (`AlibiSlopes::to_device`, feature `cuda`, else [`crate::Error::DeviceMismatch`]). The
-    /// CPU reference, the WMMA kernel and, without a bias, the Hopper kernel
-    /// (`Kernel::CutlassSm90`, where `Backend::Auto` runs it for the call without ALiBi) apply
+    /// CPU reference, the WMMA kernel and the Hopper kernel (`Kernel::CutlassSm90`, where
+    /// `Backend::Auto` runs it for the call without ALiBi) apply
     /// them; forcing another kernel is [`crate::Error::BackendUnavailable`].
     pub fn alibi(&self, slopes: AlibiSlopes) -> Self {
         Self {

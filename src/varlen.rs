@@ -284,8 +284,7 @@ pub fn attention_varlen<T: AttentionElement>(
 /// included. On a GPU, variable-length batches run on the WMMA kernel
 /// ([`crate::plan::Kernel::Wmma`]) or, on compute capability 9.0, the Hopper kernel
 /// ([`crate::plan::Kernel::CutlassSm90`]), which Auto picks where the longest sequence's query
-/// blocks fill the SMs; forcing CUTLASS example 41 gives [`Error::BackendUnavailable`]. An
-/// additive bias keeps a batch on WMMA.
+/// blocks fill the SMs; forcing CUTLASS example 41 gives [`Error::BackendUnavailable`].
 pub fn attention_varlen_into<T: AttentionElement>(
     q: &Tensor<T>,
     k: &Tensor<T>,

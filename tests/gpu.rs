@@ -2559,17 +2559,37 @@ fn device_bias(nb: &common::NaiveBias, s: &Stream) -> Bias {
     }
 }
 
+/// A random bias of `dims` (values of scale 3, a `masked` fraction -inf) in which query 5 of every
+/// sequence and head, where there is one, sees no key.
+fn masked_bias(
+    rng: &mut Rng,
+    dims: [usize; 4],
+    dtype: DType,
+    layout: Layout,
+    masked: f64,
+) -> common::NaiveBias {
+    let mut nb = common::NaiveBias::random(rng, dims, (3.0, masked), dtype, layout);
+    if dims[1] > 5 {
+        for (n, x) in nb.values.iter_mut().enumerate() {
+            if n / (dims[2] * dims[3]) % dims[1] == 5 {
+                *x = f64::NEG_INFINITY;
+            }
+        }
+    }
+    nb
+}
+
 /// An additive bias on the GPU (the WMMA kernel's modifier instantiation) against the naive f64
 /// formula: every causal alignment, Sq below, equal to and above Sk, GQA and MQA, both dtypes,
 /// head dims 64 / 128 / 256 and 72, f32 / f16 / bf16 biases, full (PyTorch's memory order) and
 /// broadcast, -inf masks with whole rows masked (output 0, lse -inf), with ALiBi, a softcap and
 /// a window, one-query decode split over 20k keys. Variable-length and paged calls match the
-/// CPU reference (a plan runs them); a host bias and forced families without a bias are
-/// refused before any launch.
+/// CPU reference (a plan runs them, on the kernel Auto picks); a host bias and a forced CUTLASS
+/// example 41 (and the Hopper kernel off compute capability 9.0) are refused before any launch.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn bias_matches_the_reference() {
-    use common::{Mods, NaiveBias};
+    use common::Mods;
     let s = stream();
     let mut checks = Checks::new("bias");
     let mut rng = Rng::fresh();
@@ -2608,18 +2628,7 @@ fn bias_matches_the_reference() {
             0.3,
         ),
     ];
-    let mut bias = |dims: [usize; 4], dtype, layout, masked| {
-        let mut nb = NaiveBias::random(&mut rng, dims, (3.0, masked), dtype, layout);
-        if dims[1] > 5 {
-            // Query 5 of every sequence and head sees no key through the bias.
-            for (n, x) in nb.values.iter_mut().enumerate() {
-                if n / (dims[2] * dims[3]) % dims[1] == 5 {
-                    *x = f64::NEG_INFINITY;
-                }
-            }
-        }
-        nb
-    };
+    let mut bias = |dims, dtype, layout, masked| masked_bias(&mut rng, dims, dtype, layout, masked);
     for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
         for &(sizes, heads, dims, dtype, layout, masked) in &cases {
             if causal == Causal::BottomRight && sizes.1 > sizes.2 {
@@ -2658,8 +2667,11 @@ fn bias_matches_the_reference() {
         bias: Some(bias([1, 1, 32, 20_000], DType::F32, Layout::Bhsd, 0.5)),
         ..Mods::default()
     };
-    let (errs, splits) = mods_case::<bf16>(
+    let wmma = Kernel::Wmma;
+    let (errs, splits) = mods_case_on::<bf16>(
         &s,
+        wmma,
+        Some(wmma),
         (1, 1, 20_000),
         (32, 8, 128),
         Causal::BottomRight,
@@ -2688,6 +2700,9 @@ fn bias_matches_the_reference() {
         "a host bias on a GPU call: {err}"
     );
     for kernel in [Kernel::CutlassSm80, Kernel::CutlassSm90] {
+        if runs_here(kernel) && kernel == Kernel::CutlassSm90 {
+            continue; // hopper_bias_matches_the_reference
+        }
         let opts = AttentionOptions::default()
             .bias(device_bias(&host, &s))
             .backend(Backend::Kernel(kernel));
@@ -2705,6 +2720,187 @@ fn bias_matches_the_reference() {
         let gpu = opts.bias(device_bias(&nb, &s));
         (opts.bias(nb.bias()).backend(Backend::Cpu), gpu)
     });
+}
+
+/// An additive bias on the Hopper kernel (each tile's bias schedule) against the naive f64
+/// formula: every tile (d 64, 128, 256 and 72 on the d = 128 tile), every causal alignment, Sq
+/// below, equal to and above Sk, GQA and MQA, both dtypes, f16 / bf16 / f32 biases in both
+/// memory orders, full and broadcast over batch, rows, heads and keys; keys in pairs (16-bit,
+/// even row offsets) and one by one (f32, odd row offsets, a broadcast key axis, the tiles past
+/// the last whole one); -inf masks with whole rows masked (output 0, lse -inf); with ALiBi, a
+/// softcap and a window; a tiny scale (the bias added in exp2 units); one-query decode split
+/// over 20k keys under Auto. Auto runs the Hopper kernel for a biased call that fills the chip.
+/// Off compute capability 9.0, forcing it is refused.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn hopper_bias_matches_the_reference() {
+    use common::Mods;
+    let s = stream();
+    let hopper = Kernel::CutlassSm90;
+    let mut rng = Rng::fresh();
+    if !runs_here(hopper) {
+        let x = Tensor::full(f16::ONE, &[1, 64, 4, 64], Layout::Bshd)
+            .unwrap()
+            .to_device(&s)
+            .unwrap();
+        let nb = masked_bias(&mut rng, [1, 64, 4, 64], DType::F16, Layout::Bhsd, 0.0);
+        let opts = AttentionOptions::default()
+            .bias(device_bias(&nb, &s))
+            .backend(Backend::Kernel(hopper));
+        let err = attention(&x, &x, &x, &opts).unwrap_err();
+        assert!(matches!(err, Error::BackendUnavailable { .. }), "{err}");
+        return;
+    }
+    let mut checks = Checks::new("hopper bias");
+    // (sizes, heads, bias dims, bias dtype, memory order, -inf fraction)
+    let cases = [
+        // Pairs, then one by one past key 1280; 6 query blocks.
+        (
+            (1, 700, 1300),
+            (8, 2, 128),
+            [1, 700, 8, 1300],
+            DType::BF16,
+            Layout::Bhsd,
+            0.1,
+        ),
+        // The 192-row tile; rows (dims order) of 4 x 600 keys.
+        (
+            (2, 600, 600),
+            (4, 4, 64),
+            [2, 600, 4, 600],
+            DType::F16,
+            Layout::Bshd,
+            0.3,
+        ),
+        // f32, broadcast over rows; MQA on the d = 256 tile.
+        (
+            (1, 450, 1000),
+            (6, 1, 256),
+            [1, 1, 6, 1000],
+            DType::F32,
+            Layout::Bhsd,
+            0.0,
+        ),
+        // Rows of 517 keys: odd offsets, one by one.
+        (
+            (1, 517, 517),
+            (4, 2, 72),
+            [1, 517, 4, 517],
+            DType::BF16,
+            Layout::Bhsd,
+            0.2,
+        ),
+        // A broadcast key axis (one value per row).
+        (
+            (2, 300, 333),
+            (8, 2, 128),
+            [2, 300, 8, 1],
+            DType::F16,
+            Layout::Bshd,
+            0.0,
+        ),
+        // Sq > Sk.
+        (
+            (1, 740, 700),
+            (8, 8, 64),
+            [1, 740, 8, 700],
+            DType::F16,
+            Layout::Bhsd,
+            0.1,
+        ),
+    ];
+    let mut runs = 0;
+    for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+        for &(sizes, heads, dims, dtype, layout, masked) in &cases {
+            if causal == Causal::BottomRight && sizes.1 > sizes.2 {
+                continue; // rows without keys
+            }
+            let mods = Mods {
+                bias: Some(masked_bias(&mut rng, dims, dtype, layout, masked)),
+                ..Mods::default()
+            };
+            let what = format!("{sizes:?} {heads:?} {causal:?} {dims:?} {dtype:?} {layout:?}");
+            checks.both_dtypes_on(
+                &s,
+                hopper,
+                Some(hopper),
+                &what,
+                (sizes, heads, causal),
+                mods,
+            );
+            runs += 1;
+        }
+    }
+    // Every modifier together, on the d = 128 and d = 64 tiles; a tiny scale.
+    let geometric = |heads: usize| AlibiSlopes::geometric(heads).unwrap().values().to_vec();
+    for (sizes, heads, scale) in [
+        ((1, 700, 1300), (8, 2, 128), None),
+        ((2, 600, 640), (8, 8, 64), None),
+        ((1, 700, 1300), (8, 2, 128), Some(1e-36f32)),
+    ] {
+        let dims = [sizes.0, sizes.1, heads.0, sizes.2];
+        let all = scale.is_none();
+        let mods = Mods {
+            softcap: all.then_some(20.0),
+            window: if all {
+                (Some(200), Some(37))
+            } else {
+                (None, None)
+            },
+            alibi: all.then(|| geometric(heads.0)),
+            bias: Some(masked_bias(&mut rng, dims, DType::BF16, Layout::Bhsd, 0.2)),
+            scale,
+        };
+        let what = format!("{sizes:?} {heads:?} all modifiers {all}, scale {scale:?}");
+        let problem = (sizes, heads, Causal::BottomRight);
+        checks.both_dtypes_on(&s, hopper, Some(hopper), &what, problem, mods);
+        runs += 1;
+    }
+    // Decode under Auto, split over the keys (one query per head, 20k keys).
+    let decode = Mods {
+        bias: Some(masked_bias(
+            &mut rng,
+            [1, 1, 32, 20_000],
+            DType::BF16,
+            Layout::Bhsd,
+            0.5,
+        )),
+        ..Mods::default()
+    };
+    let (errs, splits) = mods_case_on::<bf16>(
+        &s,
+        hopper,
+        None,
+        (1, 1, 20_000),
+        (32, 8, 128),
+        Causal::BottomRight,
+        decode,
+    );
+    assert!(splits > 1, "a long decode splits its keys ({splits})");
+    checks.check(format!("bf16 decode 1x20000, {splits} splits"), errs, 1e-2);
+    assert_eq!(runs, 3 * cases.len() - 1 + 3, "every case ran");
+    assert_eq!(checks.count, 2 * runs + 1, "every bias check ran");
+    assert_none_failed(&checks.failures);
+
+    // Auto chooses the Hopper kernel for a biased call that fills the chip.
+    let q = Tensor::full(bf16::ONE, &[4, 2048, 32, 128], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let kv = Tensor::full(bf16::ONE, &[4, 2048, 8, 128], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let nb = masked_bias(
+        &mut rng,
+        [1, 2048, 32, 2048],
+        DType::BF16,
+        Layout::Bhsd,
+        0.0,
+    );
+    let opts = AttentionOptions::default().bias(device_bias(&nb, &s));
+    let res = attention(&q, &kv, &kv, &opts).unwrap();
+    assert_eq!(res.execution.backend, BackendKind::Kernel(hopper));
 }
 
 /// The checks of one modifier test: each case's (out, lse) errors against its tolerance
@@ -2791,10 +2987,10 @@ fn modified_batches_match_the_cpu(
         got.execution.backend.name()
     );
     // Auto: the Hopper kernel where it runs and the longest sequence's 128-row blocks over the
-    // 6 x 8 (sequence, head) pairs fill the SMs, unless a bias keeps the batch on WMMA.
+    // 6 x 8 (sequence, head) pairs fill the SMs.
     let sms = Device::open(0).unwrap().sm_count();
     let fills = batch.max_seqlen_q().div_ceil(128) * 6 * 8 >= sms;
-    let hopper = runs_here(Kernel::CutlassSm90) && fills && gpu.bias.is_none();
+    let hopper = runs_here(Kernel::CutlassSm90) && fills;
     let expected = if hopper {
         Kernel::CutlassSm90
     } else {

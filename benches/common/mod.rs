@@ -114,6 +114,16 @@ pub struct Inputs<T: AttentionElement> {
     opts: AttentionOptions,
 }
 
+/// A device tensor of `dims` in `layout`'s order, standard-normal values from a fresh generator:
+/// the bench CLI's extra rows (constant inputs make the matrix products cheaper than real data).
+pub fn random_on<T: flashcore::Element>(
+    stream: &Stream,
+    dims: &[usize],
+    layout: Layout,
+) -> Result<Tensor<T>> {
+    randn::<T>(&mut Rng::fresh(), dims, layout).to_device(stream)
+}
+
 /// A device tensor of standard-normal values (the tests' generator, never zeros).
 fn fill<T: AttentionElement>(
     stream: &Stream,

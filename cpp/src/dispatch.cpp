@@ -22,7 +22,8 @@ namespace flashcore {
 #include "wmma/instances.inc"
 #undef FLASHCORE_TILE
 #if FLASHCORE_WITH_SM90
-#define FLASHCORE_TILE(Q, K, D, FLAGS, CAUSAL_FLAGS, MODIFIER_FLAGS) FLASHCORE_DECLARE(sm90, sm90, Q, K, D)
+#define FLASHCORE_TILE(Q, K, D, FLAGS, CAUSAL_FLAGS, MODIFIER_FLAGS, BIAS_FLAGS) \
+  FLASHCORE_DECLARE(sm90, sm90, Q, K, D)
 #include "sm90/instances.inc"
 #undef FLASHCORE_TILE
 #endif
@@ -52,7 +53,8 @@ constexpr Instance kWmma[] = {
 };
 #if FLASHCORE_WITH_SM90
 constexpr Instance kSm90[] = {
-#define FLASHCORE_TILE(Q, K, D, FLAGS, CAUSAL_FLAGS, MODIFIER_FLAGS) FLASHCORE_ENTRY(sm90, sm90, Q, K, D)
+#define FLASHCORE_TILE(Q, K, D, FLAGS, CAUSAL_FLAGS, MODIFIER_FLAGS, BIAS_FLAGS) \
+  FLASHCORE_ENTRY(sm90, sm90, Q, K, D)
 #include "sm90/instances.inc"
 #undef FLASHCORE_TILE
 };

@@ -67,8 +67,9 @@ struct FmhaArgs {
   // alibi_batch_stride (0: one row for every sequence); null for none.
   const float* alibi_slopes = nullptr;
   int64_t alibi_batch_stride = 0;
-  // An additive bias (only the WMMA kernel): element [b, i, h, j] at b * bias_stride[0] + ...
-  // (strides in elements, 0 on broadcast axes), bias_rows x bias_keys per (b, h); null for none.
+  // An additive bias (the WMMA and Hopper kernels): element [b, i, h, j] at b * bias_stride[0]
+  // + ... (strides in elements, 0 on broadcast axes), bias_rows x bias_keys per (b, h); null for
+  // none.
   const void* bias = nullptr;
   BiasType bias_type = BiasType::F32;
   int64_t bias_stride[4] = {0, 0, 0, 0};

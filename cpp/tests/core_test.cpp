@@ -1112,12 +1112,31 @@ void additive_bias() {
   flashcore::core::validate(r, &p);
   flashcore::core::Plan plan{};
   s = flashcore::core::plan(r, p, h200, &plan);
-  expect(s.ok() && plan.kernel == Kernel::Wmma, "Auto applies a bias with WMMA: " + s.message);
-  for (const auto forced : {flashcore::Backend::CutlassSm80, flashcore::Backend::CutlassSm90}) {
-    r.options.backend = forced;
-    s = flashcore::core::plan(r, p, h200, &plan);
-    expect(s.code == Code::BackendUnavailable, "a family without a bias, forced: " + s.message);
-  }
+  expect(s.ok() && plan.kernel == Kernel::Wmma,
+         "Auto applies a bias with WMMA where the Hopper kernel's units do not fill the chip: " +
+             s.message);
+  r.options.backend = flashcore::Backend::CutlassSm80;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.code == Code::BackendUnavailable, "CUTLASS example 41 with a bias, forced: " + s.message);
+  r.options.backend = flashcore::Backend::CutlassSm90;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
+         "the Hopper kernel with a bias, forced on an H200: " + s.message);
+  const flashcore::core::DeviceCaps a100{8, 0, 163 * 1024, ~0u, 108};
+  s = flashcore::core::plan(r, p, a100, &plan);
+  expect(s.code == Code::BackendUnavailable,
+         "the Hopper kernel with a bias, forced on an A100: " + s.message);
+  r = with_bias(16, 2048, 8, 2048);  // 16 x 8 heads x 16 query blocks of 128
+  r.q = bshd(16, 2048, 8, 64);
+  r.k = bshd(16, 2048, 2, 64);
+  r.v = bshd(16, 2048, 2, 64);
+  r.out = bshd(16, 2048, 8, 64);
+  r.bias.address = bshd(1, 1, 1, 8).address;  // a slot of its own: the bias takes 2 GiB
+  r.options.backend = flashcore::Backend::Auto;
+  expect(flashcore::core::validate(r, &p).ok(), "a 16 x 2048 x 2048 call with a bias validates");
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
+         "Auto applies a bias that fills the chip with the Hopper kernel: " + s.message);
 }
 
 int main() {

@@ -123,8 +123,8 @@ struct Pages {
 // variable-length batch); heads is heads_q. The slopes must be finite: with the host copy every
 // one is checked (Code::InvalidAlibiSlope); without it a non-finite slope gives NaN rows, never
 // a read outside the array. On the GPU the WMMA kernel applies them, and the Hopper kernel too
-// when no bias comes with them (Backend::Auto picks the Hopper kernel where it picks it for the
-// call without ALiBi, else WMMA; forcing another family is Code::BackendUnavailable).
+// (Backend::Auto picks the Hopper kernel where it picks it for the call without ALiBi, else
+// WMMA; forcing CUTLASS example 41 is Code::BackendUnavailable).
 struct AlibiSlopes {
   const float* data = nullptr;  // device: batch x heads slopes
   int64_t batch = 1;
@@ -145,8 +145,11 @@ enum class BiasType : int32_t { F16 = 0, BF16 = 1, F32 = 2 };
 // i, j count from the sequence's first query and key; for a paged cache seq_k is max_seqlen_k.
 // On the call's device, aligned to its element size, strides not negative; any values: -inf
 // masks a key, and a row whose every key is masked gets output 0 and logsumexp -inf (NaN or
-// +inf values give NaN rows). The WMMA kernel applies it (Backend::Auto picks it; forcing
-// another family is Code::BackendUnavailable).
+// +inf values give NaN rows). The WMMA kernel and the Hopper kernel apply it (Backend::Auto
+// picks the Hopper kernel where it picks it for the call without the bias, else WMMA; forcing
+// CUTLASS example 41 is Code::BackendUnavailable). The Hopper kernel reads a 16-bit bias with
+// contiguous keys and even row offsets two keys per load, ahead of the tile that needs them, and
+// any other bias key by key.
 struct Bias {
   BiasType dtype = BiasType::F32;
   TensorRef tensor;
@@ -157,9 +160,9 @@ struct Options {
   std::optional<float> scale;
   // Logit softcapping (Gemma 2, Grok): scores = softcap * tanh(scale * q.k / softcap) before the
   // softmax. Positive and finite (Code::InvalidSoftcap). On the GPU the WMMA kernel applies it,
-  // and the Hopper kernel too when no bias comes with it (Backend::Auto picks the Hopper
-  // kernel where it picks it for the call without the softcap, else WMMA; forcing another
-  // family is Code::BackendUnavailable). The Hopper kernel computes tanh with tanh.approx.f32
+  // and the Hopper kernel too (Backend::Auto picks the Hopper kernel where it picks it for the
+  // call without the softcap, else WMMA; forcing CUTLASS example 41 is
+  // Code::BackendUnavailable). The Hopper kernel computes tanh with tanh.approx.f32
   // (absolute error below 1e-5, measured: docs/HOPPER.md, round 10).
   std::optional<float> softcap;
   Causal causal = Causal::None;
@@ -169,9 +172,9 @@ struct Options {
   // Causal::BottomRight and Causal::None, 0 under Causal::TopLeft. An empty side is unbounded; a
   // causal mask also bounds the right side at 0. Not negative (Code::InvalidWindow). Rows the
   // window leaves without keys are Code::NoVisibleKeys. On the GPU the WMMA kernel runs it, and
-  // the Hopper kernel too when no bias comes with it (Backend::Auto picks the
-  // Hopper kernel where it picks it for the call without the window, else WMMA; forcing another
-  // family is Code::BackendUnavailable); both visit only the key tiles inside the band.
+  // the Hopper kernel too (Backend::Auto picks the Hopper kernel where it picks it for the call
+  // without the window, else WMMA; forcing CUTLASS example 41 is Code::BackendUnavailable); both
+  // visit only the key tiles inside the band.
   std::optional<int64_t> window_left;
   std::optional<int64_t> window_right;
   Backend backend = Backend::Auto;

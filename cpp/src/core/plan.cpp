@@ -119,9 +119,9 @@ constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (he
 constexpr Kernel kIndexedKernel = Kernel::Wmma;
 constexpr Kernel kHopperIndexedKernel = Kernel::CutlassSm90;
 // The family that applies every score modifier (softcap, sliding window, ALiBi, an additive
-// bias); the Hopper kernel also applies a sliding window (its mask skips the key tiles outside
-// the band), a softcap and ALiBi (each tile's modifier schedule), when no bias comes with them
-// (docs/HOPPER.md).
+// bias), and the family that also applies them where Auto or the caller chose it: the Hopper
+// kernel (its mask skips the key tiles outside a window's band; each tile's modifier and bias
+// schedules: docs/HOPPER.md).
 constexpr Kernel kModifierKernel = Kernel::Wmma;
 constexpr Kernel kHopperModifierKernel = Kernel::CutlassSm90;
 
@@ -307,16 +307,13 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       }
       kernel = kIndexedKernel;
     }
-    // A sliding window, a softcap and ALiBi run on the Hopper kernel too, where Auto or the
-    // caller chose it; a bias runs on the WMMA kernel (the other families take it in later
-    // steps).
-    const bool on_hopper = kernel == kHopperModifierKernel && !p.bias;
+    // Score modifiers run on the WMMA kernel, or on the Hopper kernel where Auto or the caller
+    // chose it.
+    const bool on_hopper = kernel == kHopperModifierKernel;
     if ((r.options.softcap || p.windowed() || p.alibi || p.bias) && !on_hopper) {
       if (Status s = only_family(kModifierKernel, forced,
-                                 forced == kHopperModifierKernel
-                                     ? "it applies a sliding window, a softcap and ALiBi but no "
-                                       "bias yet; "
-                                     : "it applies no softcap, sliding window, ALiBi or bias yet; ");
+                                 "it applies no softcap, sliding window, ALiBi or bias (the "
+                                 "Hopper kernel does on compute capability 9.0); ");
           !s.ok()) {
         return s;
       }

@@ -123,7 +123,8 @@ constexpr TileRow kWmmaDecodeRows[] = {
 // sm90_smem_bytes(), which each instantiation checks against its SharedStorage. Rows for compute
 // capability 9.0 only: the SASS is sm_90a. Chosen by scripts/sweep_sm90.sh (benches/sm90_sweep/,
 // bf16, median of 30-40) on the H200, 2026-11-23 and 2026-11-24; docs/HOPPER.md has the rounds.
-// The schedules of each tile (without a mask, causal, with a softcap or ALiBi) are in sm90/instances.inc.
+// The schedules of each tile (without a mask, causal, with a softcap, ALiBi or a bias) are in
+// sm90/instances.inc.
 constexpr TileRow kSm90Rows[] = {
     {ArchClass::Sm90, 64, tile(192, 128, 64), sm90_smem_bytes(tile(192, 128, 64)),
      "104 KB, three consumer warpgroups, one block per unit (474 vs 443 TFLOP/s at 2x32x8192x64 "
@@ -157,7 +158,7 @@ constexpr Tile kWmmaInstances[] = {
 #undef FLASHCORE_TILE
 };
 constexpr Tile kSm90Instances[] = {
-#define FLASHCORE_TILE(Q, K, D, FLAGS, CAUSAL_FLAGS, MODIFIER_FLAGS) tile(Q, K, D),
+#define FLASHCORE_TILE(Q, K, D, FLAGS, CAUSAL_FLAGS, MODIFIER_FLAGS, BIAS_FLAGS) tile(Q, K, D),
 #include "sm90/instances.inc"
 #undef FLASHCORE_TILE
 };

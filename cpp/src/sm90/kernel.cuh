@@ -49,6 +49,9 @@ enum ScheduleFlags : int {
   // Our loop with the score modifiers a softcap and ALiBi, each where the call has it
   // (mainloop.cuh's kModifiers); the other kernels refuse them.
   kFlagModifiers = 256,
+  // With kFlagModifiers: an additive bias too (bias.cuh). Its own kernel, so that the registers
+  // its loads hold cost the softcap and ALiBi nothing; the other kernels refuse a bias.
+  kFlagBias = 512,
 };
 
 template <class Element, int kBlockQ, int kBlockK, int kHeadDim, int kFlags>
@@ -76,10 +79,12 @@ struct Kernel {
   static constexpr bool kOurLoop = (kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns |
                                                kFlagOurLoop | kFlagModifiers)) != 0;
   static constexpr bool kModifiers = (kFlags & kFlagModifiers) != 0;
+  static constexpr bool kBias = (kFlags & kFlagBias) != 0;
+  static_assert(kModifiers || !kBias, "the bias rides on the modifier schedule");
   using Mainloop = std::conditional_t<
       kOurLoop,
       ConsumerLoop<Example88Mainloop, (kFlags & kFlagOverlap) != 0,
-                   (kFlags & kFlagLazyRescale) != 0, kIssueTurns, kModifiers>,
+                   (kFlags & kFlagLazyRescale) != 0, kIssueTurns, kModifiers, kBias>,
       Example88Mainloop>;
   using Scheduler = TileScheduler<kPersistent>;
   using Out = Epilogue<Element>;
@@ -297,7 +302,7 @@ struct Kernel {
       if (!has_rows(blk, problem)) {
         continue;
       }
-      get<2, 0>(blk) = u.batch;  // ALiBi's slopes are the batch entry's or sequence's
+      get<2, 0>(blk) = u.batch;  // ALiBi's slopes and the bias are the batch entry's or sequence's
       auto wg = blk;
       get<0>(wg) = kMmaWarpGroups * get<0>(blk) + consumer;
       q_read.advance(consumer * Mainloop::kOuterLoads);  // each consumer has its own Q buffer

@@ -43,11 +43,13 @@ inline int sm_count() {
 // descriptor still needs every stride to be a multiple of 16 bytes. Give such dimensions one.
 inline int64_t tma_stride(int64_t stride, int64_t extent) { return extent == 1 ? 8 : stride; }
 
-// Whether a call needs a tile's modifier schedule (a softcap or ALiBi): the tile's entry routes
-// such calls to it, and the other schedules refuse them.
+// Whether a call needs a tile's modifier schedule (a softcap or ALiBi) or its bias schedule (a
+// bias, with or without them): the tile's entry routes such calls to it, and the other schedules
+// refuse them.
 inline bool needs_modifiers(const FmhaArgs& a) {
   return a.softcap > 0.0f || a.alibi_slopes != nullptr;
 }
+inline bool needs_bias(const FmhaArgs& a) { return a.bias != nullptr; }
 
 template <typename T, int Q, int K, int D, int kFlags>
 void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
@@ -65,6 +67,9 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
     throw detail::Failure(Code::Launch, "",
                           "sm90 kernel: a softcap or ALiBi needs the modifier schedule");
   }
+  if (needs_bias(a) && !Kern::kBias) {
+    throw detail::Failure(Code::Launch, "", "sm90 kernel: a bias needs the bias schedule");
+  }
   const bool varlen = a.cu_seqlens_q != nullptr;
   const bool paged = a.block_table != nullptr;
   if ((varlen || paged || a.splits > 1) && !Kern::kOurLoop) {
@@ -72,9 +77,8 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                           "sm90 kernel: example 88's loop takes no variable-length batch, paged "
                           "cache or key splits");
   }
-  if (a.bias != nullptr || (varlen && a.splits > 1)) {
-    throw detail::Failure(Code::Launch, "",
-                          "sm90 kernel: no additive bias or split variable-length batch yet");
+  if (varlen && a.splits > 1) {
+    throw detail::Failure(Code::Launch, "", "sm90 kernel: no split variable-length batch yet");
   }
   // Keys per split, whole key tiles.
   const split::KeySplits key_splits = split::key_splits(a.seq_k, a.splits, K);
@@ -134,6 +138,9 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
     params.mainloop.alibi_slopes = a.alibi_slopes;
     params.mainloop.alibi_batch_stride = a.alibi_batch_stride;
   }
+  if constexpr (Kern::kBias) {
+    params.mainloop.bias = BiasParams::make(a);
+  }
   if constexpr (Kern::kOurLoop) {
     // A paged cache: K and V are read through the pages' descriptors (pages.cuh); the dense
     // ones above, built over the same pointers, are never used.
@@ -170,9 +177,10 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
 // `launch_sm90<T, Q, K, D, FLAGS>` as fmha_sm90_<TAG>_q<Q>_k<K>_d<D>_s<FLAGS> (FLAGS a number, the
 // sum of kernel.cuh's ScheduleFlags). The file of a tile's schedule without a mask also defines
 // the tile's entry, fmha_sm90_<TAG>_q<Q>_k<K>_d<D> (declared by dispatch.cpp from
-// instances.inc), which runs MODIFIER_FLAGS' kernel (the tile's `_modifiers.cu` file) for a
-// softcap or ALiBi, and otherwise CAUSAL_FLAGS' kernel under a causal mask: where that differs
-// from FLAGS, it is the tile's `_causal.cu` file.
+// instances.inc), which runs BIAS_FLAGS' kernel (the tile's `_bias.cu` file) for a bias,
+// MODIFIER_FLAGS' kernel (its `_modifiers.cu` file) for a softcap or ALiBi without one, and
+// otherwise CAUSAL_FLAGS' kernel under a causal mask: where that differs from FLAGS, it is the
+// tile's `_causal.cu` file.
 #define FLASHCORE_SM90_SCHEDULE(T, TAG, Q, K, D, FLAGS)                                          \
   static_assert(flashcore::sm90::Kernel<T, Q, K, D, FLAGS>::kSmemBytes ==                        \
                     flashcore::sm90_smem_bytes(flashcore::Tile{Q, K, D}),                        \
@@ -184,17 +192,22 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   }                                                                                              \
   }
 
-#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D, FLAGS, CAUSAL_FLAGS, MODIFIER_FLAGS)            \
+#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D, FLAGS, CAUSAL_FLAGS, MODIFIER_FLAGS,           \
+                                BIAS_FLAGS)                                                      \
   static_assert((MODIFIER_FLAGS & flashcore::sm90::kFlagModifiers) != 0 &&                       \
                     (FLAGS & flashcore::sm90::kFlagModifiers) == 0 &&                            \
                     (CAUSAL_FLAGS & flashcore::sm90::kFlagModifiers) == 0,                       \
-                "only the modifier schedule has the modifier flag");                             \
+                "only the modifier and bias schedules have the modifier flag");                  \
+  static_assert(BIAS_FLAGS == (MODIFIER_FLAGS | flashcore::sm90::kFlagBias),                     \
+                "the bias schedule is the modifier schedule with the bias");                     \
   FLASHCORE_SM90_SCHEDULE(T, TAG, Q, K, D, FLAGS)                                                \
   namespace flashcore::sm90 {                                                                    \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS(const FmhaArgs&, cudaStream_t);    \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##MODIFIER_FLAGS(const FmhaArgs&, cudaStream_t);  \
+  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##BIAS_FLAGS(const FmhaArgs&, cudaStream_t);      \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D(const FmhaArgs& args, cudaStream_t stream) {         \
-    (needs_modifiers(args)         ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##MODIFIER_FLAGS    \
+    (needs_bias(args)              ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##BIAS_FLAGS        \
+     : needs_modifiers(args)       ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##MODIFIER_FLAGS    \
      : args.causal == Causal::None ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##FLAGS             \
                                    : fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS)(    \
         args, stream);                                                                           \

@@ -23,6 +23,7 @@
 #include "collective/fmha_common.hpp"
 #include "cute/tensor.hpp"
 #include "fast_math.cuh"
+#include "sm90/bias.cuh"
 #include "sm90/mask.cuh"
 #include "sm90/pages.cuh"
 #include "sm90/turns.cuh"
@@ -43,10 +44,14 @@ namespace flashcore::sm90 {
 // - ALiBi: each score of query row i and key j gains -slope * |i + diag - j| (natural units,
 //   after the scale and any softcap), divided by the softmax's natural scale to stay in the
 //   scores' units (one add and one FMA per score; the distance is a float whose integer part is
-//   known per tile). Where that quotient could overflow (a tiny scale or cap, a huge slope), the
-//   unit instead takes its scores to exp2 units first and adds the bias in them (an add, a
-//   multiply and an FMA per score), and runs its softmax with a scale of 1.
-template <class Base, bool kOverlap, bool kLazyRescale, bool kTurns, bool kModifiers = false>
+//   known per tile);
+// - with kBias, an additive bias (bias.cuh), likewise divided by the natural scale (one FMA per
+//   score).
+// Where a quotient could overflow (a tiny scale or cap, a huge slope), the unit instead takes
+// its scores to exp2 units first and adds both in them (a multiply more per score), and runs its
+// softmax with a scale of 1.
+template <class Base, bool kOverlap, bool kLazyRescale, bool kTurns, bool kModifiers = false,
+          bool kBias = false>
 struct ConsumerLoop : Base {
   using typename Base::Element;
   using typename Base::MainloopPipeline;
@@ -69,11 +74,13 @@ struct ConsumerLoop : Base {
   // Example 88's parameters, the modifiers' and a paged cache's: scores s become
   // tanh(softcap_in * s) where softcap_in is not 0; ALiBi slopes (float [batch or 1, heads_q],
   // row stride alibi_batch_stride; null for none), whose distance is measured from the problem's
-  // diagonal; K and V in pages where pages.table is not null (pages.cuh).
+  // diagonal; an additive bias (null pointer: none); K and V in pages where pages.table is not
+  // null (pages.cuh).
   struct Params : Base::Params {
     float softcap_in = 0.f;
     const float* alibi_slopes = nullptr;
     int64_t alibi_batch_stride = 0;
+    BiasParams bias{};
     typename Pages::Params pages{};
   };
 
@@ -82,29 +89,34 @@ struct ConsumerLoop : Base {
     Pages::prefetch(params.pages);
   }
 
-  // A work unit's ALiBi: the bias per unit of distance (0: none), in the scores' units where
-  // `to_log2` is 0, else in exp2 units, `to_log2` being the factor that takes the scores there.
-  struct Alibi {
-    float factor = 0.f;
+  // A work unit's additive terms: ALiBi's per unit of distance (0: none) and the bias's factor
+  // (0: none), in the scores' units where `to_log2` is 0, else in exp2 units, `to_log2` being
+  // the factor that takes the scores there.
+  struct Factors {
+    float alibi = 0.f;
+    float bias = 0.f;
     float to_log2 = 0.f;
   };
 
-  // The unit's ALiBi: -slope / (the softmax's natural scale) in the scores' units while that
-  // times the largest distance (below seq_q + seq_k) stays below 2^100, else exp2 units (a NaN
-  // slope takes them too, and gives NaN rows as documented).
+  // The unit's factors: -slope and 1 over the softmax's natural scale, in the scores' units,
+  // while ALiBi's times the largest distance (below seq_q + seq_k) stays below 2^100 and the
+  // bias's below 2^24 (a bias of up to 2^100 then stays finite); else exp2 units (a NaN slope
+  // takes them too, and gives NaN rows as documented).
   template <class BlkCoord, class ProblemShape>
-  CUTLASS_DEVICE static Alibi alibi_for(BlkCoord const& blk, Params const& params,
-                                        ProblemShape const& problem) {
-    if (!kModifiers || params.alibi_slopes == nullptr) {
+  CUTLASS_DEVICE static Factors factors_for(BlkCoord const& blk, Params const& params,
+                                            ProblemShape const& problem) {
+    const bool alibi = params.alibi_slopes != nullptr, biased = kBias && params.bias.ptr != nullptr;
+    if (!kModifiers || !(alibi || biased)) {
       return {};
     }
     const int64_t b = cute::get<2, 0>(blk), h = cute::get<2, 1>(blk);
-    const float slope = params.alibi_slopes[b * params.alibi_batch_stride + h];
+    const float slope = alibi ? params.alibi_slopes[b * params.alibi_batch_stride + h] : 0.f;
     const float factor = -slope / params.scale_softmax;
-    if (::fabsf(factor) * float(seq_q(problem) + seq_k(problem)) < 0x1p100f) {
-      return {factor, 0.f};
+    const float bias = biased ? 1.f / params.scale_softmax : 0.f;
+    if (::fabsf(factor) * float(seq_q(problem) + seq_k(problem)) < 0x1p100f && bias < 0x1p24f) {
+      return {factor, bias, 0.f};
     }
-    return {-slope * kLog2e, params.scale_softmax_log2};
+    return {-slope * kLog2e, biased ? kLog2e : 0.f, params.scale_softmax_log2};
   }
 
   // The max over the 4 lanes of a quad, which hold one accumulator row between them (the wgmma
@@ -116,15 +128,22 @@ struct ConsumerLoop : Base {
   }
 
   // The score modifiers on one tile of scores, in place (kModifiers): the softcap where the call
-  // has one, then ALiBi where the unit has a bias, its distance |i + diag - j|.
-  template <class AccS, class Index>
-  CUTLASS_DEVICE static void modify_scores(AccS& acc_s, Index const& index, Alibi const& alibi,
-                                           int diag, Params const& params) {
+  // has one, then (in exp2 units where the unit's factors are) ALiBi where the unit has slopes,
+  // its distance |i + diag - j|, and the bias where the call has one.
+  template <class AccS, class Index, class Bias>
+  CUTLASS_DEVICE static void modify_scores(AccS& acc_s, Index const& index, Factors const& f,
+                                           Bias& bias, int diag, Params const& params) {
     using namespace cute;
     if (params.softcap_in != 0.f) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(acc_s); ++i) {
         acc_s(i) = fast_tanh(acc_s(i) * params.softcap_in);
+      }
+    }
+    if (f.to_log2 != 0.f) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        acc_s(i) *= f.to_log2;
       }
     }
     // |i + diag - j| of element e: i - j differs from element 0's by a constant per element, so
@@ -136,30 +155,33 @@ struct ConsumerLoop : Base {
       const auto pos = index(e);
       return ::fabsf(base + float(get<0>(pos) - get<1>(pos) - first_diff));
     };
-    if (alibi.to_log2 != 0.f) {
+    if (f.alibi != 0.f) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(acc_s); ++i) {
-        acc_s(i) = ::fmaf(acc_s(i), alibi.to_log2, alibi.factor * distance(i));
+        acc_s(i) = ::fmaf(f.alibi, distance(i), acc_s(i));
       }
-    } else if (alibi.factor != 0.f) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(acc_s); ++i) {
-        acc_s(i) = ::fmaf(alibi.factor, distance(i), acc_s(i));
-      }
+    }
+    if (kBias && f.bias != 0.f) {
+      auto mn = [](auto& t) {
+        return make_tensor(t.data(), cutlass::fmha::collective::layout_acc_mn(TiledMmaQK{},
+                                                                              t.layout()));
+      };
+      Tensor s = mn(acc_s);
+      bias.add(s, mn(index), f.bias);
     }
   }
 
   // Scores of the unit's tile `j` -> probabilities in place (masked first where `masked`); updates
   // each row's max and sum, and writes the factor that rescales its output into `rescale`.
   // Returns whether any factor differs from 1 (the same in every lane of a warp).
-  template <class Fusion, int kRows, class AccS, class Index, class ProblemShape>
+  template <class Fusion, int kRows, class AccS, class Index, class Bias, class ProblemShape>
   CUTLASS_DEVICE static bool softmax(AccS& acc_s, Index& index, int j, bool masked, float scale,
-                                     Alibi const& alibi, Params const& params,
+                                     Factors const& factors, Bias& bias, Params const& params,
                                      ProblemShape const& problem, float (&row_max)[kRows],
                                      float (&row_sum)[kRows], float (&rescale)[kRows]) {
     using namespace cute;
     if constexpr (kModifiers) {
-      modify_scores(acc_s, index, alibi, diagonal(problem), params);
+      modify_scores(acc_s, index, factors, bias, diagonal(problem), params);
     }
     if (masked) {
       Fusion{}.before_softmax(acc_s, index, problem);
@@ -427,10 +449,10 @@ struct ConsumerLoop : Base {
     constexpr int kRows = decltype(size<0>(acc_o_mn))::value;
     float row_max[kRows], row_sum[kRows];
     // The softmax's scale (exp2 units) and the logsumexp's (natural units): 1 and ln(2) where
-    // ALiBi took the scores to exp2 units.
-    const Alibi alibi = alibi_for(blk, params, problem);
-    const float scale = alibi.to_log2 == 0.f ? params.scale_softmax_log2 : 1.f;
-    const float natural = alibi.to_log2 == 0.f ? params.scale_softmax : kLn2;
+    // the unit's modifiers took the scores to exp2 units.
+    const Factors factors = factors_for(blk, params, problem);
+    const float scale = factors.to_log2 == 0.f ? params.scale_softmax_log2 : 1.f;
+    const float natural = factors.to_log2 == 0.f ? params.scale_softmax : kLn2;
 
     // The unit's key tiles, counted from the first it visits (a window's left side may skip
     // some); a tile needs the mask where it crosses a side of the band or the sequence end.
@@ -440,6 +462,15 @@ struct ConsumerLoop : Base {
     const int unmasked = Fusion{}.get_unmasked_trip_count(blk, TileShape{}, problem) - first;
     auto masked = [&](int j) { return j == 0 || j < full || j >= unmasked; };
     tPcP.data() = tPcP.data() + E<1>{} * (first * int(get<1>(TileShapeQK{})));
+    // The bias's loads start before the first product (bias.cuh); a unit without a bias (or a
+    // kernel without kBias) has none. Two consumer warpgroups have the registers to load the
+    // next tile's pairs ahead; three do not.
+    constexpr int kTileKeys = int(get<1>(TileShapeQK{}));
+    using Bias = BiasTile<kRows, decltype(size<1>(layout_acc_mn(mma_qk, tPcP.layout())))::value,
+                          kTileKeys, (Base::NumMmaWarpGroups < 3)>;
+    Bias bias(params.bias, kBias && factors.bias != 0.f, get<2, 0>(blk),
+              get<2, 1>(blk), make_tensor(tPcP.data(), layout_acc_mn(mma_qk, tPcP.layout())),
+              key_first(problem), (first + tiles) * kTileKeys);
 
     pipeline_q.consumer_wait(read_q);
 
@@ -466,8 +497,8 @@ struct ConsumerLoop : Base {
     ++read;  // now at V0
     float rescale[kRows];
     bool rescale_o =
-        softmax<Fusion>(acc_s, tPcP, 0, true, scale, alibi, params, problem, row_max, row_sum,
-                        rescale);
+        softmax<Fusion>(acc_s, tPcP, 0, true, scale, factors, bias, params, problem, row_max,
+                        row_sum, rescale);
     Tensor p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
     if constexpr (!kOverlap) {
       Turns::wait(consumer);  // this turn issues P(0) V(0) and S = Q K(1)^T (or passes after it)
@@ -498,8 +529,8 @@ struct ConsumerLoop : Base {
         warpgroup_wait<1>();  // S(j) landed; P(j-1) V(j-1) may still run
         warpgroup_fence_operand(acc_s);
         pipeline.consumer_release(read_k);  // K(j)
-        rescale_o = softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, alibi, params, problem,
-                                    row_max, row_sum, rescale);
+        rescale_o = softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, factors, bias, params,
+                                    problem, row_max, row_sum, rescale);
         warpgroup_wait<0>();  // P(j-1) V(j-1) landed: V(j-1) is free, P may be overwritten
         warpgroup_fence_operand(acc_o);
         pipeline.consumer_release(read);  // V(j-1)
@@ -513,8 +544,8 @@ struct ConsumerLoop : Base {
         warpgroup_fence_operand(acc_o);
         pipeline.consumer_release(read_k);  // K(j)
         pipeline.consumer_release(read);    // V(j-1)
-        rescale_o = softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, alibi, params, problem,
-                                    row_max, row_sum, rescale);
+        rescale_o = softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, factors, bias, params,
+                                    problem, row_max, row_sum, rescale);
         if (rescale_o) {
           scale_rows(acc_o_mn, rescale);
         }

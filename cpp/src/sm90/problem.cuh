@@ -2,7 +2,7 @@
 // it (get<0..4>) plus modes of ours:
 //
 //   (batch, (group, heads_kv), seq_q, seq_k, head_dim, causal_offset, window_offset, diagonal,
-//    q_start, k_start)
+//    q_start, k_start, key_first)
 //
 // - The head mode is nested: query head h = hkv * group + g is the flat index of (g, hkv) in
 //   (group, heads_kv), so K and V take stride 0 over `group` and GQA/MQA need no copies (CuTe
@@ -17,6 +17,8 @@
 // - q_start, k_start: the tokens where the sequence's queries and keys start along the sequence
 //   axis: 0 in a dense batch; in a variable-length batch, whose sequences lie packed in tensors
 //   of one batch entry, the sequence's offsets (each work unit has its own problem).
+// - key_first: the unit's first key counted within its sequence: a key split's first key, else
+//   0. An additive bias indexes its keys from the sequence's first (bias.cuh).
 // The fusion (mask.cuh) is default-constructed inside the collective, so the offsets travel in
 // the problem shape rather than in the fusion.
 #pragma once
@@ -28,7 +30,7 @@
 namespace flashcore::sm90 {
 
 using ProblemShape =
-    cute::tuple<int, cute::tuple<int, int>, int, int, int, int, int, int, int, int>;
+    cute::tuple<int, cute::tuple<int, int>, int, int, int, int, int, int, int, int, int>;
 
 // Strides in elements, CuTe style: (seq, head_dim = 1, (batch, (group, heads_kv))).
 using StrideQO = cute::tuple<int, cute::_1, cute::tuple<int64_t, cute::tuple<int64_t, int64_t>>>;
@@ -48,6 +50,8 @@ template <class P>
 CUTLASS_HOST_DEVICE int q_start(P const& p) { return cute::get<8>(p); }
 template <class P>
 CUTLASS_HOST_DEVICE int k_start(P const& p) { return cute::get<9>(p); }
+template <class P>
+CUTLASS_HOST_DEVICE int key_first(P const& p) { return cute::get<10>(p); }
 
 // A call's band rule, the same for every sequence of a batch (core::Problem's band): key j is
 // visible to query i when i + diagonal - left <= j <= i + diagonal + right, the diagonal being 0
@@ -82,19 +86,21 @@ CUTLASS_HOST_DEVICE ProblemShape make_problem(int batch, cute::tuple<int, int> h
                       clamp_offset(lower, seq_q, seq_k),
                       int(diag),
                       q_start,
-                      k_start};
+                      k_start,
+                      0};
 }
 
 // The part of `p` that keys [first, first + count) of its sequence make: a split of the keys
 // (split-KV). Its keys start `first` tokens later and number at most `count` (none past the
-// sequence's end); the band and the diagonal move with them, so each key keeps its visibility
-// and its ALiBi distance.
+// sequence's end); the band and the diagonal move with them, so each key keeps its visibility,
+// its ALiBi distance and its bias column.
 CUTLASS_HOST_DEVICE ProblemShape key_split(ProblemShape p, int64_t first, int64_t count) {
   const int64_t keys = cute::max(int64_t(0), cute::min(count, int64_t(seq_k(p)) - first));
   cute::get<5>(p) = clamp_offset(causal_offset(p) - first, seq_q(p), keys);
   cute::get<6>(p) = clamp_offset(window_offset(p) - first, seq_q(p), keys);
   cute::get<7>(p) = int(diagonal(p) - first);
   cute::get<9>(p) = int(k_start(p) + first);
+  cute::get<10>(p) = int(key_first(p) + first);
   cute::get<3>(p) = int(keys);
   return p;
 }
