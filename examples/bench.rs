@@ -14,8 +14,8 @@ use common::{percentiles, random_on, shapes, time_calls, time_fn, BenchShape, In
 use flashcore::plan::{ArchClass, Kernel};
 use flashcore::{
     attention, attention_into, attention_paged_into, attention_varlen_into, AlibiSlopes,
-    AttentionElement, AttentionOptions, Backend, BackendKind, Bias, Causal, Device, Layout,
-    PageTable, Stream, Tensor, VarlenBatch,
+    AttentionElement, AttentionOptions, Backend, BackendKind, Bias, Causal, Device, Error,
+    Execution, Layout, PageTable, Stream, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 use serde_json::json;
@@ -269,6 +269,65 @@ fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(Strin
         ));
     }
     Ok(rows)
+}
+
+/// A variable-length decode row (issue 12's split-KV for variable-length batches): the variable-
+/// length batch's sequences, one query each on `keys[i]` keys (bf16, GQA 32:8, d = 128), under
+/// Auto, forced onto WMMA and onto the Hopper kernel (refused off compute capability 9.0: NaN),
+/// beside the dense batch of the longest length under Auto. Returns the kernel and splits Auto
+/// ran and (Auto us, WMMA us, Hopper us, dense us, GB/s of K+V under Auto), medians.
+fn varlen_decode(
+    stream: &Stream,
+    iters: usize,
+    keys: &[usize],
+) -> flashcore::Result<(String, usize, [f64; 5])> {
+    let (h, hk, d) = (32, 8, 128);
+    let (b, longest, total) = (
+        keys.len(),
+        keys.iter().max().copied().unwrap_or(0),
+        keys.iter().sum(),
+    );
+    let dev = |dims: &[usize]| random_on::<bf16>(stream, dims, Layout::Bshd);
+    let median = |mut t: Vec<f64>| percentiles(&mut t).0;
+    let batch = VarlenBatch::from_lengths(&vec![1; b], keys)?.to_device(stream)?;
+    let (q, kv, mut out) = (
+        dev(&[1, b, h, d])?,
+        dev(&[1, total, hk, d])?,
+        dev(&[1, b, h, d])?,
+    );
+    let mut time = |backend: Backend| -> flashcore::Result<(f64, Option<Execution>)> {
+        let opts = AttentionOptions::default()
+            .causal(Causal::BottomRight)
+            .backend(backend);
+        let ran = match attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts) {
+            Ok(ran) => ran,
+            Err(Error::BackendUnavailable { .. }) => return Ok((f64::NAN, None)),
+            Err(e) => return Err(e),
+        };
+        let us = median(time_fn(stream, 3, iters, |_| {
+            attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts).map(|_| ())
+        })?);
+        Ok((us, Some(ran)))
+    };
+    let (auto, ran) = time(Backend::Auto)?;
+    let ran = ran.expect("Auto runs every variable-length batch");
+    let (wmma, _) = time(Backend::Kernel(Kernel::Wmma))?;
+    let (hopper, _) = time(Backend::Kernel(Kernel::CutlassSm90))?;
+    let (dq, dkv, mut dout) = (
+        dev(&[b, 1, h, d])?,
+        dev(&[b, longest, hk, d])?,
+        dev(&[b, 1, h, d])?,
+    );
+    let opts = AttentionOptions::default().causal(Causal::BottomRight);
+    let dense = median(time_fn(stream, 3, iters, |_| {
+        attention_into(&dq, &dkv, &dkv, &mut dout, None, &opts).map(|_| ())
+    })?);
+    let bytes = (2 * total * hk * d * 2) as f64;
+    Ok((
+        ran.backend.name().to_string(),
+        ran.splits,
+        [auto, wmma, hopper, dense, bytes / (auto * 1e3)],
+    ))
 }
 
 /// The block table of `b` sequences of `n` keys in pages of `size`: page i of the batch is cache
@@ -546,6 +605,28 @@ fn main() {
             serde_json::Value::Null
         }
     };
+    let mut varlen_decodes = Vec::new();
+    for keys in [vec![32768], vec![8192; 16], vec![32768, 4096, 1000, 300]] {
+        let what = if keys.len() == 1 || keys.iter().all(|&k| k == keys[0]) {
+            format!("{}x{}", keys.len(), keys[0])
+        } else {
+            format!("{keys:?}")
+        };
+        match varlen_decode(&stream, args.iters, &keys) {
+            Ok((ran, splits, [auto, wmma, hopper, dense, gbps])) => {
+                println!(
+                    "varlen decode {what} keys, one query each (32kv8, d128, bf16): {auto:.1} us \
+                     on {ran} (Auto, {splits} splits, {gbps:.0} GB/s of K+V), {wmma:.1} us on \
+                     wmma, {hopper:.1} us on cutlass-sm90; dense batch of the longest under Auto \
+                     {dense:.1} us"
+                );
+                varlen_decodes.push(json!({ "keys": keys, "kernel": ran, "splits": splits,
+                    "auto_us": auto, "wmma_us": wmma, "hopper_us": hopper, "dense_us": dense,
+                    "gbps": gbps }));
+            }
+            Err(e) => eprintln!("varlen decode {what}: {e}"),
+        }
+    }
     let paged = match paged_decode(&stream, args.iters) {
         Ok(rows) => {
             for (ran, [b, n, size, us, contiguous, gbps, stride, wmma, hopper]) in &rows {
@@ -675,7 +756,7 @@ fn main() {
     };
     if let Some(path) = args.json {
         let doc = json!({ "device": device.name(), "records": rows, "host_overhead": overhead,
-                          "varlen_prefill": varlen, "paged_decode": paged, "paged_prefill": prefill,
+                          "varlen_prefill": varlen, "varlen_decode": varlen_decodes, "paged_decode": paged, "paged_prefill": prefill,
                           "score_modifiers": modifiers, "bias": bias });
         std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).expect("write json");
         eprintln!("wrote {path}");

@@ -1069,8 +1069,21 @@ fn lengths(n: usize, max_len: usize, causal: Causal) -> (Vec<usize>, Vec<usize>)
 /// One variable-length batch of fresh normal inputs with sequences of `lq` queries and `lk`
 /// keys, on `kernel` (forced) with NaN-poisoned outputs, against the naive formula per sequence.
 /// Returns (out, lse) relative L2 errors.
-#[allow(clippy::too_many_arguments)]
 fn varlen_case<T: AttentionElement>(
+    s: &Stream,
+    kernel: Kernel,
+    lengths: (Vec<usize>, Vec<usize>),
+    heads: (usize, usize),
+    d: usize,
+    causal: Causal,
+    layout: Layout,
+) -> (f64, f64) {
+    varlen_run::<T>(s, kernel, lengths, heads, d, causal, layout).0
+}
+
+/// [`varlen_case`], also returning what ran.
+#[allow(clippy::too_many_arguments)]
+fn varlen_run<T: AttentionElement>(
     s: &Stream,
     kernel: Kernel,
     (lq, lk): (Vec<usize>, Vec<usize>),
@@ -1078,7 +1091,7 @@ fn varlen_case<T: AttentionElement>(
     d: usize,
     causal: Causal,
     layout: Layout,
-) -> (f64, f64) {
+) -> ((f64, f64), Execution) {
     let mut rng = Rng::fresh();
     let (batch, q, k, v) = varlen_of_lengths::<T>(&mut rng, &lq, &lk, heads, d, layout);
     let tq = q.shape().seq;
@@ -1122,10 +1135,11 @@ fn varlen_case<T: AttentionElement>(
         1.0 / (d as f64).sqrt(),
         causal,
     );
-    (
+    let errors = (
         rel_l2(&logical(&out.to_host().unwrap()), &want),
         rel_l2(&lse_values(&lse.to_host().unwrap()), &want_lse),
-    )
+    );
+    (errors, exec)
 }
 
 #[test]
@@ -1188,6 +1202,67 @@ fn varlen_batches_match_the_reference() {
             ),
             2e-3,
         );
+    }
+    assert_none_failed(&failures);
+}
+
+/// Variable-length decode batches (a few queries per sequence, keys up to 32k) split their keys
+/// by the longest sequence's on both kernels that read them, against the f64 reference: shorter
+/// sequences get splits past their keys (rows 0, logsumexp -inf, weight 0 in the combine), a
+/// sequence without queries, one key, every causal alignment, d 64 / 72 / 128 / 256, both dtypes
+/// and layouts. The split count is `kv_splits`' for the longest sequence and every query head.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn varlen_split_kv_matches_the_reference() {
+    let s = stream();
+    let sms = s.device().sm_count();
+    let mut failures = Vec::new();
+    // (query lengths, key lengths, heads (q, kv), d, layout)
+    let cases = [
+        (
+            vec![1, 3, 0, 2],
+            vec![20_000, 5000, 300, 17],
+            (8, 2),
+            128,
+            Layout::Bshd,
+        ),
+        (vec![1], vec![32_768], (4, 1), 64, Layout::Bhsd),
+        (vec![2, 1, 1], vec![9000, 700, 1], (2, 1), 256, Layout::Bshd),
+        (vec![1, 4], vec![4097, 2500], (6, 3), 72, Layout::Bshd),
+    ];
+    for kernel in indexed_kernels_here() {
+        for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+            for (lq, lk, heads, d, layout) in &cases {
+                let lengths = (lq.clone(), lk.clone());
+                for (dtype, ((err, lse_err), exec), tol) in [
+                    (
+                        "f16",
+                        varlen_run::<f16>(&s, kernel, lengths.clone(), *heads, *d, causal, *layout),
+                        2e-3,
+                    ),
+                    (
+                        "bf16",
+                        varlen_run::<bf16>(&s, kernel, lengths, *heads, *d, causal, *layout),
+                        1e-2,
+                    ),
+                ] {
+                    let row = exec.tile.expect("a GPU run names its row");
+                    let rows = *lq.iter().max().unwrap();
+                    let keys = *lk.iter().max().unwrap();
+                    let want = kv_splits(kernel, &row, rows, lq.len() * heads.0, keys, sms);
+                    let what = format!(
+                        "{kernel:?} {lq:?} x {lk:?} {heads:?} d {d} {causal:?} {dtype}: {} \
+                         splits (want {want})",
+                        exec.splits
+                    );
+                    println!("varlen split-KV {what}, rel L2 {err:.2e} lse {lse_err:.2e}");
+                    let accurate = err < tol && lse_err < 1e-4; // false for NaN
+                    if exec.splits != want || want < 2 || !accurate {
+                        failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
+                    }
+                }
+            }
+        }
     }
     assert_none_failed(&failures);
 }

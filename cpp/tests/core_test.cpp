@@ -547,6 +547,25 @@ void variable_lengths() {
   s = flashcore::core::plan(r, p, l4, &plan);
   expect(s.ok() && plan.kernel == Kernel::Wmma,
          "Auto plans WMMA for a long variable-length batch off Hopper: " + s.message);
+  // A decode step of three sequences (one query each, the longest 32k keys, 8 query heads): its
+  // 24 (sequence, head) units split their keys by the longest sequence's, on WMMA under Auto
+  // (two decode blocks per SM: 264 / 24 = 11) and on the Hopper kernel forced (132 / 24 = 5).
+  r = varlen(nullptr, nullptr);
+  r.q = bshd(1, 3, 8, 128);
+  r.out = bshd(1, 3, 8, 128);
+  r.k = r.v = bshd(1, 40000, 2, 128);
+  r.cu_q.max_len = 1;
+  r.cu_k.max_len = 32768;
+  s = flashcore::core::validate(r, &p);
+  expect(s.ok(), "a variable-length decode batch: " + s.message);
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 11,
+         "Auto splits a variable-length decode batch on WMMA: " + std::to_string(plan.splits));
+  r.options.backend = flashcore::Backend::CutlassSm90;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.splits == 5,
+         "the Hopper kernel splits a variable-length decode batch: " +
+             std::to_string(plan.splits));
 }
 
 // Split-KV decoding: which problems split their keys, into how many blocks, and that the plan

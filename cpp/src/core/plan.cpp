@@ -286,8 +286,11 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
                                                 p.batch_heads(), caps.multiprocessors,
                                                 caps.kernels));
     if (p.varlen && !forced) {
-      // Variable-length batches split no keys: Auto takes the Hopper kernel only where its
-      // units fill the SMs, as for prefill.
+      // A variable-length batch packs no heads (its units are (sequence, query head) pairs of
+      // the longest sequence's rows, where a dense decode's are (batch entry, kv head) pairs of
+      // the group's), so auto_kernel's decode rule, measured on packed heads, does not hold for
+      // it: Auto takes the Hopper kernel only where its units fill the SMs, as for prefill, and
+      // otherwise WMMA, which splits a decode batch's keys.
       const bool fills = sm90_work_units(p.query_rows(), p.batch_heads()) >= caps.multiprocessors;
       kernel = kernel == kHopperIndexedKernel && fills ? kHopperIndexedKernel : kIndexedKernel;
     }
@@ -347,9 +350,9 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     if (!s.ok()) {
       return s;
     }
-    const int32_t splits = p.varlen ? 1
-                                    : kv_splits(kernel, *row, p.query_rows(), p.batch_heads(),
-                                                p.seq_k, caps.multiprocessors);
+    // A variable-length batch splits by its longest sequence's keys.
+    const int32_t splits =
+        kv_splits(kernel, *row, p.query_rows(), p.batch_heads(), p.seq_k, caps.multiprocessors);
     *out = Plan{kernel, row, splits};
     return {};
   } catch (...) {

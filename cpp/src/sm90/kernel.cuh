@@ -121,13 +121,15 @@ struct Kernel {
   };
 
   // Split-KV (count 1: none): the keys of each (batch entry, head) in `count` splits of `keys`
-  // keys (the last may hold fewer), the scheduler's batch index running over (batch entry,
-  // split); each split writes its partial state in f32 to part_out and part_lse (rows ordered
-  // (split, batch, head, query row): split/combine.cuh's Partials), which the launcher combines.
+  // keys (the last may hold fewer), the scheduler's batch index running over (batch entry or
+  // sequence, split); each split writes its partial state in f32 to part_out and part_lse (split
+  // s's state of the row whose logsumexp index is n at row s * rows + n: split/combine.cuh's
+  // Partials), which the launcher combines. A sequence of a variable-length batch shorter than
+  // the longest may get splits past its keys: their rows end as 0 and logsumexp -inf, weight 0.
   struct Splits {
     int count = 1;
     int keys = 0;
-    int batches = 0;
+    int64_t rows = 0;
     cutlass::FastDivmod div;  // scheduler batch index -> (batch entry, split)
     float* part_out = nullptr;
     float* part_lse = nullptr;
@@ -317,8 +319,10 @@ struct Kernel {
       if (params.splits.count > 1) {
         Splits const& sp = params.splits;
         const int64_t row0 =
-            ((int64_t(u.split) * sp.batches + u.batch) * size<1>(problem) + get<2, 1>(blk)) *
-            seq_q(problem);
+            u.split * sp.rows +
+            (int64_t(memory_batch(params, u.batch)) * size<1>(problem) + get<2, 1>(blk)) *
+                params.out.lse_rows +
+            q_start(problem);
         Out::store_partial(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
                            typename Mainloop::TiledMmaPV{}, problem, sp.part_out, sp.part_lse,
                            row0, m_rows);

@@ -77,9 +77,6 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                           "sm90 kernel: example 88's loop takes no variable-length batch, paged "
                           "cache or key splits");
   }
-  if (varlen && a.splits > 1) {
-    throw detail::Failure(Code::Launch, "", "sm90 kernel: no split variable-length batch yet");
-  }
   // Keys per split, whole key tiles.
   const split::KeySplits key_splits = split::key_splits(a.seq_k, a.splits, K);
   const int splits = key_splits.count;
@@ -163,7 +160,7 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   const split::Partials parts(a, splits, stream);
   params.splits = typename Kern::Splits{splits,
                                         static_cast<int>(key_splits.keys),
-                                        static_cast<int>(a.batch),
+                                        parts.rows(),
                                         cutlass::FastDivmod(splits),
                                         parts.out(),
                                         parts.lse()};

@@ -36,13 +36,13 @@ inline KeySplits key_splits(int64_t seq_k, int32_t splits, int64_t tile_keys) {
 }
 
 struct CombineParams {
-  const float* part_out;  // [split][row][head_dim], rows ordered (batch, head, query row)
+  const float* part_out;  // [split][row][head_dim], rows ordered (entry, head, row): Partials
   const float* part_lse;  // [split][row]
   void* out;
-  float* lse;             // dense [batch, heads, seq_q] or null
+  float* lse;             // dense [entries, heads, seq_q] or null
   int64_t o_stride[3];    // batch, seq, head (elements)
-  int64_t rows;           // batch x heads x seq_q
-  int32_t seq_q, heads, head_dim, splits;
+  int64_t rows;           // entries x heads x seq_q
+  int32_t seq_q, heads, head_dim, splits;  // seq_q: rows per head (rows_per_head)
 };
 
 constexpr int kCombineThreads = 128;
@@ -99,18 +99,29 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   }
 }
 
+// A launch's output rows in the order of its logsumexp, [entry][head][row]: a dense or paged
+// batch's entries and query rows; a variable-length batch's packed tokens as one entry, so that
+// its sequences' rows follow their tokens (a sequence's row i is token cu_seqlens_q[b] + i).
+inline int64_t row_entries(const FmhaArgs& a) { return a.cu_seqlens_q != nullptr ? 1 : a.batch; }
+inline int64_t rows_per_head(const FmhaArgs& a) {
+  return a.cu_seqlens_q != nullptr ? a.total_q : a.seq_q;
+}
+
 // The partial states of a launch `a` split over `splits` blocks of keys, in stream-ordered
-// scratch: f32 outputs [split][batch][head][row][head_dim], then logsumexps
-// [split][batch][head][row].
+// scratch: f32 outputs [split][entry][head][row][head_dim], then logsumexps
+// [split][entry][head][row] (row_entries, rows_per_head). A kernel writes split s's state of
+// the row whose logsumexp is at index n of `a.lse` at row s * rows() + n.
 class Partials {
  public:
   Partials(const FmhaArgs& a, int32_t splits, cudaStream_t stream)
       : splits_(splits),
-        rows_(a.batch * a.heads_q * a.seq_q),
+        rows_(row_entries(a) * a.heads_q * rows_per_head(a)),
         scratch_(sizeof(float) * size_t(splits) * size_t(rows_) * size_t(a.head_dim + 1), stream),
         lse_(scratch_.floats() + int64_t(splits) * rows_ * a.head_dim) {}
   float* out() const { return scratch_.floats(); }
   float* lse() const { return lse_; }
+  // The rows of one split's state.
+  int64_t rows() const { return rows_; }
 
   // Enqueues the combine of the partial states into `a`'s output (and logsumexp) on `stream`.
   template <typename T>
@@ -124,7 +135,7 @@ class Partials {
       c.o_stride[i] = a.o_stride[i];
     }
     c.rows = rows_;
-    c.seq_q = static_cast<int32_t>(a.seq_q);
+    c.seq_q = static_cast<int32_t>(rows_per_head(a));
     c.heads = static_cast<int32_t>(a.heads_q);
     c.head_dim = static_cast<int32_t>(a.head_dim);
     c.splits = splits_;

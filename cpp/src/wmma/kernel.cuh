@@ -81,9 +81,11 @@ struct Params {
   int32_t total_q, total_k;
   // Split-KV: blockIdx.x runs over (query block, split), split s taking keys
   // [s * split_keys, (s + 1) * split_keys); with splits > 1 each block writes its normalised f32
-  // partial output and logsumexp to part_out / part_lse ([split][batch][head][row];
-  // split/combine.cuh combines them). One split: split_keys covers every sequence.
+  // partial output and logsumexp to part_out / part_lse (split s's state of the row whose
+  // logsumexp index is n at s * part_rows + n: split/combine.cuh's Partials, which combines
+  // them). One split: split_keys covers every sequence.
   int32_t splits, split_keys;
+  int64_t part_rows;
   float* part_out;
   float* part_lse;
   // A paged KV cache (null table: contiguous keys): k and v are pages of 2^page_shift keys, page
@@ -545,7 +547,10 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
   // accumulators take every register.
   const Sequence out_seq = sequence(p, blockIdx.z, gridDim.y);
   if (p.splits > 1) {  // one split of the keys: its f32 partial state (split/combine.cuh)
-    const int64_t part = ((int64_t(split) * gridDim.z + b) * gridDim.y + h) * p.seq_q;
+    // The split and head from blockIdx again (held as `split` and `h`, ptxas spilled 4 bytes
+    // in the 128x32x128 tile).
+    const int64_t part = out_seq.lse0 + int64_t(blockIdx.y) * out_seq.lse_head +
+                         int64_t(blockIdx.x / (gridDim.x / p.splits)) * p.part_rows;
     float* stage = reinterpret_cast<float*>(smem) + warp * 16 * WM * D;
     store_partial<WM, NJ, D>(o, rows, stage, p, out_seq.seq_q, warp_row0, part, lane);
     return;

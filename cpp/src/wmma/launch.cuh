@@ -130,6 +130,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   const split::Partials parts(a, p.splits, stream);
   p.part_out = parts.out();
   p.part_lse = parts.lse();
+  p.part_rows = parts.rows();
   enqueue_attention("launch fmha_wmma_kernel (split keys)");
   parts.combine<T>(a, stream);
 }
