@@ -3062,10 +3062,12 @@ fn modified_batches_match_the_cpu(
         got.execution.backend.name()
     );
     // Auto: the Hopper kernel where it runs and the longest sequence's 128-row blocks over the
-    // 6 x 8 (sequence, head) pairs fill the SMs.
+    // 6 x 8 (sequence, head) pairs fill the SMs, or (decode rule) where the longest sequence
+    // has at most 32 queries (48 units, at most two per SM).
     let sms = Device::open(0).unwrap().sm_count();
     let fills = batch.max_seqlen_q().div_ceil(128) * 6 * 8 >= sms;
-    let hopper = runs_here(Kernel::CutlassSm90) && fills;
+    let decode = batch.max_seqlen_q() <= flashcore::plan::decode_max_query_rows() && 48 <= 2 * sms;
+    let hopper = runs_here(Kernel::CutlassSm90) && (fills || decode);
     let expected = if hopper {
         Kernel::CutlassSm90
     } else {

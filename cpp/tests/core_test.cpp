@@ -518,8 +518,12 @@ void variable_lengths() {
   flashcore::core::validate(r, &p);
   flashcore::core::Plan plan{};
   s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.splits == 1,
+         "Auto plans the Hopper kernel for a small variable-length batch of at most 32 queries "
+         "per sequence on an H200 (the decode rule)");
+  s = flashcore::core::plan(r, p, l4, &plan);
   expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 1,
-         "Auto plans WMMA for a small variable-length batch");
+         "Auto plans WMMA for a small variable-length batch off Hopper");
   r.options.backend = flashcore::Backend::CutlassSm90;
   s = flashcore::core::plan(r, p, h200, &plan);
   expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.splits == 1,
@@ -548,8 +552,8 @@ void variable_lengths() {
   expect(s.ok() && plan.kernel == Kernel::Wmma,
          "Auto plans WMMA for a long variable-length batch off Hopper: " + s.message);
   // A decode step of three sequences (one query each, the longest 32k keys, 8 query heads): its
-  // 24 (sequence, head) units split their keys by the longest sequence's, on WMMA under Auto
-  // (two decode blocks per SM: 264 / 24 = 11) and on the Hopper kernel forced (132 / 24 = 5).
+  // 24 (sequence, head) units split their keys by the longest sequence's, on the Hopper kernel
+  // under Auto (132 / 24 = 5) and on WMMA forced (two decode blocks per SM: 264 / 24 = 11).
   r = varlen(nullptr, nullptr);
   r.q = bshd(1, 3, 8, 128);
   r.out = bshd(1, 3, 8, 128);
@@ -559,13 +563,24 @@ void variable_lengths() {
   s = flashcore::core::validate(r, &p);
   expect(s.ok(), "a variable-length decode batch: " + s.message);
   s = flashcore::core::plan(r, p, h200, &plan);
-  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 11,
-         "Auto splits a variable-length decode batch on WMMA: " + std::to_string(plan.splits));
-  r.options.backend = flashcore::Backend::CutlassSm90;
-  s = flashcore::core::plan(r, p, h200, &plan);
   expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.splits == 5,
-         "the Hopper kernel splits a variable-length decode batch: " +
+         "Auto splits a variable-length decode batch on the Hopper kernel: " +
              std::to_string(plan.splits));
+  r.options.backend = flashcore::Backend::Wmma;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 11,
+         "WMMA splits a variable-length decode batch: " + std::to_string(plan.splits));
+  // 64 such sequences: 512 units, more than two per SM: WMMA, one split.
+  r.options.backend = flashcore::Backend::Auto;
+  r.q = bshd(1, 64, 8, 128);
+  r.out = bshd(1, 64, 8, 128);
+  r.cu_q.count = r.cu_k.count = 64;
+  s = flashcore::core::validate(r, &p);
+  if (s.ok()) {
+    s = flashcore::core::plan(r, p, h200, &plan);
+  }
+  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 1,
+         "Auto runs a wide variable-length decode batch on WMMA: " + s.message);
 }
 
 // Split-KV decoding: which problems split their keys, into how many blocks, and that the plan
