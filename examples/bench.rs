@@ -14,8 +14,8 @@ use common::{percentiles, random_on, shapes, time_calls, time_fn, BenchShape, In
 use flashcore::plan::{ArchClass, Kernel};
 use flashcore::{
     attention, attention_into, attention_paged_into, attention_varlen_into, AlibiSlopes,
-    AttentionElement, AttentionOptions, Backend, BackendKind, Bias, Causal, Device, Error,
-    Execution, Layout, PageTable, Stream, Tensor, VarlenBatch,
+    AttentionElement, AttentionOptions, Backend, BackendKind, Bias, Causal, Device, Layout,
+    PageTable, Stream, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 use serde_json::json;
@@ -273,7 +273,8 @@ fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(Strin
 
 /// A variable-length decode row (issue 12's split-KV for variable-length batches): the variable-
 /// length batch's sequences, one query each on `keys[i]` keys (bf16, GQA 32:8, d = 128), under
-/// Auto, forced onto WMMA and onto the Hopper kernel (refused off compute capability 9.0: NaN),
+/// Auto, forced onto WMMA and onto the Hopper kernel (NaN where refused, as off compute
+/// capability 9.0),
 /// beside the dense batch of the longest length under Auto. Returns the kernel and splits Auto
 /// ran and (Auto us, WMMA us, Hopper us, dense us, GB/s of K+V under Auto), medians.
 fn varlen_decode(
@@ -295,24 +296,19 @@ fn varlen_decode(
         dev(&[1, total, hk, d])?,
         dev(&[1, b, h, d])?,
     );
-    let mut time = |backend: Backend| -> flashcore::Result<(f64, Option<Execution>)> {
+    let mut time = |backend: Backend| {
         let opts = AttentionOptions::default()
             .causal(Causal::BottomRight)
             .backend(backend);
-        let ran = match attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts) {
-            Ok(ran) => ran,
-            Err(Error::BackendUnavailable { .. }) => return Ok((f64::NAN, None)),
-            Err(e) => return Err(e),
-        };
+        let ran = attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts)?;
         let us = median(time_fn(stream, 3, iters, |_| {
             attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts).map(|_| ())
         })?);
-        Ok((us, Some(ran)))
+        Ok::<_, flashcore::Error>((ran, us))
     };
-    let (auto, ran) = time(Backend::Auto)?;
-    let ran = ran.expect("Auto runs every variable-length batch");
-    let (wmma, _) = time(Backend::Kernel(Kernel::Wmma))?;
-    let (hopper, _) = time(Backend::Kernel(Kernel::CutlassSm90))?;
+    let (ran, auto) = time(Backend::Auto)?;
+    let (_, wmma) = time(Backend::Kernel(Kernel::Wmma))?;
+    let hopper = time(Backend::Kernel(Kernel::CutlassSm90)).map_or(f64::NAN, |(_, us)| us);
     let (dq, dkv, mut dout) = (
         dev(&[b, 1, h, d])?,
         dev(&[b, longest, hk, d])?,

@@ -2654,6 +2654,43 @@ fn masked_bias(
     nb
 }
 
+/// A bias test case: (sizes, heads, bias dims, bias dtype, memory order, -inf fraction).
+type BiasCase = (
+    (usize, usize, usize),
+    (usize, usize, usize),
+    [usize; 4],
+    DType,
+    Layout,
+    f64,
+);
+
+/// Each of `cases` with its bias alone under `causal`, in both dtypes, on `kernel` (forced where
+/// `forced`), the bias made by `bias`; bottom-right cases with more queries than keys are skipped
+/// (rows without keys). Returns how many cases ran.
+fn bias_cases(
+    checks: &mut Checks,
+    s: &Stream,
+    (kernel, forced): (Kernel, Option<Kernel>),
+    causal: Causal,
+    cases: &[BiasCase],
+    bias: &mut impl FnMut([usize; 4], DType, Layout, f64) -> common::NaiveBias,
+) -> usize {
+    let mut runs = 0;
+    for &(sizes, heads, dims, dtype, layout, masked) in cases {
+        if causal == Causal::BottomRight && sizes.1 > sizes.2 {
+            continue; // rows without keys
+        }
+        let mods = common::Mods {
+            bias: Some(bias(dims, dtype, layout, masked)),
+            ..common::Mods::default()
+        };
+        let what = format!("{sizes:?} {heads:?} {causal:?} {dims:?} {dtype:?} {layout:?}");
+        checks.both_dtypes_on(s, kernel, forced, &what, (sizes, heads, causal), mods);
+        runs += 1;
+    }
+    runs
+}
+
 /// An additive bias on the GPU (the WMMA kernel's modifier instantiation) against the naive f64
 /// formula: every causal alignment, Sq below, equal to and above Sk, GQA and MQA, both dtypes,
 /// head dims 64 / 128 / 256 and 72, f32 / f16 / bf16 biases, full (PyTorch's memory order) and
@@ -2705,17 +2742,8 @@ fn bias_matches_the_reference() {
     ];
     let mut bias = |dims, dtype, layout, masked| masked_bias(&mut rng, dims, dtype, layout, masked);
     for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
-        for &(sizes, heads, dims, dtype, layout, masked) in &cases {
-            if causal == Causal::BottomRight && sizes.1 > sizes.2 {
-                continue; // rows without keys
-            }
-            let mods = Mods {
-                bias: Some(bias(dims, dtype, layout, masked)),
-                ..Mods::default()
-            };
-            let what = format!("{sizes:?} {heads:?} {causal:?} {dims:?} {dtype:?} {layout:?}");
-            checks.both_dtypes(&s, &what, (sizes, heads, causal), mods);
-        }
+        let wmma = (Kernel::Wmma, None);
+        bias_cases(&mut checks, &s, wmma, causal, &cases, &mut bias);
         let sizes = match causal {
             Causal::BottomRight => (1, 290, 300),
             _ => (1, 300, 290),
@@ -2885,26 +2913,16 @@ fn hopper_bias_matches_the_reference() {
         ),
     ];
     let mut runs = 0;
+    let mut bias = |dims, dtype, layout, masked| masked_bias(&mut rng, dims, dtype, layout, masked);
     for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
-        for &(sizes, heads, dims, dtype, layout, masked) in &cases {
-            if causal == Causal::BottomRight && sizes.1 > sizes.2 {
-                continue; // rows without keys
-            }
-            let mods = Mods {
-                bias: Some(masked_bias(&mut rng, dims, dtype, layout, masked)),
-                ..Mods::default()
-            };
-            let what = format!("{sizes:?} {heads:?} {causal:?} {dims:?} {dtype:?} {layout:?}");
-            checks.both_dtypes_on(
-                &s,
-                hopper,
-                Some(hopper),
-                &what,
-                (sizes, heads, causal),
-                mods,
-            );
-            runs += 1;
-        }
+        runs += bias_cases(
+            &mut checks,
+            &s,
+            (hopper, Some(hopper)),
+            causal,
+            &cases,
+            &mut bias,
+        );
     }
     // Every modifier together, on the d = 128 and d = 64 tiles; a tiny scale.
     let geometric = |heads: usize| AlibiSlopes::geometric(heads).unwrap().values().to_vec();
