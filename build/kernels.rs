@@ -218,9 +218,12 @@ impl Config<'_> {
                 self.cache.join(format!("{}-{}.o", u.name, &key[..16]))
             })
             .collect();
-        let todo: Vec<usize> = (0..units.len())
+        // Longest first: the Hopper units take several times the others, which then fill the
+        // tail where one job would otherwise run alone.
+        let mut todo: Vec<usize> = (0..units.len())
             .filter(|&i| !objects[i].is_file())
             .collect();
+        todo.sort_by_key(|&i| !units[i].family.hopper);
         if !todo.is_empty() {
             println!(
             "cargo:warning=flashcore: {} of {} CUDA kernel objects cached; compiling {} with {} job(s)",

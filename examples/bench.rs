@@ -225,13 +225,15 @@ fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(Strin
     let tflops = |f: f64, us: f64| f / (us * 1e-6) / 1e12;
 
     let batch = VarlenBatch::from_lengths(&LENGTHS, &LENGTHS)?.to_device(stream)?;
-    let (q, kv, mut out) = (
+    let (q, k, v, mut out) = (
         dev(&[1, total, h, d])?,
+        dev(&[1, total, hk, d])?,
         dev(&[1, total, hk, d])?,
         dev(&[1, total, h, d])?,
     );
-    let (dq, dkv, mut dout) = (
+    let (dq, dk, dv, mut dout) = (
         dev(&[16, n, h, d])?,
+        dev(&[16, n, hk, d])?,
         dev(&[16, n, hk, d])?,
         dev(&[16, n, h, d])?,
     );
@@ -240,9 +242,9 @@ fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(Strin
         let opts = AttentionOptions::default()
             .causal(Causal::BottomRight)
             .backend(backend);
-        let ran = attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts)?.backend;
+        let ran = attention_varlen_into(&q, &k, &v, &batch, &mut out, None, &opts)?.backend;
         let varlen = median(time_fn(stream, 3, iters, |_| {
-            attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts).map(|_| ())
+            attention_varlen_into(&q, &k, &v, &batch, &mut out, None, &opts).map(|_| ())
         })?);
         // The dense batch on the kernel the variable-length batch ran on.
         let same = opts.backend(match ran {
@@ -250,7 +252,7 @@ fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(Strin
             _ => backend,
         });
         let dense = median(time_fn(stream, 3, iters, |_| {
-            attention_into(&dq, &dkv, &dkv, &mut dout, None, &same).map(|_| ())
+            attention_into(&dq, &dk, &dv, &mut dout, None, &same).map(|_| ())
         })?);
         let auto = if backend == Backend::Auto {
             " (Auto)"
@@ -291,8 +293,9 @@ fn varlen_decode(
     let dev = |dims: &[usize]| random_on::<bf16>(stream, dims, Layout::Bshd);
     let median = |mut t: Vec<f64>| percentiles(&mut t).0;
     let batch = VarlenBatch::from_lengths(&vec![1; b], keys)?.to_device(stream)?;
-    let (q, kv, mut out) = (
+    let (q, k, v, mut out) = (
         dev(&[1, b, h, d])?,
+        dev(&[1, total, hk, d])?,
         dev(&[1, total, hk, d])?,
         dev(&[1, b, h, d])?,
     );
@@ -300,23 +303,24 @@ fn varlen_decode(
         let opts = AttentionOptions::default()
             .causal(Causal::BottomRight)
             .backend(backend);
-        let ran = attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts)?;
+        let ran = attention_varlen_into(&q, &k, &v, &batch, &mut out, None, &opts)?;
         let us = median(time_fn(stream, 3, iters, |_| {
-            attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts).map(|_| ())
+            attention_varlen_into(&q, &k, &v, &batch, &mut out, None, &opts).map(|_| ())
         })?);
         Ok::<_, flashcore::Error>((ran, us))
     };
     let (ran, auto) = time(Backend::Auto)?;
     let (_, wmma) = time(Backend::Kernel(Kernel::Wmma))?;
     let hopper = time(Backend::Kernel(Kernel::CutlassSm90)).map_or(f64::NAN, |(_, us)| us);
-    let (dq, dkv, mut dout) = (
+    let (dq, dk, dv, mut dout) = (
         dev(&[b, 1, h, d])?,
+        dev(&[b, longest, hk, d])?,
         dev(&[b, longest, hk, d])?,
         dev(&[b, 1, h, d])?,
     );
     let opts = AttentionOptions::default().causal(Causal::BottomRight);
     let dense = median(time_fn(stream, 3, iters, |_| {
-        attention_into(&dq, &dkv, &dkv, &mut dout, None, &opts).map(|_| ())
+        attention_into(&dq, &dk, &dv, &mut dout, None, &opts).map(|_| ())
     })?);
     let bytes = (2 * total * hk * d * 2) as f64;
     Ok((

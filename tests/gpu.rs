@@ -1206,11 +1206,24 @@ fn varlen_batches_match_the_reference() {
     assert_none_failed(&failures);
 }
 
+/// Whether a variable-length batch's one-query GQA heads run packed into the rows of (sequence,
+/// kv head) units: every sequence has at most one query, which sees every key (no top-left
+/// mask), and Q's token stride is a whole number of head strides (BSHD; BHSD with one token).
+fn packs_varlen_heads(lq: &[usize], heads: (usize, usize), causal: Causal, layout: Layout) -> bool {
+    lq.iter().max() == Some(&1)
+        && heads.0 > heads.1
+        && causal != Causal::TopLeft
+        && (layout == Layout::Bshd || lq.iter().sum::<usize>() == 1)
+}
+
 /// Variable-length decode batches (a few queries per sequence, keys up to 32k) split their keys
 /// by the longest sequence's on both kernels that read them, against the f64 reference: shorter
 /// sequences get splits past their keys (rows 0, logsumexp -inf, weight 0 in the combine), a
 /// sequence without queries, one key, every causal alignment, d 64 / 72 / 128 / 256, both dtypes
-/// and layouts. The split count is `kv_splits`' for the longest sequence and every query head.
+/// and layouts; batches of one query per sequence (1, 2, 4 and 7 sequences) with their GQA and
+/// MQA heads packed into rows. The split count is `kv_splits`' for the longest sequence and
+/// every query head, or every kv head where the heads pack (`packs_varlen_heads`), which the
+/// split count shows.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn varlen_split_kv_matches_the_reference() {
@@ -1229,10 +1242,30 @@ fn varlen_split_kv_matches_the_reference() {
         (vec![1], vec![32_768], (4, 1), 64, Layout::Bhsd),
         (vec![2, 1, 1], vec![9000, 700, 1], (2, 1), 256, Layout::Bshd),
         (vec![1, 4], vec![4097, 2500], (6, 3), 72, Layout::Bshd),
+        // Decode batches (at most one query per sequence): their GQA heads pack into rows.
+        (
+            vec![1, 0, 1, 1],
+            vec![20_000, 300, 1, 4500],
+            (8, 2),
+            128,
+            Layout::Bshd,
+        ),
+        (
+            vec![1; 7],
+            vec![6000, 1, 12_000, 700, 9000, 4096, 33],
+            (32, 8),
+            128,
+            Layout::Bshd,
+        ),
+        (vec![1, 1], vec![9000, 12_000], (6, 1), 256, Layout::Bshd),
+        (vec![0, 1], vec![100, 15_000], (8, 4), 72, Layout::Bshd),
     ];
+    // Whether each case split under some mask (a top-left mask leaves a decode batch unpacked,
+    // whose (sequence, query head) units may fill the SMs unsplit).
+    let mut split = vec![false; cases.len()];
     for kernel in indexed_kernels_here() {
         for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
-            for (lq, lk, heads, d, layout) in &cases {
+            for (case, (lq, lk, heads, d, layout)) in cases.iter().enumerate() {
                 let lengths = (lq.clone(), lk.clone());
                 for (dtype, ((err, lse_err), exec), tol) in [
                     (
@@ -1247,9 +1280,13 @@ fn varlen_split_kv_matches_the_reference() {
                     ),
                 ] {
                     let row = exec.tile.expect("a GPU run names its row");
-                    let rows = *lq.iter().max().unwrap();
                     let keys = *lk.iter().max().unwrap();
-                    let want = kv_splits(kernel, &row, rows, lq.len() * heads.0, keys, sms);
+                    let (rows, units) = if packs_varlen_heads(lq, *heads, causal, *layout) {
+                        (heads.0 / heads.1, lq.len() * heads.1)
+                    } else {
+                        (*lq.iter().max().unwrap(), lq.len() * heads.0)
+                    };
+                    let want = kv_splits(kernel, &row, rows, units, keys, sms);
                     let what = format!(
                         "{kernel:?} {lq:?} x {lk:?} {heads:?} d {d} {causal:?} {dtype}: {} \
                          splits (want {want})",
@@ -1257,12 +1294,16 @@ fn varlen_split_kv_matches_the_reference() {
                     );
                     println!("varlen split-KV {what}, rel L2 {err:.2e} lse {lse_err:.2e}");
                     let accurate = err < tol && lse_err < 1e-4; // false for NaN
-                    if exec.splits != want || want < 2 || !accurate {
+                    split[case] |= want >= 2;
+                    if exec.splits != want || !accurate {
                         failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
                     }
                 }
             }
         }
+    }
+    for (case, _) in split.iter().enumerate().filter(|(_, s)| !**s) {
+        failures.push(format!("case {case} never split its keys"));
     }
     assert_none_failed(&failures);
 }

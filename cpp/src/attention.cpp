@@ -32,7 +32,14 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
     a.o_stride[i] = r.out.stride[i];
   }
   a.scale = p.scale;
-  if (p.packs_heads()) {
+  if (p.packs_heads() && p.varlen) {
+    // Not a view: each sequence's query token holds its own rows (FmhaArgs::packed_group).
+    a.seq_q = p.seq_q;
+    a.heads_q = p.heads_q;
+    a.causal = Causal::None;
+    a.packed_group = static_cast<int32_t>(p.heads_q / p.heads_kv);
+    a.token_rows = p.token_rows;
+  } else if (p.packs_heads()) {
     const int64_t group = p.heads_q / p.heads_kv;
     // Rows advance by the head stride; "heads" (one per kv head) by `group` heads.
     for (int64_t* s : {a.q_stride, a.o_stride}) {

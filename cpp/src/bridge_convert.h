@@ -115,6 +115,7 @@ inline ProblemFfi to_ffi(const core::Problem& p) {
   out.window_right = p.window_right;
   out.alibi = p.alibi;
   out.bias = p.bias;
+  out.token_rows = p.token_rows;
   return out;
 }
 
@@ -122,7 +123,7 @@ inline core::Problem from_ffi(const ProblemFfi& p) {
   return core::Problem{p.batch,   p.seq_q,    p.seq_k,
                        p.heads_q, p.heads_kv, p.head_dim,
                        p.scale,   static_cast<Causal>(p.causal), p.location, p.varlen, p.paged,
-                       p.window_left, p.window_right, p.alibi, p.bias};
+                       p.window_left, p.window_right, p.alibi, p.bias, p.token_rows};
 }
 
 inline StatusFfi to_ffi(const Status& s) {

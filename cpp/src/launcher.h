@@ -82,6 +82,15 @@ struct FmhaArgs {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   int64_t total_q = 0, total_k = 0;
+  // One-query GQA heads packed into rows in a variable-length batch whose longest sequence has
+  // one query (core::Problem::packs_heads; a dense batch packs them as a view instead, through
+  // seq_q, heads_q and the strides): 0 for none, else the query heads per key/value head. The
+  // arguments above stay the call's (causal None: the one query sees every key); a launcher runs
+  // each (sequence, kv head) as packed_group rows, head strides apart, row r being query head
+  // kv_head * packed_group + r of the sequence's first query token (a sequence without queries
+  // has no rows). Q's and the output's token strides are token_rows head strides.
+  int32_t packed_group = 0;
+  int64_t token_rows = 1;
   // Split-KV (the WMMA and Hopper kernels; no variable-length batch): the keys of each (batch,
   // head) are split over this many blocks, whose partial states the launcher combines
   // (kv_splits; 1: none).

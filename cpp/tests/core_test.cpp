@@ -551,9 +551,10 @@ void variable_lengths() {
   s = flashcore::core::plan(r, p, l4, &plan);
   expect(s.ok() && plan.kernel == Kernel::Wmma,
          "Auto plans WMMA for a long variable-length batch off Hopper: " + s.message);
-  // A decode step of three sequences (one query each, the longest 32k keys, 8 query heads): its
-  // 24 (sequence, head) units split their keys by the longest sequence's, on the Hopper kernel
-  // under Auto (132 / 24 = 5) and on WMMA forced (two decode blocks per SM: 264 / 24 = 11).
+  // A decode step of three sequences (one query each, the longest 32k keys, 8 query heads on 2
+  // kv heads). Packed BSHD tensors: each sequence's 4 query heads of a kv head are the rows of
+  // one unit (token_rows 8: a token is 8 head strides), 6 units, split by the longest
+  // sequence's keys on the Hopper kernel under Auto and on WMMA forced.
   r = varlen(nullptr, nullptr);
   r.q = bshd(1, 3, 8, 128);
   r.out = bshd(1, 3, 8, 128);
@@ -561,26 +562,67 @@ void variable_lengths() {
   r.cu_q.max_len = 1;
   r.cu_k.max_len = 32768;
   s = flashcore::core::validate(r, &p);
-  expect(s.ok(), "a variable-length decode batch: " + s.message);
+  expect(s.ok() && p.packs_heads() && p.token_rows == 8 && p.query_rows() == 4 &&
+             p.batch_heads() == 6,
+         "a variable-length decode batch packs its heads: " + s.message);
+  const flashcore::TileRow* hopper_row = nullptr;
+  const flashcore::TileRow* wmma_row = nullptr;
+  expect(flashcore::core::choose_row(Kernel::CutlassSm90, 128, 4, h200, {}, &hopper_row).ok() &&
+             flashcore::core::choose_row(Kernel::Wmma, 128, 4, h200, {}, &wmma_row).ok(),
+         "the decode rows at d = 128");
+  const int32_t hopper_splits = flashcore::kv_splits(Kernel::CutlassSm90, *hopper_row, 4, 6,
+                                                     32768, 132);
+  const int32_t wmma_splits = flashcore::kv_splits(Kernel::Wmma, *wmma_row, 4, 6, 32768, 132);
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.splits == hopper_splits &&
+             hopper_splits > 5,
+         "Auto splits a packed variable-length decode batch on the Hopper kernel: " +
+             std::to_string(plan.splits));
+  r.options.backend = flashcore::Backend::Wmma;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == wmma_splits && wmma_splits > 11,
+         "WMMA splits a packed variable-length decode batch: " + std::to_string(plan.splits));
+  // Unpacked: a top-left mask (the one query sees key 0 only), or a token stride that is no
+  // whole number of head strides (8 x 128 + 64 elements): 24 (sequence, query head) units,
+  // 132 / 24 = 5 splits on the Hopper kernel, 264 / 24 = 11 on WMMA (two decode blocks per SM).
+  r.options.backend = flashcore::Backend::Auto;
+  r.options.causal = Causal::TopLeft;
+  s = flashcore::core::validate(r, &p);
+  expect(s.ok() && !p.packs_heads() && p.batch_heads() == 24,
+         "a top-left variable-length decode batch does not pack: " + s.message);
+  r.options.causal = Causal::None;
+  r.q.stride[1] = r.out.stride[1] = 8 * 128 + 64;
+  s = flashcore::core::validate(r, &p);
+  expect(s.ok() && !p.packs_heads() && p.token_rows == 0 && p.batch_heads() == 24,
+         "a variable-length batch with padded tokens does not pack: " + s.message);
   s = flashcore::core::plan(r, p, h200, &plan);
   expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.splits == 5,
-         "Auto splits a variable-length decode batch on the Hopper kernel: " +
+         "Auto splits an unpacked variable-length decode batch on the Hopper kernel: " +
              std::to_string(plan.splits));
   r.options.backend = flashcore::Backend::Wmma;
   s = flashcore::core::plan(r, p, h200, &plan);
   expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 11,
-         "WMMA splits a variable-length decode batch: " + std::to_string(plan.splits));
-  // 64 such sequences: 512 units, more than two per SM: WMMA, one split.
+         "WMMA splits an unpacked variable-length decode batch: " + std::to_string(plan.splits));
+  // 64 such sequences: 512 unpacked units, more than two per SM: WMMA, one split. Packed, 128
+  // units: the Hopper kernel, as for a dense decode batch of 128 units.
   r.options.backend = flashcore::Backend::Auto;
-  r.q = bshd(1, 64, 8, 128);
-  r.out = bshd(1, 64, 8, 128);
+  r.q.shape[1] = r.out.shape[1] = 64;
   r.cu_q.count = r.cu_k.count = 64;
   s = flashcore::core::validate(r, &p);
   if (s.ok()) {
     s = flashcore::core::plan(r, p, h200, &plan);
   }
   expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 1,
-         "Auto runs a wide variable-length decode batch on WMMA: " + s.message);
+         "Auto runs a wide unpacked variable-length decode batch on WMMA: " + s.message);
+  r.q = bshd(1, 64, 8, 128);
+  r.out = bshd(1, 64, 8, 128);
+  s = flashcore::core::validate(r, &p);
+  if (s.ok()) {
+    s = flashcore::core::plan(r, p, h200, &plan);
+  }
+  expect(s.ok() && p.batch_heads() == 128 && plan.kernel == Kernel::CutlassSm90,
+         "Auto runs a packed variable-length decode batch of 128 units on the Hopper kernel: " +
+             s.message);
 }
 
 // Split-KV decoding: which problems split their keys, into how many blocks, and that the plan

@@ -117,6 +117,7 @@ pub(crate) mod sys {
         window_right: i64,
         alibi: bool,
         bias: bool,
+        token_rows: i64,
     }
 
     /// `flashcore::Status`.

@@ -247,8 +247,11 @@ pub fn auto_kernel(
 /// kernel and the rows are at most [`decode_max_query_rows`]; then enough splits for two WMMA
 /// blocks of `row` per SM (as measured on the H200; fewer where `row` fits fewer), or one Hopper
 /// block per SM, at most 64, each of at least 512 keys (the C++ library's `flashcore::kv_splits`).
-/// A variable-length batch or a paged cache takes its longest sequence's rows and keys, and a
-/// variable-length batch packs no heads (`batch_heads` is sequences x query heads).
+/// A variable-length batch or a paged cache takes its longest sequence's rows and keys. A
+/// variable-length batch packs its heads only where its longest sequence has one query, which
+/// sees every key, and Q's and the output's token strides are the same whole number of head
+/// strides (packed BSHD tensors): then `batch_heads` is sequences x kv heads, else sequences x
+/// query heads.
 ///
 /// ```
 /// use flashcore::plan::{decode_table, kv_splits, ArchClass, Kernel};

@@ -5,6 +5,7 @@
 // its overlap with the outputs with theirs).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -68,6 +69,23 @@ Failed with_modifiers(Problem p, const Request& r, Problem* out) {
   }
   *out = p;
   return std::nullopt;
+}
+
+// Problem::token_rows of a variable-length batch: Q's token stride in head strides, where the
+// output's is the same multiple and the packed rows' span, (tokens - 1) * token_rows + heads_q,
+// fits int32 (the Hopper kernel's TMA row extent); else 0.
+int64_t token_rows(const Request& r) {
+  const int64_t* q = r.q.stride;
+  const int64_t* o = r.out.stride;
+  if (q[2] <= 0 || o[2] <= 0 || q[1] <= 0 || q[1] % q[2] != 0) {
+    return 0;
+  }
+  const int64_t m = q[1] / q[2];
+  const int64_t tokens = r.q.shape[1], heads = r.q.shape[2];
+  if (o[1] != m * o[2] || heads > INT32_MAX || (tokens > 0 && tokens - 1 > (INT32_MAX - heads) / m)) {
+    return 0;
+  }
+  return m;
 }
 
 }  // namespace
@@ -180,9 +198,10 @@ Status validate(const Request& r, Problem* problem) noexcept {
     }
     if (r.varlen) {
       FLASHCORE_TRY(check_sequence_keys(r));
-      FLASHCORE_TRY(with_modifiers(Problem{r.cu_q.count, r.cu_q.max_len, r.cu_k.max_len, qs[2],
-                                           ks[2], d, scale, r.options.causal, location, true},
-                                   r, problem));
+      Problem p{r.cu_q.count, r.cu_q.max_len, r.cu_k.max_len, qs[2], ks[2], d, scale,
+                r.options.causal, location, true};
+      p.token_rows = token_rows(r);
+      FLASHCORE_TRY(with_modifiers(p, r, problem));
       return {};
     }
     if (r.paged) {

@@ -100,14 +100,19 @@ struct Problem {
   bool alibi = false;
   // An additive bias is given (Request::bias).
   bool bias = false;
+  // A variable-length batch's query token stride in head strides, where Q's and the output's
+  // token strides are the same whole multiple of their head strides and the rows of its
+  // one-query heads, packed (packs_heads), span at most INT32_MAX head strides; 0 otherwise.
+  int64_t token_rows = 0;
 
   // No output element: nothing to compute or launch.
   bool empty() const { return batch == 0 || seq_q == 0 || heads_q == 0; }
   // One-query GQA/MQA: the query heads sharing a key/value head run as rows of one head (exact
   // because the one query sees every key, with the same scores: no window, no per-head slope
-  // or bias).
+  // or bias). A variable-length batch packs them when its longest sequence has one query and
+  // its token strides allow it (token_rows).
   bool packs_heads() const {
-    return !varlen && seq_q == 1 && heads_kv > 0 && heads_q > heads_kv &&
+    return (!varlen || token_rows > 0) && seq_q == 1 && heads_kv > 0 && heads_q > heads_kv &&
            (causal == Causal::None || causal == Causal::BottomRight) && !windowed() && !alibi &&
            !bias;
   }

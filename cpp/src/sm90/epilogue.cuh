@@ -21,7 +21,20 @@ struct Epilogue {
     int64_t o_seq, o_head, o_batch;  // output strides in elements (head-dim stride 1)
     float* lse;                      // [batch, heads, lse_rows], or nullptr
     int64_t lse_rows;                // seq_q; a variable-length batch's token count
+    // A row's logsumexp step, and the rows per query token along the query axis (q_start):
+    // 1 and 1, or for a variable-length batch's packed heads (kernel.cuh's Sequences) the
+    // token count (its rows are heads) and the token's rows.
+    int64_t lse_row = 1;
+    int token_rows = 1;
   };
+
+  // Where row 0 of a unit's (batch entry, head `head`) logsumexp lies: its head's rows, from
+  // the unit's first query token on. Row i lies lse_row further per row.
+  CUTLASS_DEVICE static int64_t lse_index(Params const& params, ProblemShape const& p, int batch,
+                                          int head) {
+    return (int64_t(batch) * cute::size<1>(p) + head) * params.lse_rows +
+           q_start(p) / params.token_rows;
+  }
 
   // `acc` and `lse` are one warpgroup's (rows of the P.V tile, head dim) accumulator and its
   // per-row logsumexp; `m_rows` is the warpgroup's first query row of the sequence, whose tokens
@@ -67,27 +80,27 @@ struct Epilogue {
       // The lane holding column 0 of a row writes that row's logsumexp.
       Tensor coord_mn = make_tensor(coord.data(),
                                     cutlass::fmha::collective::layout_acc_mn(mma, coord.layout()));
-      float* lse_head =
-          params.lse + (int64_t(batch) * size<1>(p) + head) * params.lse_rows + q_start(p);
+      float* lse_head = params.lse + lse_index(params, p, batch, head);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size<0>(coord_mn); ++i) {
         const int row = m_rows + get<0>(coord_mn(i, 0));
         if (get<1>(coord_mn(i, 0)) == 0 && row < rows) {
-          lse_head[row] = lse(i);
+          lse_head[row * params.lse_row] = lse(i);
         }
       }
     }
   }
 
   // A key split's partial state (split-KV): the warpgroup's normalised rows in f32 and their
-  // logsumexps, query row i of the split's (batch, head) at row `row0 + i` of `part_out`
+  // logsumexps, query row i of the split's (batch, head) at row `row0 + i * lse_row` of `part_out`
   // ([row][head_dim]) and `part_lse` (split/combine.cuh's Partials); rows at or past seq_q and
   // columns at or past head_dim are never written.
   template <class TileShapePV, class Acc, class Lse, class TiledMma>
   CUTLASS_DEVICE static void store_partial(TileShapePV const& tile, Acc const& acc,
                                            Lse const& lse, TiledMma const& mma,
                                            ProblemShape const& p, float* part_out,
-                                           float* part_lse, int64_t row0, int m_rows) {
+                                           float* part_lse, int64_t row0, int64_t lse_row,
+                                           int m_rows) {
     using namespace cute;
     const int rows = seq_q(p), dim = get<4>(p);
     auto thr = mma.get_thread_slice(threadIdx.x);
@@ -96,7 +109,7 @@ struct Epilogue {
     for (int i = 0; i < size(acc); ++i) {
       const int row = m_rows + get<0>(coord(i)), col = get<1>(coord(i));
       if (row < rows && col < dim) {
-        part_out[(row0 + row) * dim + col] = acc(i);
+        part_out[(row0 + row * lse_row) * dim + col] = acc(i);
       }
     }
     Tensor coord_mn = make_tensor(coord.data(),
@@ -105,7 +118,7 @@ struct Epilogue {
     for (int i = 0; i < size<0>(coord_mn); ++i) {
       const int row = m_rows + get<0>(coord_mn(i, 0));
       if (get<1>(coord_mn(i, 0)) == 0 && row < rows) {
-        part_lse[row0 + row] = lse(i);
+        part_lse[row0 + row * lse_row] = lse(i);
       }
     }
   }

@@ -113,11 +113,15 @@ struct Kernel {
   // axis of Q/O and of K/V, clamped to the token counts as the WMMA kernel clamps them
   // (sequences.cuh), and the band rule every sequence (of a variable-length batch or a paged
   // cache) applies to its own lengths.
+  // Its one-query heads packed (FmhaArgs::packed_group, 0: none): each unit is a (sequence, kv
+  // head) of packed_rows rows, whose Q and output rows advance by the head stride, the
+  // sequence's query token starting token_rows rows (head strides) per token along that axis.
   struct Sequences {
     const int32_t* cu_q = nullptr;
     const int32_t* cu_k = nullptr;
     int total_q = 0, total_k = 0;
     Band band;
+    int packed_rows = 0, token_rows = 1;
   };
 
   // Split-KV (count 1: none): the keys of each (batch entry, head) in `count` splits of `keys`
@@ -165,8 +169,12 @@ struct Kernel {
     if (s.cu_q != nullptr) {
       const TokenRange q = token_range(s.cu_q, u.batch, s.total_q);
       const TokenRange k = token_range(s.cu_k, u.batch, s.total_k);
-      u.problem = make_problem(1, cute::get<1>(params.problem), q.end - q.begin, k.end - k.begin,
-                               cute::get<4>(params.problem), s.band, q.begin, k.begin);
+      // Packed: the query token's rows, from row q.begin * token_rows (below the descriptor's
+      // row extent, (total_q - 1) * token_rows + packed_rows: validated to fit an int).
+      const int rows = s.packed_rows == 0 ? q.end - q.begin : q.end > q.begin ? s.packed_rows : 0;
+      const int first_row = s.packed_rows == 0 ? q.begin : rows > 0 ? q.begin * s.token_rows : 0;
+      u.problem = make_problem(1, cute::get<1>(params.problem), rows, k.end - k.begin,
+                               cute::get<4>(params.problem), s.band, first_row, k.begin);
     }
     if constexpr (kOurLoop) {
       auto const& pages = params.mainloop.pages;
@@ -320,12 +328,10 @@ struct Kernel {
         Splits const& sp = params.splits;
         const int64_t row0 =
             u.split * sp.rows +
-            (int64_t(memory_batch(params, u.batch)) * size<1>(problem) + get<2, 1>(blk)) *
-                params.out.lse_rows +
-            q_start(problem);
+            Out::lse_index(params.out, problem, memory_batch(params, u.batch), get<2, 1>(blk));
         Out::store_partial(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
                            typename Mainloop::TiledMmaPV{}, problem, sp.part_out, sp.part_lse,
-                           row0, m_rows);
+                           row0, params.out.lse_row, m_rows);
       } else {
         Out::store(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
                    typename Mainloop::TiledMmaPV{}, problem, params.out, m_rows,

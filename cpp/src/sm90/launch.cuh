@@ -80,8 +80,25 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   // Keys per split, whole key tiles.
   const split::KeySplits key_splits = split::key_splits(a.seq_k, a.splits, K);
   const int splits = key_splits.count;
-  const auto heads = cute::make_tuple(static_cast<int>(a.heads_q / a.heads_kv),
-                                      static_cast<int>(a.heads_kv));
+  // A variable-length batch's packed one-query heads (FmhaArgs::packed_group): a kv head per
+  // unit, its rows the group's query heads (head strides apart), the query axis of Q and the
+  // output in head strides, token_rows per token.
+  const int64_t packed = a.packed_group;
+  int64_t q_stride[3], o_stride[3];
+  for (int i = 0; i < 3; ++i) {
+    q_stride[i] = a.q_stride[i];
+    o_stride[i] = a.o_stride[i];
+  }
+  if (packed > 0) {
+    for (int64_t* s : {q_stride, o_stride}) {
+      s[1] = s[2];
+      s[2] *= packed;
+    }
+  }
+  const auto heads =
+      packed > 0 ? cute::make_tuple(1, static_cast<int>(a.heads_kv))
+                 : cute::make_tuple(static_cast<int>(a.heads_q / a.heads_kv),
+                                    static_cast<int>(a.heads_kv));
   // core::Problem's band (validate.h's blind_rows), which a variable-length batch's kernel
   // applies to each sequence's lengths.
   const Band band{a.causal == Causal::TopLeft, a.causal != Causal::None, a.window_left,
@@ -92,13 +109,14 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   };
   // The work: the dense batch (times its key splits), or the sequences up to the longest (seq_q,
   // seq_k); the tensors: the dense batch, or the packed tokens as one batch entry.
-  const ProblemShape work = problem_of(a.batch * splits, a.seq_q, a.seq_k);
-  const ProblemShape problem = varlen ? problem_of(1, a.total_q, a.total_k) : work;
+  const ProblemShape work = problem_of(a.batch * splits, packed > 0 ? packed : a.seq_q, a.seq_k);
+  const int64_t query_extent = packed > 0 ? (a.total_q - 1) * a.token_rows + packed : a.total_q;
+  const ProblemShape problem = varlen ? problem_of(1, query_extent, a.total_k) : work;
 
   // Q, K and V as CuTe strides over (seq, dim, (batch, (group, heads_kv))).
   const int64_t group = cute::get<1, 0>(problem), batch = cute::get<0>(problem);
   auto qo = [&](const int64_t s[3]) {
-    const int64_t head = tma_stride(s[2], a.heads_q);
+    const int64_t head = tma_stride(s[2], cute::size<1>(problem));
     return StrideQO{static_cast<int>(tma_stride(s[1], seq_q(problem))), cute::_1{},
                     cute::make_tuple(tma_stride(s[0], batch),
                                      cute::make_tuple(head, tma_stride(head * group, a.heads_kv)))};
@@ -109,18 +127,21 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                                      cute::make_tuple(cute::_0{}, tma_stride(s[2], a.heads_kv)))};
   };
   typename Kern::Mainloop::Arguments mainloop_args{
-      static_cast<const T*>(a.q), qo(a.q_stride), static_cast<const T*>(a.k), kv(a.k_stride),
+      static_cast<const T*>(a.q), qo(q_stride), static_cast<const T*>(a.k), kv(a.k_stride),
       static_cast<const T*>(a.v), kv(a.v_stride)};
 
   typename Kern::Params params{
       problem,
       typename Kern::Mainloop::Params{
           Kern::Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr)},
-      typename Kern::Out::Params{static_cast<T*>(a.out), a.o_stride[1], a.o_stride[2],
-                                 a.o_stride[0], a.lse, seq_q(problem)},
+      typename Kern::Out::Params{static_cast<T*>(a.out), o_stride[1], o_stride[2], o_stride[0],
+                                 a.lse, packed > 0 ? packed * a.total_q : seq_q(problem),
+                                 packed > 0 ? a.total_q : 1,
+                                 static_cast<int>(packed > 0 ? a.token_rows : 1)},
       Kern::Scheduler::make(work, Q, sm_count()),
       typename Kern::Sequences{a.cu_seqlens_q, a.cu_seqlens_k, static_cast<int>(a.total_q),
-                               static_cast<int>(a.total_k), band},
+                               static_cast<int>(a.total_k), band, static_cast<int>(packed),
+                               static_cast<int>(a.token_rows)},
       typename Kern::Splits{}};
   // Example 88 derives the scale from the head dim; ours is the caller's. With a softcap the
   // scores reach the softmax as tanh(scale * s / cap), and the cap is its scale.

@@ -79,6 +79,12 @@ struct Params {
   const int32_t* cu_q;
   const int32_t* cu_k;
   int32_t total_q, total_k;
+  // A variable-length batch's token strides of q and out (sequence b's first query token is at
+  // cu_q[b] tokens), and its packed one-query heads (FmhaArgs::packed_group; 0: none): then each
+  // block is one kv head (group 1, q_stride[1] / o_stride[1] the head stride) whose
+  // packed_rows rows are the query heads of the sequence's one query token.
+  int64_t q_token_stride, o_token_stride;
+  int32_t packed_rows;
   // Split-KV: blockIdx.x runs over (query block, split), split s taking keys
   // [s * split_keys, (s + 1) * split_keys); with splits > 1 each block writes its normalised f32
   // partial output and logsumexp to part_out / part_lse (split s's state of the row whose
@@ -111,16 +117,18 @@ struct BlockMods {
 };
 
 // One block's sequence: element offsets of its token 0 in q, k, v and out, its lengths and
-// causal offset, and where its logsumexp rows start (head 0; heads lse_head apart).
+// causal offset, and where its logsumexp rows start (head 0; heads lse_head apart, rows lse_row
+// apart).
 struct Sequence {
   int64_t q, k, v, o;
   int32_t seq_q, seq_k, causal_offset;
-  int64_t lse0, lse_head;
+  int64_t lse0, lse_head, lse_row;
 };
 
 // Batch entry (dense) or sequence (varlen) `b` of `heads` query heads.
 __device__ inline Sequence sequence(const Params& p, int64_t b, int64_t heads) {
   Sequence s;
+  s.lse_row = 1;
   if (p.cu_q == nullptr && p.block_table == nullptr) {
     s.q = b * p.q_stride[0];
     s.k = b * p.k_stride[0];
@@ -143,15 +151,21 @@ __device__ inline Sequence sequence(const Params& p, int64_t b, int64_t heads) {
     const TokenRange qs = token_range(p.cu_q, b, p.total_q);
     const TokenRange ks = token_range(p.cu_k, b, p.total_k);
     const int32_t q0 = qs.begin, k0 = ks.begin;
-    s.seq_q = qs.end - q0;
     s.seq_k = ks.end - k0;
     const int64_t kt = s.seq_k > 0 ? k0 : 0;  // a keyless sequence keeps an in-bounds base
-    s.q = int64_t(q0) * p.q_stride[1];
-    s.o = int64_t(q0) * p.o_stride[1];
+    s.q = int64_t(q0) * p.q_token_stride;
+    s.o = int64_t(q0) * p.o_token_stride;
     s.k = kt * p.k_stride[1];
     s.v = kt * p.v_stride[1];
-    s.lse0 = q0;
-    s.lse_head = p.total_q;
+    s.lse0 = q0;  // the logsumexp is [heads_q, total_q]
+    if (p.packed_rows > 0) {  // row r: query head (kv head) * packed_rows + r of token q0
+      s.seq_q = qs.end > q0 ? p.packed_rows : 0;
+      s.lse_head = int64_t(p.packed_rows) * p.total_q;
+      s.lse_row = p.total_q;
+    } else {
+      s.seq_q = qs.end - q0;
+      s.lse_head = p.total_q;
+    }
   }
   s.causal_offset = (p.bottom_right ? s.seq_k - s.seq_q : 0) + p.window_right;
   return s;
@@ -336,14 +350,15 @@ __device__ inline void prefetch_bias(const BlockMods& m, int row0, int key0) {
 }
 
 // A split's partial state: the warp's output rows normalised by l, in f32, and their logsumexps,
-// at rows `part` + query row of p.part_out (rows of head_dim) and p.part_lse. The rows are staged
+// at rows `part` + query row * `part_row` (the logsumexp's row step) of p.part_out (rows of
+// head_dim) and p.part_lse. The rows are staged
 // in `stage` (the warp's ROWS x D floats of shared memory, free once the loop is done) and leave
 // as 16-byte vectors, as the dense epilogue does (computing global addresses per fragment element
 // instead needs registers the loop's accumulators leave none of).
 template <int WM, int NJ, int D>
 __device__ inline void store_partial(const FragAcc (&o)[WM][NJ], RowState (&rows)[WM],
                                      float* stage, const Params& p, int seq_q, int warp_row0,
-                                     int64_t part, int lane) {
+                                     int64_t part, int64_t part_row, int lane) {
 #pragma unroll
   for (int mt = 0; mt < WM; ++mt) {
     rows[mt].reduce_sums();
@@ -363,7 +378,7 @@ __device__ inline void store_partial(const FragAcc (&o)[WM][NJ], RowState (&rows
       for (int r = 0; r < 2; ++r) {
         const int row = warp_row0 + mt * 16 + lane / 4 + 8 * r;
         if (row < seq_q) {
-          p.part_lse[part + row] = rows[mt].lse(r);
+          p.part_lse[part + row * part_row] = rows[mt].lse(r);
         }
       }
     }
@@ -374,7 +389,8 @@ __device__ inline void store_partial(const FragAcc (&o)[WM][NJ], RowState (&rows
     const int r = i / chunks;
     const int c = (i % chunks) * 4;
     if (warp_row0 + r < seq_q) {
-      *reinterpret_cast<float4*>(p.part_out + (part + warp_row0 + r) * p.head_dim + c) =
+      *reinterpret_cast<float4*>(p.part_out + (part + (warp_row0 + r) * part_row) * p.head_dim +
+                                 c) =
           *reinterpret_cast<const float4*>(stage + r * D + c);
     }
   }
@@ -552,7 +568,8 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
     const int64_t part = out_seq.lse0 + int64_t(blockIdx.y) * out_seq.lse_head +
                          int64_t(blockIdx.x / (gridDim.x / p.splits)) * p.part_rows;
     float* stage = reinterpret_cast<float*>(smem) + warp * 16 * WM * D;
-    store_partial<WM, NJ, D>(o, rows, stage, p, out_seq.seq_q, warp_row0, part, lane);
+    store_partial<WM, NJ, D>(o, rows, stage, p, out_seq.seq_q, warp_row0, part, out_seq.lse_row,
+                             lane);
     return;
   }
 
@@ -577,7 +594,8 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
       for (int r = 0; r < 2; ++r) {
         const int q_row = warp_row0 + mt * 16 + lane / 4 + 8 * r;
         if (q_row < out_seq.seq_q) {
-          p.lse[out_seq.lse0 + int64_t(blockIdx.y) * out_seq.lse_head + q_row] = rows[mt].lse(r);
+          p.lse[out_seq.lse0 + int64_t(blockIdx.y) * out_seq.lse_head +
+                q_row * out_seq.lse_row] = rows[mt].lse(r);
         }
       }
     }

@@ -49,10 +49,23 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
     p.v_stride[i] = a.v_stride[i];
     p.o_stride[i] = a.o_stride[i];
   }
+  p.q_token_stride = a.q_stride[1];
+  p.o_token_stride = a.o_stride[1];
   p.seq_q = static_cast<int32_t>(a.seq_q);
   p.seq_k = static_cast<int32_t>(a.seq_k);
   p.head_dim = static_cast<int32_t>(a.head_dim);
   p.group = static_cast<int32_t>(a.heads_q / a.heads_kv);
+  int64_t heads = a.heads_q;  // the grid's heads
+  if (a.packed_group > 0) {  // a kv head per block, its rows the group's query heads
+    p.packed_rows = a.packed_group;
+    for (int64_t* s : {p.q_stride, p.o_stride}) {
+      s[1] = s[2];
+      s[2] *= a.packed_group;
+    }
+    p.seq_q = a.packed_group;
+    p.group = 1;
+    heads = a.heads_kv;
+  }
   // A window's sides are below INT32_MAX / 4 (the planner's limit). Without a causal mask its
   // band follows the bottom-right diagonal, and its upper side (if any) is the causal limit
   // moved right by window_right; a causal mask bounds the upper side at the diagonal itself.
@@ -111,8 +124,8 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   p.split_keys = static_cast<int32_t>(splits.keys);
   p.splits = splits.count;
 
-  const int64_t m_blocks = (a.seq_q + BR - 1) / BR;
-  const dim3 grid(static_cast<unsigned>(m_blocks * p.splits), static_cast<unsigned>(a.heads_q),
+  const int64_t m_blocks = (p.seq_q + BR - 1) / BR;
+  const dim3 grid(static_cast<unsigned>(m_blocks * p.splits), static_cast<unsigned>(heads),
                   static_cast<unsigned>(a.batch));
   // Problems with a score modifier run the instantiation that applies them.
   const bool mods = a.softcap > 0.0f || windowed || alibi || biased;
