@@ -209,16 +209,20 @@ impl<T: AttentionElement> AttentionPlan<T> {
             .backend
             .kernel()
             .ok_or_else(|| Error::Launch("the plan names no kernel".into()))?;
+        let splits = i32::try_from(execution.splits).unwrap_or(1);
+        let planned = crate::ffi::cuda::Planned::new(
+            &request,
+            &problem,
+            kernel,
+            row,
+            splits,
+            stream.ordinal(),
+        )?;
         Ok(AttentionPlan {
             request,
             batch,
             opts,
-            target: Target::Gpu(crate::ffi::cuda::Planned {
-                problem,
-                kernel,
-                row,
-                splits: i32::try_from(execution.splits).unwrap_or(1),
-            }),
+            target: Target::Gpu(planned),
             execution,
             _element: PhantomData,
         })

@@ -8,6 +8,7 @@
 #include "flashcore/flashcore.h"
 #include "flashcore/status.h"
 #include "launcher.h"
+#include "prepared.h"
 
 namespace flashcore::detail {
 
@@ -21,15 +22,6 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
 void run(const core::Request& r, const core::Problem& p, const core::Plan& plan,
          cudaStream_t stream);
 
-// A call of the public API validated and planned for the current device (attention_forward
-// once, AttentionPlan for every run).
-struct Prepared {
-  int32_t device = 0;
-  core::Request request;
-  core::Problem problem{};
-  core::Plan plan{};
-};
-
 // Describes `args` on the current device (asking CUDA where each pointer lives), validates and
 // plans it: the whole host work of attention_forward but the launch.
 Status prepare(const AttentionArgs& args, Prepared* call);
@@ -37,11 +29,16 @@ Status prepare(const AttentionArgs& args, Prepared* call);
 // What `plan` launches, as the public API reports it.
 LaunchInfo launch_info(const core::Plan& plan);
 
-// A planned run on new tensors of the planned dims and strides (the Rust AttentionPlan and the
-// C++ one): checks `r`'s addresses (alignment, overlapping outputs), then enqueues the launch.
-// Throws Failure for CUDA errors.
+// A planned run on new tensors of the planned dims and strides: checks `r`'s addresses
+// (alignment, overlapping outputs), then enqueues the launch. Throws Failure for CUDA errors.
 Status run_planned(const core::Request& r, const core::Problem& p, const core::Plan& plan,
                    cudaStream_t stream);
+
+// A run of `call` (the C++ AttentionPlan's and the Rust one's) on `data`'s tensors, whose dims,
+// strides and places are the plan's (the caller's promise), on `stream` of the current device,
+// which must be the plan's (else Code::DeviceMismatch): a logsumexp exactly when planned, each
+// address present, then run_planned. Throws Failure for CUDA errors.
+Status run_prepared(const Prepared& call, const RunArgs& data, cudaStream_t stream);
 
 // The device's compute capability and per-block shared-memory limit, read once per device.
 core::DeviceCaps device_caps(int device);

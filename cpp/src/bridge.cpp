@@ -231,20 +231,31 @@ LaunchedFfi plan_attention(const RequestFfi& request, const CapsFfi& caps) {
   return launched(s, plan.kernel, plan.row, plan.splits);
 }
 
-StatusFfi attention_planned(const RequestFfi& request, const ProblemFfi& problem, int32_t kernel,
-                            const RowRef& row, int32_t splits, int32_t ordinal, size_t stream) {
+std::shared_ptr<detail::Prepared> prepare_plan(const RequestFfi& request,
+                                               const ProblemFfi& problem, int32_t kernel,
+                                               const RowRef& row, int32_t splits,
+                                               int32_t ordinal) {
   const bool known = kernel >= 0 && kernel < kKernelCount;
-  const core::Plan plan{static_cast<Kernel>(kernel),
-                        known ? row_of(static_cast<Kernel>(kernel), row) : nullptr, splits};
-  Status s;
-  if (plan.row == nullptr) {
-    s = core::fail(Code::Launch, Operand::None, Field::None, 0, 0, 0, "the plan names no row");
-    return to_ffi(s);
+  const TileRow* tile = known ? row_of(static_cast<Kernel>(kernel), row) : nullptr;
+  if (tile == nullptr) {
+    return nullptr;
   }
+  auto call = std::make_shared<detail::Prepared>();
+  call->device = ordinal;
+  call->request = from_ffi(request);  // no host copies: a run never reads them
+  call->problem = from_ffi(problem);
+  call->plan = core::Plan{static_cast<Kernel>(kernel), tile, splits};
+  return call;
+}
+
+StatusFfi run_plan(const detail::Prepared& call, const RunAddressesFfi& a, int32_t ordinal,
+                   size_t stream) {
+  Status s;
   try {
     use_device(ordinal);
-    // This run's tensors: the plan checked only its first ones.
-    s = detail::run_planned(from_ffi(request), from_ffi(problem), plan, as_stream(stream));
+    const RunArgs data{as_ptr(a.q), as_ptr(a.k), as_ptr(a.v), as_ptr(a.out),
+                       static_cast<float*>(as_ptr(a.lse))};
+    s = detail::run_prepared(call, data, as_stream(stream));
   } catch (const std::exception& e) {
     s = detail::to_status(e);
   }

@@ -7,6 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <memory>
+
+#include "prepared.h"
 #include "rust/cxx.h"
 
 namespace flashcore::bridge {
@@ -23,6 +26,7 @@ struct LimitsFfi;
 struct LaunchedFfi;
 struct DeviceInfo;
 struct PoolUsage;
+struct RunAddressesFfi;
 
 // ---- host-only (bridge_core.cpp) ----
 StatusFfi validate(const RequestFfi& request, rust::Slice<const int32_t> host_q,
@@ -79,10 +83,18 @@ LaunchedFfi attention(const RequestFfi& request, rust::Slice<const int32_t> host
                       size_t stream);
 // Validates and plans once (a prepared call); the result names the kernel and row.
 LaunchedFfi plan_attention(const RequestFfi& request, const CapsFfi& caps);
-// Launches a call planned by plan_attention, whose operands the caller matched to the plan
-// (shapes, strides, locations; addresses aligned): no validation, no planning.
-StatusFfi attention_planned(const RequestFfi& request, const ProblemFfi& problem, int32_t kernel,
-                            const RowRef& row, int32_t splits, int32_t ordinal, size_t stream);
+// The launch half of a Rust AttentionPlan: `request` (its first operands' addresses) as
+// validated (`problem`) and planned (`kernel`, `row`, `splits`) on device `ordinal`; null when
+// the plan names no row of the kernel's tables.
+std::shared_ptr<detail::Prepared> prepare_plan(const RequestFfi& request,
+                                               const ProblemFfi& problem, int32_t kernel,
+                                               const RowRef& row, int32_t splits,
+                                               int32_t ordinal);
+// A run of `call` on the tensors at `a` (whose dims, strides and places the caller matched to
+// the plan) on `stream` of device `ordinal`: detail::run_prepared, as the C++
+// flashcore::AttentionPlan::run does (addresses checked, then the launch).
+StatusFfi run_plan(const detail::Prepared& call, const RunAddressesFfi& a, int32_t ordinal,
+                   size_t stream);
 // Host nanoseconds per iteration of `iters` iterations from a C++ loop (bench only); `mode`: 0 the
 // launcher alone, 1 the public attention_forward, 2 a planned run (address check + launcher).
 StatusFfi attention_host_ns(const RequestFfi& request, const CapsFfi& caps, int32_t ordinal,

@@ -22,6 +22,43 @@ Status readdress(Operand op, core::TensorDesc& d, const void* address, int32_t d
 
 }  // namespace
 
+namespace detail {
+
+Status run_prepared(const Prepared& call, const RunArgs& data, cudaStream_t stream) {
+  int device = 0;
+  if (Status s = current_device(&device); !s.ok()) {
+    return s;
+  }
+  if (device != call.device) {
+    return core::fail(Code::DeviceMismatch, Operand::Q, Field::None, call.device, device, 0);
+  }
+  if ((data.lse != nullptr) != call.request.has_lse) {
+    return core::fail(Code::PlanMismatch, Operand::Lse, Field::None, 0, 0, 0);
+  }
+  core::Request r = call.request;
+  struct Slot {
+    Operand op;
+    core::TensorDesc* desc;
+    const void* address;
+  };
+  const Slot operands[] = {{Operand::Q, &r.q, data.q},
+                           {Operand::K, &r.k, data.k},
+                           {Operand::V, &r.v, data.v},
+                           {Operand::Out, &r.out, data.out},
+                           {Operand::Lse, &r.lse, data.lse}};
+  for (const Slot& o : operands) {
+    if (o.op == Operand::Lse && !r.has_lse) {
+      continue;
+    }
+    if (Status s = readdress(o.op, *o.desc, o.address, device); !s.ok()) {
+      return s;
+    }
+  }
+  return run_planned(r, call.problem, call.plan, stream);
+}
+
+}  // namespace detail
+
 AttentionPlan::AttentionPlan() noexcept = default;
 AttentionPlan::~AttentionPlan() = default;
 AttentionPlan::AttentionPlan(const AttentionPlan&) noexcept = default;
@@ -51,37 +88,7 @@ Status AttentionPlan::run(const RunArgs& data, cudaStream_t stream) const noexce
     if (call_ == nullptr) {
       return core::fail(Code::PlanMismatch, Operand::None, Field::None, 0, 0, 0);
     }
-    const detail::Prepared& call = *call_;
-    int device = 0;
-    if (Status s = detail::current_device(&device); !s.ok()) {
-      return s;
-    }
-    if (device != call.device) {
-      return core::fail(Code::DeviceMismatch, Operand::Q, Field::None, call.device, device, 0);
-    }
-    if ((data.lse != nullptr) != call.request.has_lse) {
-      return core::fail(Code::PlanMismatch, Operand::Lse, Field::None, 0, 0, 0);
-    }
-    core::Request r = call.request;
-    struct Slot {
-      Operand op;
-      core::TensorDesc* desc;
-      const void* address;
-    };
-    const Slot operands[] = {{Operand::Q, &r.q, data.q},
-                                 {Operand::K, &r.k, data.k},
-                                 {Operand::V, &r.v, data.v},
-                                 {Operand::Out, &r.out, data.out},
-                                 {Operand::Lse, &r.lse, data.lse}};
-    for (const Slot& o : operands) {
-      if (o.op == Operand::Lse && !r.has_lse) {
-        continue;
-      }
-      if (Status s = readdress(o.op, *o.desc, o.address, device); !s.ok()) {
-        return s;
-      }
-    }
-    return detail::run_planned(r, call.problem, call.plan, stream);
+    return detail::run_prepared(*call_, data, stream);
   } catch (const std::exception& e) {
     return detail::to_status(e);
   }

@@ -395,38 +395,79 @@ pub(crate) fn plan(request: &RequestFfi, device: &Device) -> Result<(Execution, 
     launched(l, request).map(|e| (e, row))
 }
 
-/// A planned call: what [`plan`] returned, and the validated problem.
-#[derive(Clone, Copy)]
+/// A planned call on a GPU: its C++ half (`flashcore::detail::Prepared`: the request as
+/// validated and planned, with the addresses of the buffers the plan owns), shared by the
+/// plan's clones. A run hands C++ only its tensors' addresses, as a C++ plan's run takes them.
+#[derive(Clone)]
 pub(crate) struct Planned {
-    pub problem: ProblemFfi,
-    pub kernel: Kernel,
-    pub row: RowRef,
-    pub splits: i32,
+    call: cxx::SharedPtr<sys::Prepared>,
 }
 
-/// Launches a planned call on `stream`; its operands match the plan (the caller checked).
+// SAFETY: a `Prepared` is plain data (sizes, strides, addresses, options and a pointer into a
+// static tile table) that `prepare_plan` fills once and nothing writes afterwards: `run_plan`
+// only reads it (it copies the request before giving it the run's addresses), and the CUDA
+// runtime calls of a run may come from any thread. So sharing it between threads, or dropping
+// the last reference on another thread, is sound.
+unsafe impl Send for sys::Prepared {}
+// SAFETY: as for Send: every access after construction is a read.
+unsafe impl Sync for sys::Prepared {}
+
+impl Planned {
+    /// The C++ half of a plan of `request` (validated as `problem`, planned as `kernel`'s
+    /// `row` with `splits` key splits) on device `ordinal`.
+    pub(crate) fn new(
+        request: &RequestFfi,
+        problem: &ProblemFfi,
+        kernel: Kernel,
+        row: RowRef,
+        splits: i32,
+        ordinal: usize,
+    ) -> Result<Self> {
+        let call = sys::prepare_plan(
+            request,
+            problem,
+            super::kernel_id(kernel),
+            &row,
+            splits,
+            ordinal_i32(ordinal)?,
+        );
+        if call.is_null() {
+            return Err(Error::Launch(
+                "the plan names no row of its kernel's tables".into(),
+            ));
+        }
+        Ok(Planned { call })
+    }
+}
+
+/// Launches a planned call on `stream`; its operands match the plan (the caller checked their
+/// dims, strides and places; C++ checks their addresses). `request` only describes a failure.
 pub(crate) fn attention_planned(
     request: &RequestFfi,
     planned: &Planned,
     stream: &RawStream,
     b: Operands<'_>,
 ) -> Result<()> {
-    let (r, _, _) = with_addresses(request, b);
-    // SAFETY: as for `attention`: the operands have the shapes, strides and locations that
-    // `plan` validated (AttentionPlan::run compared them; C++ checks the new addresses'
-    // alignment and overlaps before it launches), each a live allocation borrowed until we
-    // return.
-    let status = unsafe {
-        sys::attention_planned(
-            &r,
-            &planned.problem,
-            super::kernel_id(planned.kernel),
-            &planned.row,
-            planned.splits,
-            stream.ordinal,
-            stream.handle,
-        )
+    let addresses = sys::RunAddressesFfi {
+        q: b.q.ptr,
+        k: b.k.ptr,
+        v: b.v.ptr,
+        out: b.out.ptr,
+        lse: b.lse.as_ref().map_or(0, |l| l.ptr),
     };
+    let call = planned
+        .call
+        .as_ref()
+        .ok_or_else(|| Error::Launch("an empty plan".into()))?;
+    // SAFETY: as for `attention`: the operands have the shapes, strides and locations that the
+    // plan validated (AttentionPlan::run compared them; C++ checks the new addresses' alignment
+    // and overlaps before it launches), each a live allocation borrowed until we return; the
+    // buffers the plan itself names (offsets, page table, slopes, bias) live as long as the plan.
+    let status = unsafe { sys::run_plan(call, &addresses, stream.ordinal, stream.handle) };
+    if status.code == super::OK {
+        return Ok(());
+    }
+    let (r, _, _) = with_addresses(request, b);
     super::check(status, &super::Described::Attention(&r))
 }
 

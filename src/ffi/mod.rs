@@ -186,6 +186,16 @@ pub(crate) mod sys {
         l2_bytes: usize,
     }
 
+    /// The device addresses of a planned run's tensors (`lse` 0 for none).
+    #[cfg(feature = "cuda")]
+    struct RunAddressesFfi {
+        q: usize,
+        k: usize,
+        v: usize,
+        out: usize,
+        lse: usize,
+    }
+
     /// A device's default memory pool, in bytes (`cudaMemPoolAttr*MemCurrent` / `*MemHigh`).
     #[cfg(feature = "cuda")]
     struct PoolUsage {
@@ -311,15 +321,30 @@ pub(crate) mod sys {
         /// Validates and plans `request` once for a device with `caps` (a prepared call).
         #[cfg(feature = "cuda")]
         fn plan_attention(request: &RequestFfi, caps: &CapsFfi) -> LaunchedFfi;
-        /// Launches a planned call: no validation, no planning (the caller matched the operands
-        /// to the plan).
+        /// A call validated and planned once (`flashcore::detail::Prepared`): what every run
+        /// of an [`crate::AttentionPlan`] on a GPU launches.
         #[cfg(feature = "cuda")]
-        unsafe fn attention_planned(
+        #[namespace = "flashcore::detail"]
+        type Prepared;
+        /// The launch half of a plan: `request` (its first operands' addresses) as validated
+        /// (`problem`) and planned (`kernel`, `row`, `splits`) on device `ordinal`; null when
+        /// the plan names no row.
+        #[cfg(feature = "cuda")]
+        fn prepare_plan(
             request: &RequestFfi,
             problem: &ProblemFfi,
             kernel: i32,
             row: &RowRef,
             splits: i32,
+            ordinal: i32,
+        ) -> SharedPtr<Prepared>;
+        /// Runs `call` on the tensors at `addresses` (the caller matched their dims, strides
+        /// and places to the plan) on `stream` of device `ordinal`, as the C++
+        /// `flashcore::AttentionPlan::run` does: addresses checked, then the launch.
+        #[cfg(feature = "cuda")]
+        unsafe fn run_plan(
+            call: &Prepared,
+            addresses: &RunAddressesFfi,
             ordinal: i32,
             stream: usize,
         ) -> StatusFfi;
