@@ -238,7 +238,7 @@ std::shared_ptr<detail::Prepared> prepare_plan(const RequestFfi& request,
   const bool known = kernel >= 0 && kernel < kKernelCount;
   const TileRow* tile = known ? row_of(static_cast<Kernel>(kernel), row) : nullptr;
   if (tile == nullptr) {
-    return nullptr;
+    throw detail::Failure(Code::Launch, "", "the plan names no row of its kernel's tables");
   }
   auto call = std::make_shared<detail::Prepared>();
   call->device = ordinal;

@@ -84,8 +84,9 @@ LaunchedFfi attention(const RequestFfi& request, rust::Slice<const int32_t> host
 // Validates and plans once (a prepared call); the result names the kernel and row.
 LaunchedFfi plan_attention(const RequestFfi& request, const CapsFfi& caps);
 // The launch half of a Rust AttentionPlan: `request` (its first operands' addresses) as
-// validated (`problem`) and planned (`kernel`, `row`, `splits`) on device `ordinal`; null when
-// the plan names no row of the kernel's tables.
+// validated (`problem`) and planned (`kernel`, `row`, `splits`) on device `ordinal`. Throws
+// detail::Failure when the plan names no row of the kernel's tables (std::bad_alloc without
+// host memory); cxx hands either to Rust as an Err.
 std::shared_ptr<detail::Prepared> prepare_plan(const RequestFfi& request,
                                                const ProblemFfi& problem, int32_t kernel,
                                                const RowRef& row, int32_t splits,

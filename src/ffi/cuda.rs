@@ -430,12 +430,8 @@ impl Planned {
             &row,
             splits,
             ordinal_i32(ordinal)?,
-        );
-        if call.is_null() {
-            return Err(Error::Launch(
-                "the plan names no row of its kernel's tables".into(),
-            ));
-        }
+        )
+        .map_err(map_err)?;
         Ok(Planned { call })
     }
 }

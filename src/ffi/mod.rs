@@ -327,8 +327,8 @@ pub(crate) mod sys {
         #[namespace = "flashcore::detail"]
         type Prepared;
         /// The launch half of a plan: `request` (its first operands' addresses) as validated
-        /// (`problem`) and planned (`kernel`, `row`, `splits`) on device `ordinal`; null when
-        /// the plan names no row.
+        /// (`problem`) and planned (`kernel`, `row`, `splits`) on device `ordinal`; an error
+        /// when the plan names no row (or without host memory).
         #[cfg(feature = "cuda")]
         fn prepare_plan(
             request: &RequestFfi,
@@ -337,7 +337,7 @@ pub(crate) mod sys {
             row: &RowRef,
             splits: i32,
             ordinal: i32,
-        ) -> SharedPtr<Prepared>;
+        ) -> Result<SharedPtr<Prepared>>;
         /// Runs `call` on the tensors at `addresses` (the caller matched their dims, strides
         /// and places to the plan) on `stream` of device `ordinal`, as the C++
         /// `flashcore::AttentionPlan::run` does: addresses checked, then the launch.
