@@ -3,7 +3,9 @@
 //! that `scripts/torch_sdpa.py` also writes, for `scripts/merge_bench.py`.
 //!
 //! `cargo run --release --example bench -- [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X]`
-//! `--shapes-json PATH` writes the shape list and exits.
+//! `--shapes-json PATH` writes the shape list and exits. After the shape list come fixed rows
+//! (variable-length, paged, score modifiers, bias, host cost): `--rows varlen,host` runs only
+//! those groups, `--rows none` none of them.
 
 #[path = "../benches/common/mod.rs"]
 mod common;
@@ -27,6 +29,18 @@ struct Args {
     peak: Option<f64>,
     shapes_json: Option<String>,
     force: Option<ArchClass>,
+    /// The groups of fixed rows to run (`--rows`): all when empty.
+    rows: Vec<String>,
+}
+
+/// The groups of fixed rows after the shape list, by `--rows` name.
+const ROW_GROUPS: [&str; 6] = ["varlen", "paged", "modifiers", "bias", "host", "none"];
+
+impl Args {
+    /// Whether `--rows` selects the fixed rows of `group` (every group without `--rows`).
+    fn wants(&self, group: &str) -> bool {
+        self.rows.is_empty() || self.rows.iter().any(|r| r == group)
+    }
 }
 
 fn parse() -> Args {
@@ -37,6 +51,7 @@ fn parse() -> Args {
         peak: None,
         shapes_json: None,
         force: None,
+        rows: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -57,6 +72,15 @@ fn parse() -> Args {
                     _ => usage("--force-class takes sm80, sm89 or sm90"),
                 })
             }
+            "--rows" => {
+                a.rows = val().split(',').map(str::to_owned).collect();
+                if let Some(bad) = a.rows.iter().find(|r| !ROW_GROUPS.contains(&r.as_str())) {
+                    usage(&format!(
+                        "--rows takes {} (comma-separated), not {bad}",
+                        ROW_GROUPS.join(",")
+                    ));
+                }
+            }
             "--peak-tflops" => {
                 a.peak = Some(val().parse().unwrap_or_else(|_| usage("bad --peak-tflops")))
             }
@@ -67,7 +91,7 @@ fn parse() -> Args {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("{msg}\nusage: bench [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X] [--shapes-json PATH] [--force-class sm80|sm89|sm90]");
+    eprintln!("{msg}\nusage: bench [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X] [--shapes-json PATH] [--force-class sm80|sm89|sm90] [--rows varlen,paged,modifiers,bias,host|none]");
     std::process::exit(2)
 }
 
@@ -584,29 +608,38 @@ fn main() {
             "median_us": med, "p10_us": p10, "p90_us": p90, "tflops": tflops,
         }));
     }
-    let varlen = match varlen_prefill(&stream, args.iters) {
-        Ok(rows) => {
-            for (kernel, [vus, vtf, dus, dtf]) in &rows {
-                println!(
-                    "varlen prefill (16 causal seqs of 128-4096 tokens, 32kv8, d128, bf16) on \
+    let varlen = if !args.wants("varlen") {
+        serde_json::Value::Null
+    } else {
+        match varlen_prefill(&stream, args.iters) {
+            Ok(rows) => {
+                for (kernel, [vus, vtf, dus, dtf]) in &rows {
+                    println!(
+                        "varlen prefill (16 causal seqs of 128-4096 tokens, 32kv8, d128, bf16) on \
                      {kernel}: {vus:.1} us {vtf:.1} TFLOP/s; dense 16 equal seqs, same tokens, \
                      same kernel: {dus:.1} us {dtf:.1} TFLOP/s; ratio {:.3}",
-                    vtf / dtf
-                );
-            }
-            json!(rows
-                .iter()
-                .map(|(kernel, [vus, vtf, dus, dtf])| json!({ "kernel": kernel,
+                        vtf / dtf
+                    );
+                }
+                json!(rows
+                    .iter()
+                    .map(|(kernel, [vus, vtf, dus, dtf])| json!({ "kernel": kernel,
                     "varlen_us": vus, "varlen_tflops": vtf, "dense_us": dus, "dense_tflops": dtf }))
-                .collect::<Vec<_>>())
-        }
-        Err(e) => {
-            eprintln!("varlen prefill: {e}");
-            serde_json::Value::Null
+                    .collect::<Vec<_>>())
+            }
+            Err(e) => {
+                eprintln!("varlen prefill: {e}");
+                serde_json::Value::Null
+            }
         }
     };
     let mut varlen_decodes = Vec::new();
-    for keys in [vec![32768], vec![8192; 16], vec![32768, 4096, 1000, 300]] {
+    let decode_rows = if args.wants("varlen") {
+        vec![vec![32768], vec![8192; 16], vec![32768, 4096, 1000, 300]]
+    } else {
+        Vec::new()
+    };
+    for keys in decode_rows {
         let what = if keys.len() == 1 || keys.iter().all(|&k| k == keys[0]) {
             format!("{}x{}", keys.len(), keys[0])
         } else {
@@ -627,112 +660,131 @@ fn main() {
             Err(e) => eprintln!("varlen decode {what}: {e}"),
         }
     }
-    let paged = match paged_decode(&stream, args.iters) {
-        Ok(rows) => {
-            for (ran, [b, n, size, us, contiguous, gbps, stride, wmma, hopper]) in &rows {
-                let order = if *stride == 1.0 {
-                    "in order"
-                } else {
-                    "shuffled"
-                };
-                println!(
+    let paged = if !args.wants("paged") {
+        serde_json::Value::Null
+    } else {
+        match paged_decode(&stream, args.iters) {
+            Ok(rows) => {
+                for (ran, [b, n, size, us, contiguous, gbps, stride, wmma, hopper]) in &rows {
+                    let order = if *stride == 1.0 {
+                        "in order"
+                    } else {
+                        "shuffled"
+                    };
+                    println!(
                     "paged decode {b}x{n} keys (32kv8, d128, bf16), pages of {size} ({order}): {us:.1} us \
                      on {ran} (Auto, {gbps:.0} GB/s of K+V), {wmma:.1} us on wmma, {hopper:.1} us \
                      on cutlass-sm90; contiguous K/V \
                      {contiguous:.1} us; ratio {:.3}",
                     us / contiguous
                 );
+                }
+                json!(rows
+                    .iter()
+                    .map(|(ran, r)| json!({ "kernel": ran, "row": r }))
+                    .collect::<Vec<_>>())
             }
-            json!(rows
-                .iter()
-                .map(|(ran, r)| json!({ "kernel": ran, "row": r }))
-                .collect::<Vec<_>>())
-        }
-        Err(e) => {
-            eprintln!("paged decode: {e}");
-            serde_json::Value::Null
+            Err(e) => {
+                eprintln!("paged decode: {e}");
+                serde_json::Value::Null
+            }
         }
     };
-    let prefill = match paged_prefill(&stream, args.iters) {
-        Ok((ran, [auto, wmma, hopper, contiguous])) => {
-            println!(
+    let prefill = if !args.wants("paged") {
+        serde_json::Value::Null
+    } else {
+        match paged_prefill(&stream, args.iters) {
+            Ok((ran, [auto, wmma, hopper, contiguous])) => {
+                println!(
                 "paged chunked prefill 4x2048 queries on 8192 keys (32kv8, d128, bf16, causal), \
                  pages of 64 (shuffled): {auto:.1} us on {ran} (Auto), {wmma:.1} us on wmma, \
                  {hopper:.1} us on cutlass-sm90; contiguous K/V {contiguous:.1} us; ratio {:.3}",
                 auto / contiguous
             );
-            json!({ "kernel": ran, "auto_us": auto, "wmma_us": wmma, "hopper_us": hopper,
+                json!({ "kernel": ran, "auto_us": auto, "wmma_us": wmma, "hopper_us": hopper,
                     "contiguous_us": contiguous })
-        }
-        Err(e) => {
-            eprintln!("paged prefill: {e}");
-            serde_json::Value::Null
+            }
+            Err(e) => {
+                eprintln!("paged prefill: {e}");
+                serde_json::Value::Null
+            }
         }
     };
-    let modifiers = match score_modifiers(&stream, args.iters) {
-        Ok(
-            [full, windowed, auto, auto_windowed, plain, capped, alibi, auto_plain, auto_capped, auto_alibi],
-        ) => {
-            println!(
+    let modifiers = if !args.wants("modifiers") {
+        serde_json::Value::Null
+    } else {
+        match score_modifiers(&stream, args.iters) {
+            Ok(
+                [full, windowed, auto, auto_windowed, plain, capped, alibi, auto_plain, auto_capped, auto_alibi],
+            ) => {
+                println!(
                 "sliding window (1x32x16384x128 bf16 causal, wmma): full {full:.1} us, window 4096 \
                  {windowed:.1} us, ratio {:.3}; under Auto: full {auto:.1} us, window 4096 \
                  {auto_windowed:.1} us, ratio {:.3}",
                 windowed / full,
                 auto_windowed / auto
             );
-            println!(
+                println!(
                 "softcap 30 (4x32x4096x128 bf16 causal, wmma): {capped:.1} us vs {plain:.1} us \
                  without, ratio {:.3}",
                 capped / plain
             );
-            println!(
-                "softcap 30 (4x32x4096x128 bf16 causal, Auto): {auto_capped:.1} us vs \
+                println!(
+                    "softcap 30 (4x32x4096x128 bf16 causal, Auto): {auto_capped:.1} us vs \
                  {auto_plain:.1} us without, ratio {:.3}",
-                auto_capped / auto_plain
-            );
-            println!(
+                    auto_capped / auto_plain
+                );
+                println!(
                 "alibi (4x32x4096x128 bf16 causal, Auto, geometric slopes): {auto_alibi:.1} us \
                  vs {auto_plain:.1} us without, ratio {:.3}",
                 auto_alibi / auto_plain
             );
-            println!(
-                "alibi (4x32x4096x128 bf16 causal, wmma, geometric slopes): {alibi:.1} us vs \
+                println!(
+                    "alibi (4x32x4096x128 bf16 causal, wmma, geometric slopes): {alibi:.1} us vs \
                  {plain:.1} us without, ratio {:.3}",
-                alibi / plain
-            );
-            json!({ "full_us": full, "window_us": windowed, "auto_full_us": auto,
+                    alibi / plain
+                );
+                json!({ "full_us": full, "window_us": windowed, "auto_full_us": auto,
                     "auto_window_us": auto_windowed,
                     "plain_us": plain, "softcap_us": capped, "alibi_us": alibi,
                     "auto_plain_us": auto_plain, "auto_softcap_us": auto_capped,
                     "auto_alibi_us": auto_alibi })
-        }
-        Err(e) => {
-            eprintln!("score modifiers: {e}");
-            serde_json::Value::Null
+            }
+            Err(e) => {
+                eprintln!("score modifiers: {e}");
+                serde_json::Value::Null
+            }
         }
     };
-    let bias = match bias_rows(&stream, args.iters) {
-        Ok((ran, [wmma, auto, full_wmma, full, shared, wide])) => {
-            println!(
-                "bias (4x16x2048x128 bf16, random): without a bias {wmma:.1} us on wmma, \
+    let bias = if !args.wants("bias") {
+        serde_json::Value::Null
+    } else {
+        match bias_rows(&stream, args.iters) {
+            Ok((ran, [wmma, auto, full_wmma, full, shared, wide])) => {
+                println!(
+                    "bias (4x16x2048x128 bf16, random): without a bias {wmma:.1} us on wmma, \
                  {auto:.1} us under Auto; full bf16 bias [4,16,2048,2048] {full_wmma:.1} us on \
                  wmma (ratio {:.3}), {full:.1} us under Auto on {ran} (ratio {:.3}); broadcast \
                  [1,16,2048,2048] {shared:.1} us, f32 [4,16,2048,2048] {wide:.1} us under Auto",
-                full_wmma / wmma,
-                full / auto
-            );
-            json!({ "plain_wmma_us": wmma, "plain_auto_us": auto, "full_bias_wmma_us": full_wmma,
+                    full_wmma / wmma,
+                    full / auto
+                );
+                json!({ "plain_wmma_us": wmma, "plain_auto_us": auto, "full_bias_wmma_us": full_wmma,
                     "full_bias_us": full, "auto_kernel": ran, "broadcast_bias_us": shared,
                     "f32_bias_us": wide })
-        }
-        Err(e) => {
-            eprintln!("bias: {e}");
-            serde_json::Value::Null
+            }
+            Err(e) => {
+                eprintln!("bias: {e}");
+                serde_json::Value::Null
+            }
         }
     };
-    let overhead = match host_overhead(&stream) {
-        Ok([rust, cpp, planned, cpp_planned, launch]) => {
-            println!(
+    let overhead = if !args.wants("host") {
+        serde_json::Value::Null
+    } else {
+        match host_overhead(&stream) {
+            Ok([rust, cpp, planned, cpp_planned, launch]) => {
+                println!(
                 "host cost per call: Rust attention_into {:.2} us, C++ attention_forward {:.2} us, \
                  ratio {:.3}; Rust planned run {:.2} us, C++ planned run {:.2} us, ratio {:.3}; \
                  C++ launcher alone {:.2} us (Rust call beyond it: {:.2} us)",
@@ -745,13 +797,14 @@ fn main() {
                 launch / 1e3,
                 (rust - launch) / 1e3,
             );
-            json!({ "rust_ns": rust, "cpp_ns": cpp, "ratio": rust / cpp,
+                json!({ "rust_ns": rust, "cpp_ns": cpp, "ratio": rust / cpp,
                     "planned_ns": planned, "cpp_planned_ns": cpp_planned,
                     "planned_ratio": planned / cpp_planned, "launcher_ns": launch })
-        }
-        Err(e) => {
-            eprintln!("host overhead: {e}");
-            serde_json::Value::Null
+            }
+            Err(e) => {
+                eprintln!("host overhead: {e}");
+                serde_json::Value::Null
+            }
         }
     };
     if let Some(path) = args.json {
