@@ -57,6 +57,7 @@ fn main() {
         "src/core/alibi.cpp",
         "src/core/bias.cpp",
         "src/core/plan.cpp",
+        "src/core/splits.cpp",
         "src/core/tables.cpp",
         "src/core/status.cpp",
     ];

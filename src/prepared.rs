@@ -203,19 +203,11 @@ impl<T: AttentionElement> AttentionPlan<T> {
     ) -> Result<Self> {
         let stream = out.stream().ok_or(Error::CudaNotBuilt)?;
         let (host_q, host_k) = batch.hosts();
-        let problem = crate::ffi::validate(&request, host_q, host_k)?;
-        let (execution, row) = crate::ffi::cuda::plan(&request, stream.device())?;
-        let kernel = execution
-            .backend
-            .kernel()
-            .ok_or_else(|| Error::Launch("the plan names no kernel".into()))?;
-        let splits = i32::try_from(execution.splits).unwrap_or(1);
-        let planned = crate::ffi::cuda::Planned::new(
+        let (execution, planned) = crate::ffi::cuda::Planned::new(
             &request,
-            &problem,
-            kernel,
-            row,
-            splits,
+            host_q,
+            host_k,
+            stream.device(),
             stream.ordinal(),
         )?;
         Ok(AttentionPlan {

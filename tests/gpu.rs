@@ -13,7 +13,9 @@ use common::{
 use flashcore::interop::{
     cpp_attention_forward, cpp_attention_paged, cpp_attention_varlen, CppDeviceBuffer,
 };
-use flashcore::plan::{auto_kernel, decode_table, kv_splits, tile_table, ArchClass, Kernel};
+use flashcore::plan::{
+    auto_kernel, decode_table, kv_splits, sequence_splits, tile_table, ArchClass, Kernel,
+};
 use flashcore::{
     attention, attention_into, attention_paged, attention_paged_into, attention_varlen,
     attention_varlen_into, merge_state_into, merge_states, AlibiSlopes, AttentionElement,
@@ -1217,13 +1219,13 @@ fn packs_varlen_heads(lq: &[usize], heads: (usize, usize), causal: Causal, layou
 }
 
 /// Variable-length decode batches (a few queries per sequence, keys up to 32k) split their keys
-/// by the longest sequence's on both kernels that read them, against the f64 reference: shorter
-/// sequences get splits past their keys (rows 0, logsumexp -inf, weight 0 in the combine), a
-/// sequence without queries, one key, every causal alignment, d 64 / 72 / 128 / 256, both dtypes
-/// and layouts; batches of one query per sequence (1, 2, 4 and 7 sequences) with their GQA and
-/// MQA heads packed into rows. The split count is `kv_splits`' for the longest sequence and
-/// every query head, or every kv head where the heads pack (`packs_varlen_heads`), which the
-/// split count shows.
+/// on both kernels that read them, against the f64 reference: with host copies each sequence by
+/// its own keys (`sequence_splits`: a long sequence many splits, a short one few, its unused
+/// split slots weightless), without them (through the C++ API) every sequence by the longest's
+/// (`kv_splits`: the shorter ones' later splits hold no key); a sequence without queries, one
+/// key, every causal alignment, d 64 / 72 / 128 / 256, both dtypes and layouts; batches of one
+/// query per sequence (1, 2, 4 and 7 sequences) with their GQA and MQA heads packed into rows
+/// (every kv head one unit where they pack: `packs_varlen_heads`, which the count shows).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn varlen_split_kv_matches_the_reference() {
@@ -1279,14 +1281,15 @@ fn varlen_split_kv_matches_the_reference() {
                         1e-2,
                     ),
                 ] {
+                    // The batch has host copies: each sequence splits by its own keys.
                     let row = exec.tile.expect("a GPU run names its row");
-                    let keys = *lk.iter().max().unwrap();
-                    let (rows, units) = if packs_varlen_heads(lq, *heads, causal, *layout) {
-                        (heads.0 / heads.1, lq.len() * heads.1)
+                    let (rows, heads_per_seq) = if packs_varlen_heads(lq, *heads, causal, *layout)
+                    {
+                        (heads.0 / heads.1, heads.1)
                     } else {
-                        (*lq.iter().max().unwrap(), lq.len() * heads.0)
+                        (*lq.iter().max().unwrap(), heads.0)
                     };
-                    let want = kv_splits(kernel, &row, rows, units, keys, sms);
+                    let want = sequence_splits(kernel, &row, rows, heads_per_seq, lk, sms);
                     let what = format!(
                         "{kernel:?} {lq:?} x {lk:?} {heads:?} d {d} {causal:?} {dtype}: {} \
                          splits (want {want})",
@@ -1304,6 +1307,50 @@ fn varlen_split_kv_matches_the_reference() {
     }
     for (case, _) in split.iter().enumerate().filter(|(_, s)| !**s) {
         failures.push(format!("case {case} never split its keys"));
+    }
+    // Without host copies (the public C++ API): every sequence splits as the longest.
+    let (lq, lk, heads, d) = (vec![1, 1, 1], vec![20_000, 300, 4500], (8, 2), 128);
+    for kernel in indexed_kernels_here() {
+        let mut rng = Rng::fresh();
+        let (batch, q, k, v) = varlen_of_lengths::<bf16>(&mut rng, &lq, &lk, heads, d, Layout::Bshd);
+        let mut out = Tensor::full(bf16::NAN, &[1, lq.len(), heads.0, d], Layout::Bshd)
+            .unwrap()
+            .to_device(&s)
+            .unwrap();
+        let exec = cpp_attention_varlen(
+            &q.to_device(&s).unwrap(),
+            &k.to_device(&s).unwrap(),
+            &v.to_device(&s).unwrap(),
+            &batch.to_device(&s).unwrap(),
+            &mut out,
+            None,
+            &AttentionOptions::default().backend(Backend::Kernel(kernel)),
+            false,
+        )
+        .unwrap();
+        let row = exec.tile.expect("a GPU run names its row");
+        let want = kv_splits(kernel, &row, heads.0 / heads.1, lq.len() * heads.1, 20_000, sms);
+        let (reference, _) = naive_varlen(
+            &q,
+            &k,
+            &v,
+            batch.cu_seqlens_q(),
+            batch.cu_seqlens_k(),
+            1.0 / (d as f64).sqrt(),
+            Causal::None,
+        );
+        let err = rel_l2(&logical(&out.to_host().unwrap()), &reference);
+        println!(
+            "varlen split-KV without host copies {kernel:?}: {} splits (want {want}), rel L2 \
+             {err:.2e}",
+            exec.splits
+        );
+        if exec.splits != want || want < 2 || !(err < 1e-2) {
+            failures.push(format!(
+                "{kernel:?} without host copies: {} splits (want {want} > 1), rel L2 {err:.3e}",
+                exec.splits
+            ));
+        }
     }
     assert_none_failed(&failures);
 }

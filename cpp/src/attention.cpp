@@ -41,11 +41,8 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
     a.token_rows = p.token_rows;
   } else if (p.packs_heads()) {
     const int64_t group = p.heads_q / p.heads_kv;
-    // Rows advance by the head stride; "heads" (one per kv head) by `group` heads.
-    for (int64_t* s : {a.q_stride, a.o_stride}) {
-      s[1] = s[2];
-      s[2] *= group;
-    }
+    pack_head_rows(a.q_stride, group);
+    pack_head_rows(a.o_stride, group);
     a.seq_q = group;
     a.heads_q = p.heads_kv;
     a.causal = Causal::None;
@@ -72,6 +69,10 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
   }
   a.tile = plan.row->tile;
   a.splits = plan.splits;
+  if (plan.split_keys > 0) {
+    a.split_keys = plan.split_keys;
+    a.split_first = plan.split_first.data();
+  }
   if (p.varlen) {
     a.cu_seqlens_q = reinterpret_cast<const int32_t*>(r.cu_q.address);
     a.cu_seqlens_k = reinterpret_cast<const int32_t*>(r.cu_k.address);

@@ -224,28 +224,25 @@ LaunchedFfi attention(const RequestFfi& request, rust::Slice<const int32_t> host
   return launched(s, plan.kernel, plan.row, plan.splits);
 }
 
-LaunchedFfi plan_attention(const RequestFfi& request, const CapsFfi& caps) {
-  core::Problem p{};
-  core::Plan plan{Kernel::CutlassSm80, nullptr};
-  const Status s = prepare(from_ffi(request), caps, &p, &plan);
-  return launched(s, plan.kernel, plan.row, plan.splits);
-}
-
 std::shared_ptr<detail::Prepared> prepare_plan(const RequestFfi& request,
-                                               const ProblemFfi& problem, int32_t kernel,
-                                               const RowRef& row, int32_t splits,
-                                               int32_t ordinal) {
-  const bool known = kernel >= 0 && kernel < kKernelCount;
-  const TileRow* tile = known ? row_of(static_cast<Kernel>(kernel), row) : nullptr;
-  if (tile == nullptr) {
-    throw detail::Failure(Code::Launch, "", "the plan names no row of its kernel's tables");
+                                               rust::Slice<const int32_t> host_q,
+                                               rust::Slice<const int32_t> host_k,
+                                               const CapsFfi& caps, int32_t ordinal,
+                                               LaunchedFfi& out) noexcept {
+  try {
+    auto call = std::make_shared<detail::Prepared>();
+    call->device = ordinal;
+    Status s = prepare(from_ffi(request, host_q, host_k), caps, &call->problem, &call->plan);
+    out = launched(s, call->plan.kernel, call->plan.row, call->plan.splits);
+    if (!s.ok()) {
+      return nullptr;
+    }
+    call->request = from_ffi(request);  // no host copies: a run never reads them
+    return call;
+  } catch (...) {
+    out = launched(core::out_of_host_memory(), Kernel::CutlassSm80, nullptr, 1);
+    return nullptr;
   }
-  auto call = std::make_shared<detail::Prepared>();
-  call->device = ordinal;
-  call->request = from_ffi(request);  // no host copies: a run never reads them
-  call->problem = from_ffi(problem);
-  call->plan = core::Plan{static_cast<Kernel>(kernel), tile, splits};
-  return call;
 }
 
 StatusFfi run_plan(const detail::Prepared& call, const RunAddressesFfi& a, int32_t ordinal,

@@ -46,6 +46,8 @@ int64_t wmma_smem_bytes(int32_t queries, int32_t keys, int32_t head_dim);
 int32_t auto_kernel(int32_t arch, int64_t query_rows, int64_t batch_heads, int32_t multiprocessors);
 int32_t kv_splits(int32_t kernel, const TileRowFfi& row, int64_t query_rows, int64_t batch_heads,
                   int64_t seq_k, int32_t multiprocessors);
+int32_t sequence_splits(int32_t kernel, const TileRowFfi& row, int64_t query_rows, int64_t heads,
+                        rust::Slice<const int64_t> key_counts, int32_t multiprocessors);
 LimitsFfi limits();
 
 // ---- CUDA (bridge.cpp) ----
@@ -81,16 +83,15 @@ void copy_device(int32_t ordinal, size_t dst, size_t src, size_t bytes, size_t s
 LaunchedFfi attention(const RequestFfi& request, rust::Slice<const int32_t> host_q,
                       rust::Slice<const int32_t> host_k, const CapsFfi& caps, int32_t ordinal,
                       size_t stream);
-// Validates and plans once (a prepared call); the result names the kernel and row.
-LaunchedFfi plan_attention(const RequestFfi& request, const CapsFfi& caps);
-// The launch half of a Rust AttentionPlan: `request` (its first operands' addresses) as
-// validated (`problem`) and planned (`kernel`, `row`, `splits`) on device `ordinal`. Throws
-// detail::Failure when the plan names no row of the kernel's tables (std::bad_alloc without
-// host memory); cxx hands either to Rust as an Err.
+// Validates and plans `request` (with the host copies of its offsets or key counts) for a
+// device with `caps`, as attention() does, and keeps the result for runs on device `ordinal`
+// (the request without its host copies, which no run reads). `out` says what every run
+// launches, or why there is no plan; then the result is null.
 std::shared_ptr<detail::Prepared> prepare_plan(const RequestFfi& request,
-                                               const ProblemFfi& problem, int32_t kernel,
-                                               const RowRef& row, int32_t splits,
-                                               int32_t ordinal);
+                                               rust::Slice<const int32_t> host_q,
+                                               rust::Slice<const int32_t> host_k,
+                                               const CapsFfi& caps, int32_t ordinal,
+                                               LaunchedFfi& out) noexcept;
 // A run of `call` on the tensors at `a` (whose dims, strides and places the caller matched to
 // the plan) on `stream` of device `ordinal`: detail::run_prepared, as the C++
 // flashcore::AttentionPlan::run does (addresses checked, then the launch).

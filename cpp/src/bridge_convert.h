@@ -119,13 +119,6 @@ inline ProblemFfi to_ffi(const core::Problem& p) {
   return out;
 }
 
-inline core::Problem from_ffi(const ProblemFfi& p) {
-  return core::Problem{p.batch,   p.seq_q,    p.seq_k,
-                       p.heads_q, p.heads_kv, p.head_dim,
-                       p.scale,   static_cast<Causal>(p.causal), p.location, p.varlen, p.paged,
-                       p.window_left, p.window_right, p.alibi, p.bias, p.token_rows};
-}
-
 inline StatusFfi to_ffi(const Status& s) {
   StatusFfi out;
   out.code = static_cast<int32_t>(s.code);

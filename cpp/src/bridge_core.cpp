@@ -2,10 +2,12 @@
 #include "flashcore/cpp/src/bridge.h"
 
 #include <array>
+#include <vector>
 
 #include "bridge_convert.h"
 #include "core/alibi.h"
 #include "core/merge.h"
+#include "core/splits.h"
 
 namespace flashcore::bridge {
 
@@ -129,15 +131,32 @@ int32_t auto_kernel(int32_t arch, int64_t query_rows, int64_t batch_heads, int32
                                                      batch_heads, multiprocessors));
 }
 
-int32_t kv_splits(int32_t kernel, const TileRowFfi& row, int64_t query_rows, int64_t batch_heads,
-                  int64_t seq_k, int32_t multiprocessors) {
+namespace {
+
+TileRow from_ffi(const TileRowFfi& row) {
   TileRow r{};
   r.arch = static_cast<ArchClass>(row.arch);
   r.max_head_dim = row.max_head_dim;
   r.tile = Tile{row.queries_per_block, row.keys_per_block, row.tile_max_head_dim};
   r.smem_bytes = row.smem_bytes;
-  return flashcore::kv_splits(static_cast<Kernel>(kernel), r, query_rows, batch_heads, seq_k,
-                              multiprocessors);
+  return r;
+}
+
+}  // namespace
+
+int32_t kv_splits(int32_t kernel, const TileRowFfi& row, int64_t query_rows, int64_t batch_heads,
+                  int64_t seq_k, int32_t multiprocessors) {
+  return flashcore::kv_splits(static_cast<Kernel>(kernel), from_ffi(row), query_rows, batch_heads,
+                              seq_k, multiprocessors);
+}
+
+int32_t sequence_splits(int32_t kernel, const TileRowFfi& row, int64_t query_rows, int64_t heads,
+                        rust::Slice<const int64_t> key_counts, int32_t multiprocessors) {
+  const core::SequenceSplits s =
+      core::sequence_splits(static_cast<Kernel>(kernel), from_ffi(row), query_rows, heads,
+                            std::vector<int64_t>(key_counts.begin(), key_counts.end()),
+                            multiprocessors);
+  return s.keys > 0 ? s.slots : 1;
 }
 
 LimitsFfi limits() {

@@ -91,10 +91,16 @@ struct FmhaArgs {
   // has no rows). Q's and the output's token strides are token_rows head strides.
   int32_t packed_group = 0;
   int64_t token_rows = 1;
-  // Split-KV (the WMMA and Hopper kernels; no variable-length batch): the keys of each (batch,
-  // head) are split over this many blocks, whose partial states the launcher combines
-  // (kv_splits; 1: none).
+  // Split-KV (the WMMA and Hopper kernels): the keys of each (batch entry or sequence, head) are
+  // split over up to this many blocks, whose partial states the launcher combines (1: none).
+  // With split_keys 0 (kv_splits) every sequence's keys make `splits` splits of the same length,
+  // a whole number of key tiles covering the longest. Otherwise (core::Plan's per-sequence
+  // splits) each split has split_keys keys, a whole number of the tile's, and sequence b's
+  // splits are work units [split_first[b], split_first[b + 1]) (host memory, batch + 1 entries,
+  // read by the launcher): max(1, ceil(its keys / split_keys)) of them, at most `splits`.
   int32_t splits = 1;
+  int64_t split_keys = 0;
+  const uint16_t* split_first = nullptr;
   // A paged KV cache (the WMMA and Hopper kernels): k and v are [num_pages, page_size, heads_kv,
   // head_dim] (k_stride[0] / v_stride[0]: the page stride). Sequence b has seqlens_k[b] keys,
   // clamped to [0, pages_per_seq * page_size]; its key j is slot j % page_size of page
@@ -104,6 +110,15 @@ struct FmhaArgs {
   const int32_t* seqlens_k = nullptr;
   int64_t page_size = 0, pages_per_seq = 0, num_pages = 0;
 };
+
+// One-query GQA heads packed into rows (core::Problem::packs_heads): Q's or the output's
+// (batch, seq, head) strides become those of rows that step by the head stride, in "heads" (one
+// per kv head) that step by `group` heads. A dense batch's arguments are packed so (a view); a
+// variable-length batch's launchers pack their own (FmhaArgs::packed_group).
+inline void pack_head_rows(int64_t stride[3], int64_t group) {
+  stride[1] = stride[2];
+  stride[2] *= group;
+}
 
 // A paged cache's bounds as both kernel families read them: log2 of the page size (a power of
 // two: validated); the table entries per sequence, 0 when the cache has no page (then no key is

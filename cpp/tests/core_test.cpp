@@ -8,12 +8,14 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <cstdlib>
 #include <new>
 
 #include "core/alibi.h"
 #include "core/merge.h"
+#include "core/splits.h"
 #include "core/validate.h"
 
 
@@ -625,6 +627,93 @@ void variable_lengths() {
              s.message);
 }
 
+// Per-sequence key splits (core/splits.h): a decode batch whose key counts the host knows
+// splits each sequence by its own keys, the shortest splits whose units fit one wave.
+void sequence_key_splits() {
+  using flashcore::core::sequence_splits;
+  using flashcore::core::SequenceSplits;
+  const flashcore::TileRow* h128 =
+      flashcore::select_row(Kernel::CutlassSm90, flashcore::ArchClass::Sm90, 128, 4);
+  const flashcore::TileRow* w128 =
+      flashcore::select_row(Kernel::Wmma, flashcore::ArchClass::Sm90, 128, 4);
+  expect(h128 != nullptr && h128->tile.keys_per_block == 128 && w128 != nullptr,
+         "the d = 128 decode rows");
+  // 32k, 4k, 1000 and 300 keys on 8 kv heads (4 packed rows each), 132 SMs: splits of 2816
+  // keys (22 tiles) give 12 + 2 + 1 + 1 splits, 128 units; 2688 would give 13 + 2 + 1 + 1, 136.
+  const std::vector<int64_t> mixed = {32768, 4096, 1000, 300};
+  SequenceSplits s = sequence_splits(Kernel::CutlassSm90, *h128, 4, 8, mixed, 132);
+  expect(s.keys == 2816 && s.slots == 12 &&
+             s.first == std::vector<uint16_t>({0, 12, 14, 15, 16}),
+         "Hopper: a mixed batch splits by each sequence's keys: " + std::to_string(s.keys));
+  // One sequence: the dense rule's 16 splits of 2048 keys.
+  s = sequence_splits(Kernel::CutlassSm90, *h128, 4, 8, {32768}, 132);
+  expect(s.keys == 2048 && s.slots == 16 && s.first == std::vector<uint16_t>({0, 16}),
+         "Hopper: 1 x 32k keys: 16 splits");
+  // WMMA: two decode blocks per SM (264), whole 32-key tiles; the shortest splits that fit.
+  const int64_t tile = w128->tile.keys_per_block;
+  s = sequence_splits(Kernel::Wmma, *w128, 4, 8, mixed, 132);
+  auto units = [&](int64_t keys) {
+    int64_t n = 0;
+    for (int64_t k : mixed) {
+      n += std::max<int64_t>(1, (k + keys - 1) / keys);
+    }
+    return 8 * n;
+  };
+  expect(s.keys > 0 && s.keys % tile == 0 && s.keys >= flashcore::kMinKeysPerSplit &&
+             units(s.keys) <= 264 && units(s.keys - tile) > 264 &&
+             s.slots == (32768 + s.keys - 1) / s.keys && s.first.size() == 5 &&
+             s.first.back() * 8 == units(s.keys),
+         "WMMA: the shortest splits whose units fit two blocks per SM: " +
+             std::to_string(s.keys));
+  // Sequences without keys (a sequence with no queries) still count one unit; so does a
+  // negative count (a host copy the validator refused elsewhere is never planned, but the rule
+  // stays total).
+  s = sequence_splits(Kernel::CutlassSm90, *h128, 4, 8, {32768, 0, -5}, 132);
+  expect(s.keys > 0 && s.first[2] - s.first[1] == 1 && s.first[3] - s.first[2] == 1,
+         "a sequence without keys: one unit");
+  // No split: units that (nearly) fill the SMs, prefill, example 41, too many sequences, short
+  // sequences, no sequences.
+  expect(sequence_splits(Kernel::CutlassSm90, *h128, 4, 8, std::vector<int64_t>(16, 8192), 132)
+                 .keys == 0,
+         "16 x 8k: no split");
+  expect(sequence_splits(Kernel::CutlassSm90, *h128, 64, 8, mixed, 132).keys == 0, "prefill");
+  expect(sequence_splits(Kernel::CutlassSm80, *h128, 4, 8, mixed, 132).keys == 0, "example 41");
+  expect(sequence_splits(Kernel::Wmma, *w128, 4, 1,
+                         std::vector<int64_t>(flashcore::kMaxSplitSequences + 1, 100000), 132)
+                 .keys == 0,
+         "more sequences than the kernels' table");
+  expect(sequence_splits(Kernel::CutlassSm90, *h128, 4, 8, {600, 300}, 132).keys == 0,
+         "no sequence long enough for two splits");
+  expect(sequence_splits(Kernel::CutlassSm90, *h128, 4, 8, {}, 132).keys == 0, "no sequences");
+  // At most kMaxKvSplits splits of the longest.
+  s = sequence_splits(Kernel::Wmma, *w128, 4, 1, {int64_t{1} << 30}, 132);
+  expect(s.slots == flashcore::kMaxKvSplits, "at most 64 splits");
+
+  // The plan: a variable-length decode batch with host copies carries the per-sequence splits;
+  // without them it splits by the longest.
+  const int32_t q[] = {0, 1, 2, 3, 4}, k[] = {0, 32768, 36864, 37864, 38164};
+  Request r;
+  r.q = bshd(1, 4, 32, 128);
+  r.out = bshd(1, 4, 32, 128);
+  r.k = r.v = bshd(1, 38164, 8, 128);
+  r.varlen = true;
+  r.cu_q = {0x20000, 0, 4, q, 1};
+  r.cu_k = {0x30000, 0, 4, k, 32768};
+  Problem p{};
+  flashcore::core::Plan plan{Kernel::CutlassSm80, nullptr};
+  const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
+  Status st = flashcore::core::validate(r, &p);
+  expect(st.ok() && p.packs_heads(), "a packed mixed decode batch: " + st.message);
+  st = flashcore::core::plan(r, p, h200, &plan);
+  expect(st.ok() && plan.kernel == Kernel::CutlassSm90 && plan.split_keys == 2816 &&
+             plan.splits == 12 && plan.split_first == std::vector<uint16_t>({0, 12, 14, 15, 16}),
+         "the plan splits each sequence by its keys: " + st.message);
+  r.cu_q.host = r.cu_k.host = nullptr;
+  st = flashcore::core::plan(r, p, h200, &plan);
+  expect(st.ok() && plan.split_keys == 0 && plan.split_first.empty() && plan.splits == 4,
+         "without host copies, by the longest: " + std::to_string(plan.splits));
+}
+
 // Split-KV decoding: which problems split their keys, into how many blocks, and that the plan
 // carries the count (WMMA, dense) and never for a variable-length batch.
 void key_splits() {
@@ -1233,6 +1322,7 @@ int main() {
   merging();
   variable_lengths();
   key_splits();
+  sequence_key_splits();
   if (failures != 0) {
     std::printf("core_test: %d check(s) FAILED\n", failures);
     return 1;

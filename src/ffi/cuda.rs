@@ -10,10 +10,9 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::tensor::{Shape, Tensor};
 
-use super::{map_err, sys, CapsFfi, DescFfi, ProblemFfi, RequestFfi, RowRef};
+use super::{map_err, sys, CapsFfi, DescFfi, RequestFfi};
 use crate::cuda::Device;
 use crate::dispatch::Execution;
-use crate::plan::Kernel;
 pub(crate) use sys::DeviceInfo;
 
 fn ordinal_i32(ordinal: usize) -> Result<i32> {
@@ -388,13 +387,6 @@ pub(crate) fn attention(
     launched(l, &r)
 }
 
-/// Validates and plans `request` for `device` once: what a planned call runs, and its row.
-pub(crate) fn plan(request: &RequestFfi, device: &Device) -> Result<(Execution, RowRef)> {
-    let l = sys::plan_attention(request, &caps(device));
-    let row = l.row;
-    launched(l, request).map(|e| (e, row))
-}
-
 /// A planned call on a GPU: its C++ half (`flashcore::detail::Prepared`: the request as
 /// validated and planned, with the addresses of the buffers the plan owns), shared by the
 /// plan's clones. A run hands C++ only its tensors' addresses, as a C++ plan's run takes them.
@@ -413,26 +405,30 @@ unsafe impl Send for sys::Prepared {}
 unsafe impl Sync for sys::Prepared {}
 
 impl Planned {
-    /// The C++ half of a plan of `request` (validated as `problem`, planned as `kernel`'s
-    /// `row` with `splits` key splits) on device `ordinal`.
+    /// Validates and plans `request` (with `host_q` and `host_k`, the host copies of its
+    /// offsets or key counts, where it has them) for `device` once, as [`attention`] does: what
+    /// every run launches, and the C++ half that runs it on device `ordinal`.
     pub(crate) fn new(
         request: &RequestFfi,
-        problem: &ProblemFfi,
-        kernel: Kernel,
-        row: RowRef,
-        splits: i32,
+        host_q: &[i32],
+        host_k: &[i32],
+        device: &Device,
         ordinal: usize,
-    ) -> Result<Self> {
+    ) -> Result<(Execution, Self)> {
+        let mut l = sys::LaunchedFfi::default();
         let call = sys::prepare_plan(
             request,
-            problem,
-            super::kernel_id(kernel),
-            &row,
-            splits,
+            host_q,
+            host_k,
+            &caps(device),
             ordinal_i32(ordinal)?,
-        )
-        .map_err(map_err)?;
-        Ok(Planned { call })
+            &mut l,
+        );
+        let execution = launched(l, request)?;
+        if call.is_null() {
+            return Err(Error::Launch("the C++ planner kept no plan".into()));
+        }
+        Ok((execution, Planned { call }))
     }
 }
 

@@ -121,6 +121,7 @@ pub(crate) mod sys {
     }
 
     /// `flashcore::Status`.
+    #[derive(Default)]
     struct StatusFfi {
         code: i32,
         operand: i32,
@@ -166,6 +167,7 @@ pub(crate) mod sys {
 
     /// The result of a launch: status, and on success the kernel and row that ran.
     #[cfg(feature = "cuda")]
+    #[derive(Default)]
     struct LaunchedFfi {
         status: StatusFfi,
         kernel: i32,
@@ -249,6 +251,14 @@ pub(crate) mod sys {
             seq_k: i64,
             multiprocessors: i32,
         ) -> i32;
+        fn sequence_splits(
+            kernel: i32,
+            row: &TileRowFfi,
+            query_rows: i64,
+            heads: i64,
+            key_counts: &[i64],
+            multiprocessors: i32,
+        ) -> i32;
         fn limits() -> LimitsFfi;
 
         #[cfg(feature = "cuda")]
@@ -318,26 +328,24 @@ pub(crate) mod sys {
             ordinal: i32,
             stream: usize,
         ) -> LaunchedFfi;
-        /// Validates and plans `request` once for a device with `caps` (a prepared call).
-        #[cfg(feature = "cuda")]
-        fn plan_attention(request: &RequestFfi, caps: &CapsFfi) -> LaunchedFfi;
         /// A call validated and planned once (`flashcore::detail::Prepared`): what every run
         /// of an [`crate::AttentionPlan`] on a GPU launches.
         #[cfg(feature = "cuda")]
         #[namespace = "flashcore::detail"]
         type Prepared;
-        /// The launch half of a plan: `request` (its first operands' addresses) as validated
-        /// (`problem`) and planned (`kernel`, `row`, `splits`) on device `ordinal`; an error
-        /// when the plan names no row (or without host memory).
+        /// Validates and plans `request` (with the host copies of its offsets or key counts)
+        /// for a device with `caps`, as `attention` does, and keeps the result for runs on
+        /// device `ordinal`. `launched` says what every run launches, or why there is no plan;
+        /// then the result is null.
         #[cfg(feature = "cuda")]
         fn prepare_plan(
             request: &RequestFfi,
-            problem: &ProblemFfi,
-            kernel: i32,
-            row: &RowRef,
-            splits: i32,
+            host_q: &[i32],
+            host_k: &[i32],
+            caps: &CapsFfi,
             ordinal: i32,
-        ) -> Result<SharedPtr<Prepared>>;
+            launched: &mut LaunchedFfi,
+        ) -> SharedPtr<Prepared>;
         /// Runs `call` on the tensors at `addresses` (the caller matched their dims, strides
         /// and places to the plan) on `stream` of device `ordinal`, as the C++
         /// `flashcore::AttentionPlan::run` does: addresses checked, then the launch.

@@ -272,7 +272,64 @@ pub fn kv_splits(
     seq_k: usize,
     multiprocessors: usize,
 ) -> usize {
-    let row = sys::TileRowFfi {
+    let n = sys::kv_splits(
+        ffi::kernel_id(kernel),
+        &row_ffi(row),
+        i64::try_from(query_rows).unwrap_or(i64::MAX),
+        i64::try_from(batch_heads).unwrap_or(i64::MAX),
+        i64::try_from(seq_k).unwrap_or(i64::MAX),
+        i32::try_from(multiprocessors).unwrap_or(i32::MAX),
+    );
+    usize::try_from(n).unwrap_or(1)
+}
+
+/// How many key splits `kernel` runs at most per (sequence, head) of a decode batch whose
+/// sequences have `key_counts` keys, when the planner knows them (a variable-length batch or
+/// paged cache with host copies, of at most 256 sequences): each sequence's
+/// keys in splits of one length, a whole number of key tiles, so that a short sequence gets few
+/// splits and a long one many. The length is the shortest (at least 512 keys, at most 64 splits
+/// of the longest) whose work units, `heads` per split of a sequence (as packed), fit the
+/// [`kv_splits`] target: two WMMA blocks or one Hopper block per SM. 1 (no split) where the
+/// unsplit units fill it, where the rows are more than a decode's, or for CUTLASS example 41.
+/// Other batches split as [`kv_splits`] says, every sequence as the longest.
+///
+/// ```
+/// use flashcore::plan::{decode_table, sequence_splits, ArchClass, Kernel};
+/// let row = decode_table(Kernel::Wmma)
+///     .iter()
+///     .find(|r| r.arch == ArchClass::Sm90 && r.max_head_dim >= 128)
+///     .unwrap();
+/// // 8 kv heads (4 query heads each, packed) of 4 sequences of 32k, 4k, 1000 and 300 keys on
+/// // 132 SMs: splits of 1216 keys, 27 of the longest, 4, 1 and 1 of the others.
+/// assert_eq!(sequence_splits(Kernel::Wmma, row, 4, 8, &[32768, 4096, 1000, 300], 132), 27);
+/// assert_eq!(sequence_splits(Kernel::Wmma, row, 4, 8, &[8192; 64], 132), 1); // the SMs are full
+/// ```
+pub fn sequence_splits(
+    kernel: Kernel,
+    row: &TileRow,
+    query_rows: usize,
+    heads: usize,
+    key_counts: &[usize],
+    multiprocessors: usize,
+) -> usize {
+    let counts: Vec<i64> = key_counts
+        .iter()
+        .map(|&k| i64::try_from(k).unwrap_or(i64::MAX))
+        .collect();
+    let n = sys::sequence_splits(
+        ffi::kernel_id(kernel),
+        &row_ffi(row),
+        i64::try_from(query_rows).unwrap_or(i64::MAX),
+        i64::try_from(heads).unwrap_or(i64::MAX),
+        &counts,
+        i32::try_from(multiprocessors).unwrap_or(i32::MAX),
+    );
+    usize::try_from(n).unwrap_or(1)
+}
+
+/// The bridge's copy of `row` (its reason left out).
+fn row_ffi(row: &TileRow) -> sys::TileRowFfi {
+    sys::TileRowFfi {
         arch: ffi::arch_id(row.arch),
         max_head_dim: row.max_head_dim as i32,
         queries_per_block: row.tile.queries_per_block as i32,
@@ -280,16 +337,7 @@ pub fn kv_splits(
         tile_max_head_dim: row.tile.max_head_dim as i32,
         smem_bytes: i64::try_from(row.smem_bytes).unwrap_or(i64::MAX),
         reason: String::new(),
-    };
-    let n = sys::kv_splits(
-        ffi::kernel_id(kernel),
-        &row,
-        i64::try_from(query_rows).unwrap_or(i64::MAX),
-        i64::try_from(batch_heads).unwrap_or(i64::MAX),
-        i64::try_from(seq_k).unwrap_or(i64::MAX),
-        i32::try_from(multiprocessors).unwrap_or(i32::MAX),
-    );
-    usize::try_from(n).unwrap_or(1)
+    }
 }
 
 /// `kernel`'s main table, or its decode table, read from C++ once per process.

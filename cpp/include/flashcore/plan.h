@@ -22,6 +22,11 @@ constexpr int64_t kDecodeMaxQueryRows = 32;
 // unit, each streaming at least kMinKeysPerSplit keys, and combines their partial states.
 constexpr int32_t kMaxKvSplits = 64;
 constexpr int64_t kMinKeysPerSplit = 512;
+// A batch of at most this many sequences whose key counts the host knows (host copies of the
+// offsets or key counts) splits each sequence by its own keys; a larger one, or one without host
+// copies, splits every sequence as its longest (the kernels take a table of each sequence's
+// first split as a launch parameter).
+constexpr int64_t kMaxSplitSequences = 256;
 // merge_states combines at most this many states in one call (the merge kernel takes their
 // addresses as launch parameters); merge more by merging merged states.
 constexpr int64_t kMaxMergeStates = 64;

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
+#include "core/splits.h"
 #include "core/validate.h"
 
 namespace flashcore {
@@ -83,29 +85,6 @@ int64_t wmma_blocks_per_sm(const TileRow& row) noexcept {
   const int64_t by_registers = 65536 / (warps * 32 * 256);
   const int64_t by_smem = smem_per_sm(row.arch) / (row.smem_bytes + 1024);
   return std::max<int64_t>(1, std::min(by_registers, by_smem));
-}
-
-// Split-KV aims at kSplitBlocksPerSm blocks per SM, within one wave of resident blocks (so no
-// split waits for another to finish). Measured on the H200 (2026-11-23, GQA 32:8, d = 128, the
-// 16-row decode tile): two blocks per SM beat five (filling every slot) at one sequence of 32k
-// keys (56 vs 68 us: 33 vs 64 splits), 16 x 8k keys (144 vs 150 us: 2 vs 5) and 32 x 4k keys
-// (138 vs 147 us: 1 vs 2); each split's start and the combine cost more than the extra loads in
-// flight gain.
-// The Hopper kernel runs one block per SM (persistent), so its splits aim at one unit per SM.
-int32_t kv_splits(Kernel kernel, const TileRow& row, int64_t query_rows, int64_t batch_heads,
-                  int64_t seq_k, int32_t multiprocessors) noexcept {
-  constexpr int64_t kSplitBlocksPerSm = 2;
-  const bool wmma = kernel == Kernel::Wmma;
-  if ((!wmma && kernel != Kernel::CutlassSm90) || query_rows > kDecodeMaxQueryRows ||
-      query_rows <= 0 || batch_heads <= 0 || multiprocessors <= 0) {
-    return 1;
-  }
-  const int64_t blocks = ceil_div(query_rows, row.tile.queries_per_block);
-  const int64_t per_sm = wmma ? std::min(kSplitBlocksPerSm, wmma_blocks_per_sm(row)) : 1;
-  const int64_t target = per_sm * multiprocessors;
-  const int64_t fill = batch_heads > target / blocks ? 1 : target / (blocks * batch_heads);
-  const int64_t most = std::min<int64_t>(kMaxKvSplits, seq_k / kMinKeysPerSplit);
-  return static_cast<int32_t>(std::max<int64_t>(1, std::min(fill, most)));
 }
 
 namespace core {
@@ -354,10 +333,21 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     if (!s.ok()) {
       return s;
     }
-    // A variable-length batch splits by its longest sequence's keys.
-    const int32_t splits =
-        kv_splits(kernel, *row, p.query_rows(), p.batch_heads(), p.seq_k, caps.multiprocessors);
-    *out = Plan{kernel, row, splits};
+    // A batch whose key counts the host knows splits each sequence by its own keys, else
+    // every sequence by the longest's.
+    Plan planned{kernel, row, 1};
+    SequenceSplits by_sequence =
+        sequence_splits(kernel, *row, p.query_rows(), p.batch_heads() / std::max<int64_t>(1, p.batch),
+                        host_key_counts(r), caps.multiprocessors);
+    if (by_sequence.keys > 0) {
+      planned.splits = by_sequence.slots;
+      planned.split_keys = by_sequence.keys;
+      planned.split_first = std::move(by_sequence.first);
+    } else {
+      planned.splits = kv_splits(kernel, *row, p.query_rows(), p.batch_heads(), p.seq_k,
+                                 caps.multiprocessors);
+    }
+    *out = std::move(planned);
     return {};
   } catch (...) {
     return out_of_host_memory();

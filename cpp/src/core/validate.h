@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "flashcore/plan.h"
 #include "flashcore/status.h"
@@ -146,11 +147,15 @@ struct DeviceCaps {
   int32_t multiprocessors = 0;  // 0: unknown (Auto then takes the Hopper kernel where it may)
 };
 
-// The kernel and tile that will run a validated problem, and its key splits (kv_splits).
+// The kernel and tile that will run a validated problem, and its key splits: `splits` per
+// (sequence, head) at most (kv_splits); with split_keys > 0, the per-sequence splits of
+// core/splits.h (split_first: the first unit of each sequence, and the unit count).
 struct Plan {
   Kernel kernel;
   const TileRow* row;
   int32_t splits = 1;
+  int64_t split_keys = 0;
+  std::vector<uint16_t> split_first{};
 };
 
 // `kernel`'s row for `head_dim` and `query_rows` query rows per head on a device with `caps`,

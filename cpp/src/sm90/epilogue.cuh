@@ -93,14 +93,15 @@ struct Epilogue {
 
   // A key split's partial state (split-KV): the warpgroup's normalised rows in f32 and their
   // logsumexps, query row i of the split's (batch, head) at row `row0 + i * lse_row` of `part_out`
-  // ([row][head_dim]) and `part_lse` (split/combine.cuh's Partials); rows at or past seq_q and
-  // columns at or past head_dim are never written.
+  // ([row][head_dim]) and `part_lse` (split/combine.cuh's Partials), and logsumexp -inf for
+  // the `absent` split slots after this one (each `slot_rows` further); rows at or past seq_q
+  // and columns at or past head_dim are never written.
   template <class TileShapePV, class Acc, class Lse, class TiledMma>
   CUTLASS_DEVICE static void store_partial(TileShapePV const& tile, Acc const& acc,
                                            Lse const& lse, TiledMma const& mma,
                                            ProblemShape const& p, float* part_out,
                                            float* part_lse, int64_t row0, int64_t lse_row,
-                                           int m_rows) {
+                                           int m_rows, int64_t slot_rows, int absent) {
     using namespace cute;
     const int rows = seq_q(p), dim = get<4>(p);
     auto thr = mma.get_thread_slice(threadIdx.x);
@@ -118,7 +119,11 @@ struct Epilogue {
     for (int i = 0; i < size<0>(coord_mn); ++i) {
       const int row = m_rows + get<0>(coord_mn(i, 0));
       if (get<1>(coord_mn(i, 0)) == 0 && row < rows) {
-        part_lse[row0 + row * lse_row] = lse(i);
+        float* slot = part_lse + row0 + row * lse_row;
+        slot[0] = lse(i);
+        for (int s = 1; s <= absent; ++s) {
+          slot[s * slot_rows] = -INFINITY;
+        }
       }
     }
   }

@@ -24,6 +24,7 @@
 #include "sm90/problem.cuh"
 #include "sm90/scheduler.cuh"
 #include "sm90/turns.cuh"
+#include "split/units.cuh"
 
 namespace flashcore::sm90 {
 
@@ -124,17 +125,21 @@ struct Kernel {
     int packed_rows = 0, token_rows = 1;
   };
 
-  // Split-KV (count 1: none): the keys of each (batch entry, head) in `count` splits of `keys`
-  // keys (the last may hold fewer), the scheduler's batch index running over (batch entry or
-  // sequence, split); each split writes its partial state in f32 to part_out and part_lse (split
-  // s's state of the row whose logsumexp index is n at row s * rows + n: split/combine.cuh's
-  // Partials), which the launcher combines. A sequence of a variable-length batch shorter than
-  // the longest may get splits past its keys: their rows end as 0 and logsumexp -inf, weight 0.
+  // Split-KV (count 1: none): the keys of each (batch entry, head) in splits of `keys` keys (the
+  // last may hold fewer), the scheduler's batch index running over (batch entry or sequence,
+  // split): `count` splits each, or with per-sequence splits (`sequences`) each sequence's own
+  // number of them, at most `count`. Each split writes its partial state in f32 to part_out and
+  // part_lse (split s's state of the row whose logsumexp index is n at row s * rows + n:
+  // split/combine.cuh's Partials), which the launcher combines; a sequence's last split also
+  // gives the slots after its own the weightless state (logsumexp -inf), which the combine never
+  // reads further. A sequence of a variable-length batch shorter than the longest may get splits
+  // past its keys: their rows end as 0 and logsumexp -inf, weight 0.
   struct Splits {
     int count = 1;
     int keys = 0;
     int64_t rows = 0;
     cutlass::FastDivmod div;  // scheduler batch index -> (batch entry, split)
+    split::SequenceUnits sequences;
     float* part_out = nullptr;
     float* part_lse = nullptr;
   };
@@ -151,10 +156,12 @@ struct Kernel {
     Splits splits;
   };
 
-  // A work unit's problem, batch entry or sequence, and key split.
+  // A work unit's problem, batch entry or sequence, and key split; `absent`: the split slots
+  // after this one that its sequence does not use (per-sequence splits, on its last split).
   struct Unit {
     ProblemShape problem;
     int batch, split;
+    int absent = 0;
   };
 
   // The unit of the scheduler's batch index `index`: a dense batch entry's problem is the
@@ -162,8 +169,14 @@ struct Kernel {
   // its own key count); a split takes its keys.
   CUTLASS_DEVICE static Unit unit_of(Params const& params, int index) {
     Unit u{params.problem, index, 0};
-    if (params.splits.count > 1) {
-      params.splits.div(u.batch, u.split, index);
+    Splits const& sp = params.splits;
+    if (sp.count > 1 && sp.sequences.sequences > 0) {
+      const split::SequenceUnits::Split found = sp.sequences.find(index);
+      u.batch = found.sequence;
+      u.split = found.split;
+      u.absent = found.split == found.count - 1 ? sp.count - found.count : 0;
+    } else if (sp.count > 1) {
+      sp.div(u.batch, u.split, index);
     }
     Sequences const& s = params.seqs;
     if (s.cu_q != nullptr) {
@@ -331,7 +344,7 @@ struct Kernel {
             Out::lse_index(params.out, problem, memory_batch(params, u.batch), get<2, 1>(blk));
         Out::store_partial(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
                            typename Mainloop::TiledMmaPV{}, problem, sp.part_out, sp.part_lse,
-                           row0, params.out.lse_row, m_rows);
+                           row0, params.out.lse_row, m_rows, sp.rows, u.absent);
       } else {
         Out::store(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
                    typename Mainloop::TiledMmaPV{}, problem, params.out, m_rows,

@@ -77,9 +77,11 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                           "sm90 kernel: example 88's loop takes no variable-length batch, paged "
                           "cache or key splits");
   }
-  // Keys per split, whole key tiles.
-  const split::KeySplits key_splits = split::key_splits(a.seq_k, a.splits, K);
+  // Keys per split, whole key tiles; with per-sequence splits, each sequence's own count of them
+  // (the table of their first work units).
+  const split::KeySplits key_splits = split::key_splits(a, K);
   const int splits = key_splits.count;
+  const split::SequenceUnits sequence_units = split::SequenceUnits::make(a);
   // A variable-length batch's packed one-query heads (FmhaArgs::packed_group): a kv head per
   // unit, its rows the group's query heads (head strides apart), the query axis of Q and the
   // output in head strides, token_rows per token.
@@ -90,10 +92,8 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
     o_stride[i] = a.o_stride[i];
   }
   if (packed > 0) {
-    for (int64_t* s : {q_stride, o_stride}) {
-      s[1] = s[2];
-      s[2] *= packed;
-    }
+    pack_head_rows(q_stride, packed);
+    pack_head_rows(o_stride, packed);
   }
   const auto heads =
       packed > 0 ? cute::make_tuple(1, static_cast<int>(a.heads_kv))
@@ -107,9 +107,10 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
     return make_problem(static_cast<int>(batch), heads, static_cast<int>(seq_q),
                         static_cast<int>(seq_k), static_cast<int>(a.head_dim), band);
   };
-  // The work: the dense batch (times its key splits), or the sequences up to the longest (seq_q,
-  // seq_k); the tensors: the dense batch, or the packed tokens as one batch entry.
-  const ProblemShape work = problem_of(a.batch * splits, packed > 0 ? packed : a.seq_q, a.seq_k);
+  // The work: the dense batch or the sequences (each times its key splits) up to the longest
+  // (seq_q, seq_k); the tensors: the dense batch, or the packed tokens as one batch entry.
+  const ProblemShape work = problem_of(sequence_units.units(a.batch, splits),
+                                       packed > 0 ? packed : a.seq_q, a.seq_k);
   const int64_t query_extent = packed > 0 ? (a.total_q - 1) * a.token_rows + packed : a.total_q;
   const ProblemShape problem = varlen ? problem_of(1, query_extent, a.total_k) : work;
 
@@ -183,6 +184,7 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                                         static_cast<int>(key_splits.keys),
                                         parts.rows(),
                                         cutlass::FastDivmod(splits),
+                                        sequence_units,
                                         parts.out(),
                                         parts.lse()};
   enqueue("launch fmha_sm90_kernel (split keys)");

@@ -17,23 +17,9 @@
 #include "../check.h"
 #include "../launcher.h"
 #include "../scratch.h"
+#include "units.cuh"
 
 namespace flashcore::split {
-
-// The key splits a launch runs for `splits` asked (FmhaArgs::splits): `keys` keys each, a whole
-// number of `tile_keys`-key tiles, and the `count` that covers `seq_k` with them, the last never
-// empty. One split (splits <= 1) holds every key.
-struct KeySplits {
-  int64_t keys;
-  int32_t count;
-};
-inline KeySplits key_splits(int64_t seq_k, int32_t splits, int64_t tile_keys) {
-  if (splits <= 1) {
-    return {INT32_MAX, 1};
-  }
-  const int64_t keys = ((seq_k + splits - 1) / splits + tile_keys - 1) / tile_keys * tile_keys;
-  return {keys, static_cast<int32_t>((seq_k + keys - 1) / keys)};
-}
 
 struct CombineParams {
   const float* part_out;  // [split][row][head_dim], rows ordered (entry, head, row): Partials

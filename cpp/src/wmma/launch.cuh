@@ -58,10 +58,8 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   int64_t heads = a.heads_q;  // the grid's heads
   if (a.packed_group > 0) {  // a kv head per block, its rows the group's query heads
     p.packed_rows = a.packed_group;
-    for (int64_t* s : {p.q_stride, p.o_stride}) {
-      s[1] = s[2];
-      s[2] *= a.packed_group;
-    }
+    pack_head_rows(p.q_stride, a.packed_group);
+    pack_head_rows(p.o_stride, a.packed_group);
     p.seq_q = a.packed_group;
     p.group = 1;
     heads = a.heads_kv;
@@ -119,8 +117,10 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
                 "up to " + std::to_string(D));
   }
 
-  // Keys per split, whole key tiles (one split covers every sequence).
-  const split::KeySplits splits = split::key_splits(a.seq_k, a.splits, BC);
+  // Keys per split, whole key tiles. Every sequence gets the longest's count of splits (grid
+  // x); with per-sequence splits a shorter one's later splits hold no key: they write the
+  // weightless state (output 0, logsumexp -inf) and free their SM at once.
+  const split::KeySplits splits = split::key_splits(a, BC);
   p.split_keys = static_cast<int32_t>(splits.keys);
   p.splits = splits.count;
 
