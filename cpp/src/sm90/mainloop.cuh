@@ -43,8 +43,11 @@ namespace flashcore::sm90 {
 //   tanh is monotonic, so the max is the same key's either way;
 // - ALiBi: each score of query row i and key j gains -slope * |i + diag - j| (natural units,
 //   after the scale and any softcap), divided by the softmax's natural scale to stay in the
-//   scores' units (one add and one FMA per score; the distance is a float whose integer part is
-//   known per tile);
+//   scores' units. A thread's distances differ from its first element's by constants known at
+//   compile time, so where all of a tile's distances of a thread have one sign (every tile that
+//   the diagonal does not cross) a score takes one FMA by its constant, and the thread's first
+//   distance times the factor is a shift that its rows' max and exponents add once per row;
+//   on the diagonal's tiles the absolute value costs an add and an FMA per score;
 // - with kBias, an additive bias (bias.cuh), likewise divided by the natural scale (one FMA per
 //   score).
 // Where a quotient could overflow (a tiny scale or cap, a huge slope), the unit instead takes
@@ -129,10 +132,13 @@ struct ConsumerLoop : Base {
 
   // The score modifiers on one tile of scores, in place (kModifiers): the softcap where the call
   // has one, then (in exp2 units where the unit's factors are) ALiBi where the unit has slopes,
-  // its distance |i + diag - j|, and the bias where the call has one.
+  // its distance |i + diag - j|, and the bias where the call has one. Returns the shift that
+  // every score of this thread still lacks (ALiBi's term of its first element on a tile whose
+  // distances have one sign; else 0): the softmax adds it to the thread's row maxima and
+  // exponents.
   template <class AccS, class Index, class Bias>
-  CUTLASS_DEVICE static void modify_scores(AccS& acc_s, Index const& index, Factors const& f,
-                                           Bias& bias, int diag, Params const& params) {
+  CUTLASS_DEVICE static float modify_scores(AccS& acc_s, Index const& index, Factors const& f,
+                                            Bias& bias, int diag, Params const& params) {
     using namespace cute;
     if (params.softcap_in != 0.f) {
       CUTLASS_PRAGMA_UNROLL
@@ -151,14 +157,32 @@ struct ConsumerLoop : Base {
     const auto first = index(0);
     const int first_diff = get<0>(first) - get<1>(first);
     const float base = float(first_diff + diag);
-    auto distance = [&](int e) {
+    auto offset = [&](int e) {  // a compile-time constant once unrolled
       const auto pos = index(e);
-      return ::fabsf(base + float(get<0>(pos) - get<1>(pos) - first_diff));
+      return float(get<0>(pos) - get<1>(pos) - first_diff);
     };
+    float shift = 0.f;
     if (f.alibi != 0.f) {
+      float lo = 0.f, hi = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(acc_s); ++i) {
-        acc_s(i) = ::fmaf(f.alibi, distance(i), acc_s(i));
+        lo = ::fminf(lo, offset(i));
+        hi = ::fmaxf(hi, offset(i));
+      }
+      if (base + lo >= 0.f || base + hi <= 0.f) {
+        // |base + c| = sign * (base + c) for every element: the constant part per score, the
+        // thread's part as its shift.
+        const float factor = base + lo >= 0.f ? f.alibi : -f.alibi;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          acc_s(i) = ::fmaf(factor, offset(i), acc_s(i));
+        }
+        shift = factor * base;
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          acc_s(i) = ::fmaf(f.alibi, ::fabsf(base + offset(i)), acc_s(i));
+        }
       }
     }
     if (kBias && f.bias != 0.f) {
@@ -169,6 +193,7 @@ struct ConsumerLoop : Base {
       Tensor s = mn(acc_s);
       bias.add(s, mn(index), f.bias);
     }
+    return shift;
   }
 
   // Scores of the unit's tile `j` -> probabilities in place (masked first where `masked`); updates
@@ -180,8 +205,9 @@ struct ConsumerLoop : Base {
                                      ProblemShape const& problem, float (&row_max)[kRows],
                                      float (&row_sum)[kRows], float (&rescale)[kRows]) {
     using namespace cute;
+    float shift = 0.f;  // the thread's scores' shift (modify_scores)
     if constexpr (kModifiers) {
-      modify_scores(acc_s, index, factors, bias, diagonal(problem), params);
+      shift = modify_scores(acc_s, index, factors, bias, diagonal(problem), params);
     }
     if (masked) {
       Fusion{}.before_softmax(acc_s, index, problem);
@@ -194,9 +220,18 @@ struct ConsumerLoop : Base {
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kRows; ++i) {
       float m = j == 0 ? -INFINITY : row_max[i];
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < size<1>(s); ++k) {
-        m = ::fmaxf(m, s(i, k));
+      if constexpr (kModifiers) {
+        float t = -INFINITY;
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < size<1>(s); ++k) {
+          t = ::fmaxf(t, s(i, k));
+        }
+        m = ::fmaxf(m, t + shift);
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < size<1>(s); ++k) {
+          m = ::fmaxf(m, s(i, k));
+        }
       }
       tile_max[i] = quad_max(m);
       // A finite max that grows by more than 2^8 after scaling, or a row that had no max yet.
@@ -220,7 +255,10 @@ struct ConsumerLoop : Base {
       } else {
         rescale[i] = 1.f;
       }
-      const float offset = (row_max[i] == -INFINITY ? 0.f : row_max[i]) * scale;
+      float offset = (row_max[i] == -INFINITY ? 0.f : row_max[i]) * scale;
+      if constexpr (kModifiers) {
+        offset -= shift * scale;
+      }
       float sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < size<1>(s); ++k) {
