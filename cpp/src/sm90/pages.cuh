@@ -2,11 +2,12 @@
 // keys, [num_pages, page_size, heads_kv, head_dim]; a sequence's key t is slot t % page_size of
 // page table[b * pages_per_seq + t / page_size].
 //
-// TMA cannot gather rows, so the producer loads each key tile as slabs of 16 keys: a page holds
-// at least 16 keys (validation), so a slab lies in one page, and its rows are one TMA box per 64
-// columns, read through a descriptor that sees the cache as a dense batch of num_pages sequences
-// of page_size keys. The slabs of a tile complete on the tile's pipeline stage like the dense
-// tile's one load. The warp's lanes hold the table entry of one slab each, loaded two tiles ahead
+// TMA cannot gather rows, so the producer loads each key tile as slabs of 16 keys, or of 64 keys
+// where pages hold at least 64 (four times fewer TMA copies to issue): a page holds at least 16
+// keys (validation) and a unit's keys start at a multiple of the tile's (64 or 128), so a slab
+// lies in one page, and its rows are one TMA box per 64 columns, read through a descriptor that
+// sees the cache as a dense batch of num_pages sequences of page_size keys. The slabs of a tile
+// complete on the tile's pipeline stage like the dense tile's one load. The warp's lanes hold the table entry of one slab each, loaded two tiles ahead
 // and first used (clamped) when its tile loads: a load's result used at once stalls the warp for
 // the whole memory latency, which cost the first version half its bandwidth
 // (docs/PERFORMANCE.md).
@@ -32,28 +33,37 @@ namespace flashcore::sm90 {
 
 template <class Element, class SmemLayoutK, class SmemLayoutV, int kTileKeys, int kHeadDim>
 struct PagedKV {
-  static constexpr int kSlabKeys = 16;
-  static constexpr int kSlabs = kTileKeys / kSlabKeys;
-  static_assert(kTileKeys % kSlabKeys == 0 && kSlabs <= 32, "a lane per slab");
-  static constexpr int kSlabBytes = kSlabKeys * kHeadDim * int(sizeof(Element));
-
-  // Stage 0's first slab in shared memory: K (keys, dims), V (dims, keys). A slab starts a whole
-  // number of swizzle periods into its stage, so every slab has this layout.
-  using SlabK = decltype(cute::composition(
-      SmemLayoutK{}(cute::_, cute::_, cute::_0{}),
-      cute::make_tile(cute::Layout<cute::Int<kSlabKeys>>{}, cute::Layout<cute::Int<kHeadDim>>{})));
-  using SlabV = decltype(cute::composition(
-      SmemLayoutV{}(cute::_, cute::_, cute::_0{}),
-      cute::make_tile(cute::Layout<cute::Int<kHeadDim>>{}, cute::Layout<cute::Int<kSlabKeys>>{})));
+  // Slabs of kKeys keys: kSlabs of them per tile, one table entry each (a lane per slab).
+  template <int kKeys>
+  struct Slab {
+    static constexpr int kSlabs = kTileKeys / kKeys;
+    static_assert(kTileKeys % kKeys == 0 && kSlabs <= 32, "a lane per slab");
+    static constexpr int kBytes = kKeys * kHeadDim * int(sizeof(Element));
+    // Stage 0's first slab in shared memory: K (keys, dims), V (dims, keys). A slab starts a
+    // whole number of swizzle periods into its stage, so every slab has this layout.
+    using K = decltype(cute::composition(
+        SmemLayoutK{}(cute::_, cute::_, cute::_0{}),
+        cute::make_tile(cute::Layout<cute::Int<kKeys>>{}, cute::Layout<cute::Int<kHeadDim>>{})));
+    using V = decltype(cute::composition(
+        SmemLayoutV{}(cute::_, cute::_, cute::_0{}),
+        cute::make_tile(cute::Layout<cute::Int<kHeadDim>>{}, cute::Layout<cute::Int<kKeys>>{})));
+  };
+  static constexpr int kNarrow = 16, kWide = 64;  // slab keys: any page; pages of 64 or more
   // The cache as TMA sees it: K (slot, dim, (page, (group, heads_kv))), V (dim, slot, ...).
   using StrideV = decltype(cute::select<1, 0, 2>(StrideKV{}));
   using CacheShape = decltype(cute::repeat_like(StrideKV{}, int32_t(0)));
-  template <class Stride, class Slab>
+  template <class Stride, class SlabLayout>
   using Tma = decltype(cute::make_tma_copy(
       cute::SM90_TMA_LOAD{},
       cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)), CacheShape{},
                         Stride{}),
-      Slab{}));
+      SlabLayout{}));
+  // K's and V's descriptors for slabs of kKeys keys.
+  template <int kKeys>
+  struct Copies {
+    Tma<StrideKV, typename Slab<kKeys>::K> k;
+    Tma<StrideV, typename Slab<kKeys>::V> v;
+  };
 
   struct Params {
     const int32_t* table = nullptr;  // null: contiguous keys
@@ -62,8 +72,9 @@ struct PagedKV {
     int page_shift = 0, last_page = 0;
     int group = 1, head_dim = 0;  // query heads per kv head; the head dim (<= kHeadDim)
     CacheShape shape_k, shape_v;
-    Tma<StrideKV, SlabK> tma_k;
-    Tma<StrideV, SlabV> tma_v;
+    bool wide = false;  // pages of kWide keys or more: slabs of kWide keys (`wide_copies`)
+    Copies<kNarrow> narrow_copies;
+    Copies<kWide> wide_copies;
     // V for the warp's own copies: element (page, slot, kv head, dim) at page * v_page + slot *
     // v_slot + head * v_head + dim.
     const Element* v = nullptr;
@@ -100,11 +111,16 @@ struct PagedKV {
     p.shape_k = CacheShape{slots, p.head_dim,
                            make_tuple(static_cast<int>(num_pages), make_tuple(p.group, heads_kv))};
     p.shape_v = select<1, 0, 2>(p.shape_k);
-    p.tma_k = make_tma_copy(SM90_TMA_LOAD{},
-                            make_tensor(make_gmem_ptr(k), p.shape_k, kv(a.k_stride)), SlabK{});
-    p.tma_v = make_tma_copy(
-        SM90_TMA_LOAD{},
-        make_tensor(make_gmem_ptr(v), p.shape_v, select<1, 0, 2>(kv(a.v_stride))), SlabV{});
+    const auto gk = make_tensor(make_gmem_ptr(k), p.shape_k, kv(a.k_stride));
+    const auto gv = make_tensor(make_gmem_ptr(v), p.shape_v, select<1, 0, 2>(kv(a.v_stride)));
+    p.wide = slots >= kWide;
+    if (p.wide) {
+      p.wide_copies = {make_tma_copy(SM90_TMA_LOAD{}, gk, typename Slab<kWide>::K{}),
+                       make_tma_copy(SM90_TMA_LOAD{}, gv, typename Slab<kWide>::V{})};
+    } else {
+      p.narrow_copies = {make_tma_copy(SM90_TMA_LOAD{}, gk, typename Slab<kNarrow>::K{}),
+                         make_tma_copy(SM90_TMA_LOAD{}, gv, typename Slab<kNarrow>::V{})};
+    }
     p.v = v;
     p.v_page = a.v_stride[0];
     p.v_slot = a.v_stride[1];
@@ -113,9 +129,12 @@ struct PagedKV {
   }
 
   CUTLASS_DEVICE static void prefetch(Params const& p) {
-    if (p.table != nullptr) {
-      cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
-      cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    if (p.table != nullptr && p.wide) {
+      cute::prefetch_tma_descriptor(p.wide_copies.k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.wide_copies.v.get_tma_descriptor());
+    } else if (p.table != nullptr) {
+      cute::prefetch_tma_descriptor(p.narrow_copies.k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.narrow_copies.v.get_tma_descriptor());
     }
   }
 
@@ -134,9 +153,10 @@ struct PagedKV {
   // sequence), give -1, page 0 once clamped.
   CUTLASS_DEVICE static int slab_entry(Params const& p, Unit const& u, int tile) {
     const int lane = int(threadIdx.x) % 32;
-    const int64_t token = int64_t(u.start) + int64_t(tile) * kTileKeys + lane * kSlabKeys;
+    const int keys = p.wide ? kWide : kNarrow;
+    const int64_t token = int64_t(u.start) + int64_t(tile) * kTileKeys + lane * keys;
     const int64_t entry = token >> p.page_shift;
-    return lane < kSlabs && entry < p.pages_per_seq ? u.row[entry] : -1;
+    return lane < kTileKeys / keys && entry < p.pages_per_seq ? u.row[entry] : -1;
   }
 
   // Loads key tile `tile` of the unit, K (kV false) or V, into the pipeline stage at `write`
@@ -145,7 +165,21 @@ struct PagedKV {
   template <bool kV, class Pipeline, class State>
   CUTLASS_DEVICE static void load(Params const& p, Unit const& u, int tile, int entry,
                                   Pipeline& pipeline, State& write, Element* smem, bool leader) {
+    if (p.wide) {
+      load_slabs<kV, kWide>(p, p.wide_copies, u, tile, entry, pipeline, write, smem, leader);
+    } else {
+      load_slabs<kV, kNarrow>(p, p.narrow_copies, u, tile, entry, pipeline, write, smem, leader);
+    }
+  }
+
+  // load() in slabs of kKeys keys, through `copies`.
+  template <bool kV, int kKeys, class Pipeline, class State>
+  CUTLASS_DEVICE static void load_slabs(Params const& p, Copies<kKeys> const& copies, Unit const& u,
+                                        int tile, int entry, Pipeline& pipeline, State& write,
+                                        Element* smem, bool leader) {
     using namespace cute;
+    constexpr int kSlabKeys = kKeys, kSlabs = Slab<kKeys>::kSlabs;
+    constexpr int kSlabBytes = Slab<kKeys>::kBytes;
     const int pages = clamp_page(entry, p.last_page);
     const int token0 = u.start + tile * kTileKeys;
     // TMA loads the slabs below `by_tma`: K's that hold a key of the unit, V's that hold only its
@@ -157,7 +191,7 @@ struct PagedKV {
     while (pipeline.producer_try_acquire(write) != cutlass::BarrierStatus::WaitDone) {
     }
     if constexpr (kV) {
-      copy_tail(p, u, token0, by_tma, pages, smem, write.index());
+      copy_tail<kKeys>(p, u, token0, by_tma, pages, smem, write.index());
     }
     auto* barrier = pipeline.producer_get_barrier(write);
     if (leader) {
@@ -166,9 +200,9 @@ struct PagedKV {
     // The descriptor stays in the kernel's parameters (a TMA copy takes its address).
     auto const& tma = [&]() -> auto const& {
       if constexpr (kV) {
-        return p.tma_v;
+        return copies.v;
       } else {
-        return p.tma_k;
+        return copies.k;
       }
     }();
     Tensor m = tma.get_tma_tensor(kV ? p.shape_v : p.shape_k);
@@ -200,12 +234,14 @@ struct PagedKV {
     ++write;
   }
 
-  // The warp's copy of V's slabs [first, kSlabs) of the tile at token0 into `stage`: rows past
-  // the unit's end and columns past the head dim become 0. Published to the async proxy (the
-  // tensor cores read the stage through it) before the caller's arrival.
+  // The warp's copy of V's slabs (of kKeys keys) [first, kSlabs) of the tile at token0 into
+  // `stage`: rows past the unit's end and columns past the head dim become 0. Published to the
+  // async proxy (the tensor cores read the stage through it) before the caller's arrival.
+  template <int kKeys>
   CUTLASS_DEVICE static void copy_tail(Params const& p, Unit const& u, int token0, int first,
                                        int pages, Element* smem, int stage) {
     using namespace cute;
+    constexpr int kSlabKeys = kKeys, kSlabs = Slab<kKeys>::kSlabs;
     if (first == kSlabs) {
       return;
     }
