@@ -39,6 +39,9 @@ Status run_planned(const core::Request& r, const core::Problem& p, const core::P
 // which must be the plan's (else Code::DeviceMismatch): a logsumexp exactly when planned, each
 // address present, then run_planned. Throws Failure for CUDA errors.
 Status run_prepared(const Prepared& call, const RunArgs& data, cudaStream_t stream);
+// The same where the caller knows the current device (`device`; the Rust bridge has just made
+// it current), which saves asking CUDA again.
+Status run_prepared(const Prepared& call, const RunArgs& data, cudaStream_t stream, int device);
 
 // The device's compute capability and per-block shared-memory limit, read once per device.
 core::DeviceCaps device_caps(int device);

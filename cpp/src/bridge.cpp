@@ -252,7 +252,7 @@ StatusFfi run_plan(const detail::Prepared& call, const RunAddressesFfi& a, int32
     use_device(ordinal);
     const RunArgs data{as_ptr(a.q), as_ptr(a.k), as_ptr(a.v), as_ptr(a.out),
                        static_cast<float*>(as_ptr(a.lse))};
-    s = detail::run_prepared(call, data, as_stream(stream));
+    s = detail::run_prepared(call, data, as_stream(stream), ordinal);
   } catch (const std::exception& e) {
     s = detail::to_status(e);
   }

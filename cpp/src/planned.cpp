@@ -29,6 +29,10 @@ Status run_prepared(const Prepared& call, const RunArgs& data, cudaStream_t stre
   if (Status s = current_device(&device); !s.ok()) {
     return s;
   }
+  return run_prepared(call, data, stream, device);
+}
+
+Status run_prepared(const Prepared& call, const RunArgs& data, cudaStream_t stream, int device) {
   if (device != call.device) {
     return core::fail(Code::DeviceMismatch, Operand::Q, Field::None, call.device, device, 0);
   }
