@@ -73,10 +73,14 @@ SequenceSplits sequence_splits(Kernel kernel, const TileRow& row, int64_t query_
   // Units per split of a sequence, and the units of splits of `keys` keys.
   const int64_t per_split = heads * ceil_div(query_rows, row.tile.queries_per_block);
   const int64_t target = split_target(kernel, row, multiprocessors);
+  // A sequence of k keys takes max(1, ceil(k / keys)) splits.
+  auto splits_of = [](int64_t k, int64_t keys) {
+    return std::max<int64_t>(1, ceil_div(std::max<int64_t>(k, 0), keys));
+  };
   auto units = [&](int64_t keys) {
     int64_t n = 0;
     for (int64_t k : key_counts) {
-      n += std::max<int64_t>(1, ceil_div(std::max<int64_t>(k, 0), keys));
+      n += splits_of(k, keys);
     }
     return n * per_split;
   };
@@ -106,7 +110,7 @@ SequenceSplits sequence_splits(Kernel kernel, const TileRow& row, int64_t query_
   int64_t next = 0;
   s.first.push_back(0);
   for (int64_t k : key_counts) {
-    next += std::max<int64_t>(1, ceil_div(std::max<int64_t>(k, 0), s.keys));
+    next += splits_of(k, s.keys);
     s.first.push_back(static_cast<uint16_t>(next));
   }
   return s;
