@@ -244,6 +244,11 @@ struct Kernel {
     if (warp == 0 && elected) {
       Mainloop::prefetch_tma_descriptors(params.mainloop);
     }
+    if (params.splits.count > 1) {
+      // The combine is launched as this grid's programmatic dependent (split/combine.cuh): it
+      // may start on the SMs this grid leaves free, and waits for the whole grid before reading.
+      cudaTriggerProgrammaticLaunchCompletion();
+    }
 
     typename PipelineQ::Params q_params;
     q_params.transaction_bytes = Mainloop::kOuterLoadBytes;

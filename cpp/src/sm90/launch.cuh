@@ -188,7 +188,7 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                                         parts.out(),
                                         parts.lse()};
   enqueue("launch fmha_sm90_kernel (split keys)");
-  parts.combine<T>(a, stream);
+  parts.combine<T>(a, stream, /*programmatic=*/true);
 }
 
 }  // namespace flashcore::sm90

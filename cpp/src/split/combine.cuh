@@ -11,8 +11,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "../check.h"
 #include "../launcher.h"
@@ -31,44 +33,95 @@ struct CombineParams {
   int32_t seq_q, heads, head_dim, splits;  // seq_q: rows per head (rows_per_head)
 };
 
-constexpr int kCombineThreads = 128;
-constexpr int kCombineVector = 8;  // columns per thread: one 16-byte store
+constexpr int kCombineMaxThreads = 256;
+constexpr int kCombineVector = 8;  // columns per thread: one 16-byte load pair, one store
+constexpr int kCombineMaxSplits = 64;
+static_assert(kCombineMaxSplits >= kMaxKvSplits, "the combine holds every split's weight");
+static_assert(kCombineMaxSplits <= 64, "the first warp reduces two splits per lane");
 
-// Rows of head_dim / 8 threads each, kCombineThreads / (head_dim / 8) rows per block. T is the
-// output element (a 16-bit float type constructible from float).
+// The thread groups of a row's block: one per split, as many as fit in kCombineMaxThreads
+// threads of head_dim / 8 column vectors each, so that the splits' states are read in parallel,
+// one DRAM read deep, rather than split after split.
+inline int combine_groups(int64_t head_dim, int32_t splits) {
+  const int vectors = static_cast<int>(head_dim / kCombineVector);
+  return std::max(1, std::min<int>(splits, kCombineMaxThreads / vectors));
+}
+
+// The larger of two logsumexps, NaN winning (a NaN state makes the row NaN).
+__device__ inline float lse_max(float a, float b) { return a > b || a != a ? a : b; }
+
+// One block per row, groups of head_dim / 8 threads (combine_groups; blockDim.x at least 32).
+// The first warp reduces the splits' logsumexps (two per lane) to the row's max, weights and
+// their sum; group g then accumulates the column vectors of splits g, g + groups, ..., and the
+// first group adds the groups' sums. T is the output element (a 16-bit float type constructible
+// from float).
 template <typename T>
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineParams p) {
+__global__ void __launch_bounds__(kCombineMaxThreads) combine_kernel(const CombineParams p) {
+  __shared__ float weights[kCombineMaxSplits];
+  __shared__ float row_max, row_total;
+  __shared__ float4 sums[kCombineMaxThreads][kCombineVector / 4];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent (Partials::combine): the split kernel's partial states
+  // are complete and visible only after this wait. Without that launch it returns at once.
+  cudaGridDependencySynchronize();
+#endif
+  const int64_t row = blockIdx.x;
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < 32) {
+    const float l0 = t < p.splits ? p.part_lse[t * p.rows + row] : -INFINITY;
+    const float l1 = t + 32 < p.splits ? p.part_lse[(t + 32) * p.rows + row] : -INFINITY;
+    float m = lse_max(l0, l1);
+    for (int d = 16; d > 0; d /= 2) {
+      m = lse_max(m, __shfl_xor_sync(0xffffffffu, m, d));
+    }
+    // A split without visible keys (lse -inf) weighs 0; so does every split when all are -inf.
+    const float w0 = m == -INFINITY ? 0.f : ::expf(l0 - m);
+    const float w1 = m == -INFINITY ? 0.f : ::expf(l1 - m);
+    float total = w0 + w1;
+    for (int d = 16; d > 0; d /= 2) {
+      total += __shfl_xor_sync(0xffffffffu, total, d);
+    }
+    weights[t] = w0;
+    weights[t + 32] = w1;
+    if (t == 0) {
+      row_max = m;
+      row_total = total;
+    }
+  }
+  __syncthreads();
+
   const int vectors = p.head_dim / kCombineVector;
-  const int per_block = kCombineThreads / vectors;
-  const int local = static_cast<int>(threadIdx.x) / vectors;
-  const int column = static_cast<int>(threadIdx.x) % vectors * kCombineVector;
-  const int64_t row = int64_t(blockIdx.x) * per_block + local;
-  if (local >= per_block || row >= p.rows) {
-    return;
-  }
-  float m = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) {
-    const float l = p.part_lse[s * p.rows + row];
-    m = l > m || l != l ? l : m;  // NaN wins
-  }
+  const int groups = static_cast<int>(blockDim.x) / vectors;
+  const int group = t / vectors, column = t % vectors * kCombineVector;
   float acc[kCombineVector] = {};
-  float total = 0.f;
-  if (m != -INFINITY) {
-    for (int s = 0; s < p.splits; ++s) {
-      const float w = ::expf(p.part_lse[s * p.rows + row] - m);
-      total += w;
-      if (w != 0.f) {  // a split without keys is never read
-        const float4* src =
-            reinterpret_cast<const float4*>(p.part_out + (s * p.rows + row) * p.head_dim + column);
-        const float4 a = src[0], b = src[1];
-        const float x[kCombineVector] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  for (int s = group; s < p.splits; s += groups) {
+    const float w = weights[s];
+    if (w != 0.f) {  // a weightless split's state is never read
+      const float4* src = reinterpret_cast<const float4*>(
+          p.part_out + (int64_t(s) * p.rows + row) * p.head_dim + column);
+      const float4 a = src[0], b = src[1];
+      const float x[kCombineVector] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-        for (int e = 0; e < kCombineVector; ++e) {
-          acc[e] += w * x[e];
-        }
+      for (int e = 0; e < kCombineVector; ++e) {
+        acc[e] += w * x[e];
       }
     }
   }
+  sums[t][0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  sums[t][1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  __syncthreads();
+  if (group != 0) {
+    return;
+  }
+  for (int g = 1; g < groups; ++g) {
+    const float4 a = sums[g * vectors + t][0], b = sums[g * vectors + t][1];
+    const float x[kCombineVector] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int e = 0; e < kCombineVector; ++e) {
+      acc[e] += x[e];
+    }
+  }
+  const float m = row_max, total = row_total;
   const float inv = total > 0.f ? 1.f / total : 0.f;
   alignas(16) T packed[kCombineVector];
 #pragma unroll
@@ -80,7 +133,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   T* dst = static_cast<T*>(p.out) + b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] +
            column;
   *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(packed);
-  if (p.lse != nullptr && column == 0) {
+  if (p.lse != nullptr && t == 0) {
     p.lse[row] = m == -INFINITY ? -INFINITY : m + ::logf(total);
   }
 }
@@ -103,15 +156,29 @@ class Partials {
       : splits_(splits),
         rows_(row_entries(a) * a.heads_q * rows_per_head(a)),
         scratch_(sizeof(float) * size_t(splits) * size_t(rows_) * size_t(a.head_dim + 1), stream),
-        lse_(scratch_.floats() + int64_t(splits) * rows_ * a.head_dim) {}
+        lse_(scratch_.floats() + int64_t(splits) * rows_ * a.head_dim) {
+    // Checked before the split kernel's launch: the planner never exceeds these.
+    if (splits > kCombineMaxSplits || a.head_dim % kCombineVector != 0 ||
+        a.head_dim > kCombineMaxThreads * kCombineVector || rows_ > INT32_MAX) {
+      throw detail::Failure(Code::Launch, "",
+                            "split-KV combine: " + std::to_string(splits) + " splits of " +
+                                std::to_string(rows_) + " rows of head dim " +
+                                std::to_string(a.head_dim) + " (at most " +
+                                std::to_string(kCombineMaxSplits) + " splits, head dim a multiple "
+                                "of 8 up to 2048)");
+    }
+  }
   float* out() const { return scratch_.floats(); }
   float* lse() const { return lse_; }
   // The rows of one split's state.
   int64_t rows() const { return rows_; }
 
   // Enqueues the combine of the partial states into `a`'s output (and logsumexp) on `stream`.
+  // `programmatic` (compute capability 9.0 and later only): a programmatic dependent launch, so
+  // that the GPU sets the combine up while the split kernel's last blocks run; the kernel waits
+  // for the split kernel's grid before it reads a state.
   template <typename T>
-  void combine(const FmhaArgs& a, cudaStream_t stream) const {
+  void combine(const FmhaArgs& a, cudaStream_t stream, bool programmatic = false) const {
     CombineParams c{};
     c.part_out = out();
     c.part_lse = lse();
@@ -125,10 +192,21 @@ class Partials {
     c.heads = static_cast<int32_t>(a.heads_q);
     c.head_dim = static_cast<int32_t>(a.head_dim);
     c.splits = splits_;
-    const int64_t per_block = kCombineThreads / (a.head_dim / kCombineVector);
-    const auto blocks = static_cast<unsigned>((rows_ + per_block - 1) / per_block);
-    combine_kernel<T><<<blocks, kCombineThreads, 0, stream>>>(c);
-    check_cuda(cudaGetLastError(), "launch the split-KV combine kernel");
+    // At least a warp: the first one reduces the logsumexps (threads past the last group have
+    // no split to read and add zeros).
+    const int threads = std::max(32, combine_groups(a.head_dim, splits_) *
+                                         static_cast<int>(a.head_dim / kCombineVector));
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(rows_));
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = programmatic ? 1 : 0;
+    check_cuda(cudaLaunchKernelEx(&config, combine_kernel<T>, c),
+               "launch the split-KV combine kernel");
   }
 
  private:
