@@ -448,6 +448,65 @@ struct ConsumerLoop : Base {
     }
   }
 
+  // The pipeline traffic of compute() without its work, for a warpgroup whose rows all lie past
+  // the unit's queries (a decode's packed rows fill the first warpgroup; a last query block may
+  // fill one): it takes its turns and waits for and releases every stage as compute() does, in
+  // the same order (a consumer that ran ahead would release a stage of the next round early),
+  // and issues no product.
+  template <class OrderBarrier>
+  CUTLASS_DEVICE static void idle(int tiles, int consumer, MainloopPipeline& pipeline,
+                                  PipelineState& read, MainloopPipelineQ& pipeline_q,
+                                  PipelineStateQ& read_q, OrderBarrier& order) {
+    pipeline_q.consumer_wait(read_q);
+    pipeline.consumer_wait(read);  // K0
+    if constexpr (kTurns) {
+      Turns::wait(consumer);
+      Turns::pass(consumer);
+    } else {
+      order.wait();
+      order.arrive();
+    }
+    pipeline.consumer_release(read);  // K0
+    ++read;                           // now at V0
+    if constexpr (!kOverlap) {
+      Turns::wait(consumer);
+      pipeline.consumer_wait(read);  // V0
+    }
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int j = 1; j < tiles; ++j) {
+      PipelineState read_k = read;
+      ++read_k;
+      pipeline.consumer_wait(read_k);  // K(j)
+      if constexpr (kOverlap) {
+        Turns::wait(consumer);
+        pipeline.consumer_wait(read);  // V(j-1)
+        Turns::pass(consumer);
+        pipeline.consumer_release(read_k);
+        pipeline.consumer_release(read);
+        read = read_k;
+        ++read;
+      } else {
+        Turns::pass(consumer);
+        pipeline.consumer_release(read_k);
+        pipeline.consumer_release(read);
+        read = read_k;
+        ++read;
+        Turns::wait(consumer);
+        pipeline.consumer_wait(read);  // V(j)
+      }
+    }
+    if constexpr (kOverlap) {
+      Turns::wait(consumer);
+      pipeline.consumer_wait(read);  // V(last)
+    }
+    Turns::pass(consumer);
+    pipeline.consumer_release(read);  // V(last)
+    ++read;
+    if constexpr (Base::kIsPersistent) {
+      pipeline_q.consumer_release(read_q);
+    }
+  }
+
   // Row max and row sum of one thread's rows, and the P.V accumulator, for the epilogue.
   template <class BlkCoord, class ProblemShape, class Unused1, class Unused2, class OrderBarrier,
             class Fusion = CausalBandMask>
@@ -510,6 +569,12 @@ struct ConsumerLoop : Base {
               get<2, 1>(blk), make_tensor(tPcP.data(), layout_acc_mn(mma_qk, tPcP.layout())),
               key_first(problem), (first + tiles) * kTileKeys);
 
+    if (get<0>(wg) * int(get<0>(TileShapeQK{})) >= seq_q(problem)) {
+      idle(tiles, consumer, pipeline, read, pipeline_q, read_q, order);
+      Tensor lse = make_tensor<float>(Int<kRows>{});
+      fill(lse, -INFINITY);
+      return make_tuple(acc_o, lse);  // rows the epilogue never stores
+    }
     pipeline_q.consumer_wait(read_q);
 
     // Tile 0: S = Q K0^T, taking turns with the other warpgroups for the first product.
