@@ -7,7 +7,9 @@
 // keys (validation) and a unit's keys start at a multiple of the tile's (64 or 128), so a slab
 // lies in one page, and its rows are one TMA box per 64 columns, read through a descriptor that
 // sees the cache as a dense batch of num_pages sequences of page_size keys. The slabs of a tile
-// complete on the tile's pipeline stage like the dense tile's one load. The warp's lanes hold the table entry of one slab each, loaded two tiles ahead
+// complete on the tile's pipeline stage like the dense tile's one load. The warp's lanes hold
+// the table entry of one slab each (each lane issues its K slab's copies; one lane issues V's,
+// slab after slab: load_slabs), loaded two tiles ahead
 // and first used (clamped) when its tile loads: a load's result used at once stalls the warp for
 // the whole memory latency, which cost the first version half its bandwidth
 // (docs/PERFORMANCE.md).
@@ -206,20 +208,15 @@ struct PagedKV {
       }
     }();
     Tensor m = tma.get_tma_tensor(kV ? p.shape_v : p.shape_k);
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int s = 0; s < by_tma; ++s) {
-      const int page = __shfl_sync(0xffffffffu, pages, s);
-      if (!leader) {
-        continue;
-      }
+    auto issue = [&](int s, int page) {
       const int slot_tile = ((token0 + s * kSlabKeys) & ((1 << p.page_shift) - 1)) / kSlabKeys;
+      auto cta = tma.get_slice(0);
       if constexpr (kV) {
         Tensor g = local_tile(m(_, _, make_coord(page, make_coord(0, u.kv_head))),
                               Shape<Int<kHeadDim>, Int<kSlabKeys>>{}, make_coord(0, slot_tile));
         Tensor sv = make_tensor(make_smem_ptr(smem), SmemLayoutV{});
         Tensor slab = local_tile(sv(_, _, write.index()), Shape<Int<kHeadDim>, Int<kSlabKeys>>{},
                                  make_coord(0, s));
-        auto cta = tma.get_slice(0);
         copy(tma.with(*barrier), cta.partition_S(g), cta.partition_D(slab));
       } else {
         Tensor g = local_tile(m(_, _, make_coord(page, make_coord(0, u.kv_head))),
@@ -227,8 +224,24 @@ struct PagedKV {
         Tensor sk = make_tensor(make_smem_ptr(smem), SmemLayoutK{});
         Tensor slab = local_tile(sk(_, _, write.index()), Shape<Int<kSlabKeys>, Int<kHeadDim>>{},
                                  make_coord(s, 0));
-        auto cta = tma.get_slice(0);
         copy(tma.with(*barrier), cta.partition_S(g), cta.partition_D(slab));
+      }
+    };
+    if constexpr (!kV) {
+      // K: lane s issues slab s's copies through its own table entry, the lanes' copies in one
+      // pass (pages of 16: 16 x 8k decodes in 157.6 us, not 184.6). V's slabs issued the same
+      // way came out wrong (docs/SERVING.md), so one lane issues them, slab after slab.
+      const int s = int(threadIdx.x) % 32;
+      if (s < by_tma) {
+        issue(s, pages);
+      }
+    } else {
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int s = 0; s < by_tma; ++s) {
+        const int page = __shfl_sync(0xffffffffu, pages, s);
+        if (leader) {
+          issue(s, page);
+        }
       }
     }
     ++write;
