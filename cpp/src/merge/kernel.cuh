@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "merge/launch.h"
+#include "merge/state.cuh"
 
 namespace flashcore::merge {
 
@@ -55,8 +56,7 @@ __global__ void merge_kernel(__grid_constant__ const MergeLaunch p, int rows_per
   if (active) {
     float m = -INFINITY;
     for (int64_t i = 0; i < p.count; ++i) {
-      const float l = p.lses[i][lse_index];
-      m = l > m || l != l ? l : m;  // NaN wins
+      m = lse_max(p.lses[i][lse_index], m);
     }
     float acc[kVector] = {};
     if (m == -INFINITY) {
@@ -64,7 +64,7 @@ __global__ void merge_kernel(__grid_constant__ const MergeLaunch p, int rows_per
     } else {
       float total = 0.f;
       for (int64_t i = 0; i < p.count; ++i) {
-        const float w = ::expf(p.lses[i][lse_index] - m);
+        const float w = state_weight(p.lses[i][lse_index], m);
         total += w;
         if (w != 0.f) {  // a state without keys is never read
           const int64_t* st = p.out_strides[i];
@@ -83,7 +83,7 @@ __global__ void merge_kernel(__grid_constant__ const MergeLaunch p, int rows_per
       for (int e = 0; e < kVector; ++e) {
         acc[e] *= inv;
       }
-      merged_lse = m + ::logf(total);
+      merged_lse = merge::merged_lse(m, total);
     }
     uint4 raw;
     T* y = reinterpret_cast<T*>(&raw);

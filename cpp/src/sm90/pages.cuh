@@ -131,10 +131,13 @@ struct PagedKV {
   }
 
   CUTLASS_DEVICE static void prefetch(Params const& p) {
-    if (p.table != nullptr && p.wide) {
+    if (p.table == nullptr) {
+      return;
+    }
+    if (p.wide) {
       cute::prefetch_tma_descriptor(p.wide_copies.k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(p.wide_copies.v.get_tma_descriptor());
-    } else if (p.table != nullptr) {
+    } else {
       cute::prefetch_tma_descriptor(p.narrow_copies.k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(p.narrow_copies.v.get_tma_descriptor());
     }

@@ -18,6 +18,7 @@
 
 #include "../check.h"
 #include "../launcher.h"
+#include "../merge/state.cuh"
 #include "../scratch.h"
 #include "units.cuh"
 
@@ -47,9 +48,6 @@ inline int combine_groups(int64_t head_dim, int32_t splits) {
   return std::max(1, std::min<int>(splits, kCombineMaxThreads / vectors));
 }
 
-// The larger of two logsumexps, NaN winning (a NaN state makes the row NaN).
-__device__ inline float lse_max(float a, float b) { return a > b || a != a ? a : b; }
-
 // One block per row, groups of head_dim / 8 threads (combine_groups; blockDim.x at least 32).
 // The first warp reduces the splits' logsumexps (two per lane) to the row's max, weights and
 // their sum; group g then accumulates the column vectors of splits g, g + groups, ..., and the
@@ -70,13 +68,12 @@ __global__ void __launch_bounds__(kCombineMaxThreads) combine_kernel(const Combi
   if (t < 32) {
     const float l0 = t < p.splits ? p.part_lse[t * p.rows + row] : -INFINITY;
     const float l1 = t + 32 < p.splits ? p.part_lse[(t + 32) * p.rows + row] : -INFINITY;
-    float m = lse_max(l0, l1);
+    float m = merge::lse_max(l0, l1);
     for (int d = 16; d > 0; d /= 2) {
-      m = lse_max(m, __shfl_xor_sync(0xffffffffu, m, d));
+      m = merge::lse_max(m, __shfl_xor_sync(0xffffffffu, m, d));
     }
     // A split without visible keys (lse -inf) weighs 0; so does every split when all are -inf.
-    const float w0 = m == -INFINITY ? 0.f : ::expf(l0 - m);
-    const float w1 = m == -INFINITY ? 0.f : ::expf(l1 - m);
+    const float w0 = merge::state_weight(l0, m), w1 = merge::state_weight(l1, m);
     float total = w0 + w1;
     for (int d = 16; d > 0; d /= 2) {
       total += __shfl_xor_sync(0xffffffffu, total, d);
@@ -134,7 +131,7 @@ __global__ void __launch_bounds__(kCombineMaxThreads) combine_kernel(const Combi
            column;
   *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(packed);
   if (p.lse != nullptr && t == 0) {
-    p.lse[row] = m == -INFINITY ? -INFINITY : m + ::logf(total);
+    p.lse[row] = merge::merged_lse(m, total);
   }
 }
 
