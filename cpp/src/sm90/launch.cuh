@@ -218,8 +218,10 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                     (FLAGS & flashcore::sm90::kFlagModifiers) == 0 &&                            \
                     (CAUSAL_FLAGS & flashcore::sm90::kFlagModifiers) == 0,                       \
                 "only the modifier and bias schedules have the modifier flag");                  \
-  static_assert(BIAS_FLAGS == (MODIFIER_FLAGS | flashcore::sm90::kFlagBias),                     \
-                "the bias schedule is the modifier schedule with the bias");                     \
+  static_assert((BIAS_FLAGS & flashcore::sm90::kFlagModifiers) != 0 &&                           \
+                    (BIAS_FLAGS & flashcore::sm90::kFlagBias) != 0 &&                            \
+                    (MODIFIER_FLAGS & flashcore::sm90::kFlagBias) == 0,                          \
+                "only the bias schedule has the bias flag, on top of the modifiers");            \
   FLASHCORE_SM90_SCHEDULE(T, TAG, Q, K, D, FLAGS)                                                \
   namespace flashcore::sm90 {                                                                    \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS(const FmhaArgs&, cudaStream_t);    \
