@@ -204,14 +204,16 @@ impl Config<'_> {
         ] {
             h.update(fs::read(self.cpp.join(file)).expect("read a kernel header under cpp/"));
         }
-        // Every header of the family's folder (launcher and kernel), so a new one cannot be
-        // missed, and the device headers the families share: cpp/src/*.cuh (fast_math.cuh) and
-        // cpp/src/split/ (the split-KV combine).
+        // Every header of the family's folder (launcher and kernel) and its instances.inc (the
+        // sm90 schedules are read from it), so a new one cannot be missed, and the device headers
+        // the families share: cpp/src/*.cuh (fast_math.cuh) and cpp/src/split/ (the split-KV
+        // combine).
         let src = self.cpp.join("src");
         let dir = src.join(family.dir);
         let headers = files_with_extension(&dir, "cuh")
             .into_iter()
             .chain(files_with_extension(&dir, "h"))
+            .chain(files_with_extension(&dir, "inc"))
             .chain(files_with_extension(&src, "cuh"))
             .chain(files_with_extension(&src.join("split"), "cuh"));
         for path in headers {

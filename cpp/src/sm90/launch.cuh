@@ -4,9 +4,9 @@
 // moves each sequence's loads and stores to its first tokens. A paged cache's K and V have
 // descriptors of their own, over the pages (pages.cuh).
 //
-// Each file in instances/ (one per dtype x tile x schedule of instances.inc) instantiates
-// `launch_sm90<T, Q, K, D, FLAGS>` once (FLAGS: kernel.cuh's ScheduleFlags); a Hopper kernel
-// takes about a minute and 2.5 GB to compile.
+// Each file in instances/ (one per dtype x tile x role of instances.inc) instantiates
+// `launch_sm90<T, Q, K, D, FLAGS>` once (FLAGS: the role's kernel.cuh ScheduleFlags, from
+// schedules.h); a Hopper kernel takes about a minute and 2.5 GB to compile.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +20,7 @@
 #include "../launcher.h"
 #include "../smem.h"
 #include "sm90/kernel.cuh"
+#include "sm90/schedules.h"
 #include "split/combine.cuh"
 
 namespace flashcore::sm90 {
@@ -191,47 +192,63 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   parts.combine<T>(a, stream, /*programmatic=*/true);
 }
 
+// The roles' flags: only the modifier and bias schedules carry the modifier flag, and only the
+// bias schedule the bias flag (the tile's entry routes a call by what it needs; the other kernels
+// refuse it).
+constexpr bool roles_well_formed() {
+  constexpr int kExtras = kFlagModifiers | kFlagBias;
+  for (const TileSchedules& s : kTileSchedules) {
+    if ((s.plain & kExtras) != 0 || (s.causal & kExtras) != 0 ||
+        (s.modifiers & kExtras) != kFlagModifiers || (s.bias & kExtras) != kExtras) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(roles_well_formed(), "sm90/instances.inc: only the modifier and bias schedules "
+              "have the modifier flag, and only the bias schedule the bias flag");
+
 }  // namespace flashcore::sm90
 
-// Each file of instances/ compiles one kernel: `FLASHCORE_SM90_SCHEDULE` instantiates
-// `launch_sm90<T, Q, K, D, FLAGS>` as fmha_sm90_<TAG>_q<Q>_k<K>_d<D>_s<FLAGS> (FLAGS a number, the
-// sum of kernel.cuh's ScheduleFlags). The file of a tile's schedule without a mask also defines
-// the tile's entry, fmha_sm90_<TAG>_q<Q>_k<K>_d<D> (declared by dispatch.cpp from
-// instances.inc), which runs BIAS_FLAGS' kernel (the tile's `_bias.cu` file) for a bias,
-// MODIFIER_FLAGS' kernel (its `_modifiers.cu` file) for a softcap or ALiBi without one, and
-// otherwise CAUSAL_FLAGS' kernel under a causal mask: where that differs from FLAGS, it is the
-// tile's `_causal.cu` file.
-#define FLASHCORE_SM90_SCHEDULE(T, TAG, Q, K, D, FLAGS)                                          \
-  static_assert(flashcore::sm90::Kernel<T, Q, K, D, FLAGS>::kSmemBytes ==                        \
+// Each file of instances/ compiles one kernel: `FLASHCORE_SM90_ROLE(T, TAG, Q, K, D, ROLE)`
+// instantiates `launch_sm90<T, Q, K, D, FLAGS>` as fmha_sm90_<TAG>_q<Q>_k<K>_d<D>_<ROLE>, FLAGS
+// being the tile's schedule for ROLE (plain, causal, modifiers or bias) in instances.inc. The
+// file of a tile's plain schedule, `FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D)`, also defines the
+// tile's entry, fmha_sm90_<TAG>_q<Q>_k<K>_d<D> (declared by dispatch.cpp from instances.inc): the
+// bias kernel (the tile's `_bias.cu` file) for a bias, the modifier kernel (`_modifiers.cu`) for
+// a softcap or ALiBi without one, the causal kernel (`_causal.cu`, only where the causal schedule
+// differs from the plain one) under a causal mask, and otherwise the plain kernel.
+#define FLASHCORE_SM90_ROLE(T, TAG, Q, K, D, ROLE)                                               \
+  static_assert(flashcore::sm90::Kernel<T, Q, K, D,                                              \
+                                        flashcore::sm90::schedules_of(Q, K, D).ROLE>::kSmemBytes == \
                     flashcore::sm90_smem_bytes(flashcore::Tile{Q, K, D}),                        \
                 "flashcore/plan.h sm90_smem_bytes disagrees with cpp/src/sm90/kernel.cuh");       \
   namespace flashcore::sm90 {                                                                    \
-  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##FLAGS(const FmhaArgs& args,                     \
-                                                       cudaStream_t stream) {                    \
-    launch_sm90<T, Q, K, D, FLAGS>(args, stream);                                                \
+  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_##ROLE(const FmhaArgs& args,                       \
+                                                      cudaStream_t stream) {                     \
+    launch_sm90<T, Q, K, D, schedules_of(Q, K, D).ROLE>(args, stream);                           \
   }                                                                                              \
   }
 
-#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D, FLAGS, CAUSAL_FLAGS, MODIFIER_FLAGS,           \
-                                BIAS_FLAGS)                                                      \
-  static_assert((MODIFIER_FLAGS & flashcore::sm90::kFlagModifiers) != 0 &&                       \
-                    (FLAGS & flashcore::sm90::kFlagModifiers) == 0 &&                            \
-                    (CAUSAL_FLAGS & flashcore::sm90::kFlagModifiers) == 0,                       \
-                "only the modifier and bias schedules have the modifier flag");                  \
-  static_assert((BIAS_FLAGS & flashcore::sm90::kFlagModifiers) != 0 &&                           \
-                    (BIAS_FLAGS & flashcore::sm90::kFlagBias) != 0 &&                            \
-                    (MODIFIER_FLAGS & flashcore::sm90::kFlagBias) == 0,                          \
-                "only the bias schedule has the bias flag, on top of the modifiers");            \
-  FLASHCORE_SM90_SCHEDULE(T, TAG, Q, K, D, FLAGS)                                                \
+#define FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D)                                                 \
+  FLASHCORE_SM90_ROLE(T, TAG, Q, K, D, plain)                                                    \
   namespace flashcore::sm90 {                                                                    \
-  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS(const FmhaArgs&, cudaStream_t);    \
-  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##MODIFIER_FLAGS(const FmhaArgs&, cudaStream_t);  \
-  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##BIAS_FLAGS(const FmhaArgs&, cudaStream_t);      \
+  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_causal(const FmhaArgs&, cudaStream_t);             \
+  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_modifiers(const FmhaArgs&, cudaStream_t);          \
+  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_bias(const FmhaArgs&, cudaStream_t);               \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D(const FmhaArgs& args, cudaStream_t stream) {         \
-    (needs_bias(args)              ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##BIAS_FLAGS        \
-     : needs_modifiers(args)       ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##MODIFIER_FLAGS    \
-     : args.causal == Causal::None ? fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##FLAGS             \
-                                   : fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_s##CAUSAL_FLAGS)(    \
-        args, stream);                                                                           \
+    constexpr TileSchedules kSchedules = schedules_of(Q, K, D);                                  \
+    if (needs_bias(args)) {                                                                      \
+      return fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_bias(args, stream);                          \
+    }                                                                                            \
+    if (needs_modifiers(args)) {                                                                 \
+      return fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_modifiers(args, stream);                     \
+    }                                                                                            \
+    if constexpr (kSchedules.causal != kSchedules.plain) {                                       \
+      if (args.causal != Causal::None) {                                                         \
+        return fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_causal(args, stream);                      \
+      }                                                                                          \
+    }                                                                                            \
+    fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_plain(args, stream);                                  \
   }                                                                                              \
   }

@@ -552,12 +552,17 @@ struct ConsumerLoop : Base {
     const float natural = factors.to_log2 == 0.f ? params.scale_softmax : kLn2;
 
     // The unit's key tiles, counted from the first it visits (a window's left side may skip
-    // some); a tile needs the mask where it crosses a side of the band or the sequence end.
+    // some): the producer loads `tiles` of them for the block. This warpgroup computes the first
+    // `own` (its 64 rows see no key of the others: a causal block taller than a key tile), and a
+    // tile needs the mask where it crosses a side of the band or the sequence end for one of the
+    // warpgroup's own rows (the block's other rows do not matter).
     const int first = Fusion{}.get_first_tile(blk, TileShape{}, problem);
     const int tiles = Fusion{}.get_trip_count(blk, TileShape{}, problem) - first;
-    const int full = Fusion{}.get_first_full_tile(blk, TileShape{}, problem) - first;
-    const int unmasked = Fusion{}.get_unmasked_trip_count(blk, TileShape{}, problem) - first;
-    auto masked = [&](int j) { return j == 0 || j < full || j >= unmasked; };
+    const int own =
+        cute::max(1, cute::min(tiles, Fusion{}.get_trip_count(wg, TileShapeQK{}, problem) - first));
+    const int full = Fusion{}.get_first_full_tile(wg, TileShapeQK{}, problem) - first;
+    const int unmasked = Fusion{}.get_unmasked_trip_count(wg, TileShapeQK{}, problem) - first;
+    auto masked = [&](int j) { return j < full || j >= unmasked; };
     tPcP.data() = tPcP.data() + E<1>{} * (first * int(get<1>(TileShapeQK{})));
     // The bias's loads start before the first product (bias.cuh); a unit without a bias (or a
     // kernel without kBias) has none. Two consumer warpgroups have the registers to load the
@@ -600,7 +605,7 @@ struct ConsumerLoop : Base {
     ++read;  // now at V0
     float rescale[kRows];
     bool rescale_o =
-        softmax<Fusion>(acc_s, tPcP, 0, true, scale, factors, bias, params, problem, row_max,
+        softmax<Fusion>(acc_s, tPcP, 0, masked(0), scale, factors, bias, params, problem, row_max,
                         row_sum, rescale);
     Tensor p = make_acc_into_op<Element>(acc_s, typename TiledMmaPV::LayoutA_TV{});
     if constexpr (!kOverlap) {
@@ -609,7 +614,7 @@ struct ConsumerLoop : Base {
     }
 
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int j = 1; j < tiles; ++j) {
+    for (int j = 1; j < own; ++j) {
       PipelineState read_k = read;
       ++read_k;  // K(j) follows V(j-1)
       pipeline.consumer_wait(read_k);
@@ -672,8 +677,21 @@ struct ConsumerLoop : Base {
     Turns::pass(consumer);  // every turn taken above is passed on
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o);
-    pipeline.consumer_release(read);  // V(last)
+    pipeline.consumer_release(read);  // V(own - 1)
     ++read;
+    // The block's tiles past this warpgroup's own: their stages and turns, as idle() takes them
+    // (one turn per tile, so that every warpgroup of the block takes the same number).
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int j = own; j < tiles; ++j) {
+      pipeline.consumer_wait(read);  // K(j)
+      Turns::wait(consumer);
+      Turns::pass(consumer);
+      pipeline.consumer_release(read);
+      ++read;
+      pipeline.consumer_wait(read);  // V(j)
+      pipeline.consumer_release(read);
+      ++read;
+    }
     if constexpr (Base::kIsPersistent) {
       pipeline_q.consumer_release(read_q);
     }

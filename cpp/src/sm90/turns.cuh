@@ -6,7 +6,8 @@
 // One named barrier per warpgroup (user ids 0 to kWarpGroups - 1, above CUTLASS's reserved ones):
 // its 128 threads wait on it, and the 128 threads of the warpgroup before it in the cycle arrive
 // on it. Warpgroup 0 is given the first turn. Every warpgroup of a block takes the same number of
-// turns per work unit (its trip count is the block's), so the cycle never stalls. The last pass
+// turns per work unit (one per key tile the block visits, with an empty turn for each tile that
+// its own rows do not see, mainloop.cuh), so the cycle never stalls. The last pass
 // of a block is never waited for; compute-sanitizer's synccheck finds nothing to report.
 #pragma once
 

@@ -1,3 +1,3 @@
 // One kernel per translation unit: see ../instances.inc.
 #include "sm90/launch.cuh"
-FLASHCORE_SM90_INSTANCE(cutlass::bfloat16_t, BF16, 128, 128, 128, 133, 133, 269, 901)
+FLASHCORE_SM90_INSTANCE(cutlass::bfloat16_t, BF16, 128, 128, 128)

@@ -1,3 +1,3 @@
 // One kernel per translation unit: see ../instances.inc.
 #include "sm90/launch.cuh"
-FLASHCORE_SM90_INSTANCE(cutlass::bfloat16_t, BF16, 128, 64, 256, 41, 41, 297, 809)
+FLASHCORE_SM90_INSTANCE(cutlass::bfloat16_t, BF16, 128, 64, 256)

@@ -1,3 +1,3 @@
 // One kernel per translation unit: see ../instances.inc.
 #include "sm90/launch.cuh"
-FLASHCORE_SM90_INSTANCE(cutlass::bfloat16_t, BF16, 192, 128, 64, 108, 108, 364, 876)
+FLASHCORE_SM90_INSTANCE(cutlass::bfloat16_t, BF16, 192, 128, 64)
