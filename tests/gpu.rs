@@ -283,17 +283,23 @@ fn long_sequences_with_partial_tiles() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn hopper_causal_pairs_cover_every_query_block() {
-    // Under a causal mask the Hopper kernel's d = 128 and d = 256 rows run persistent blocks
-    // that walk the query blocks of each head in pairs (longest with shortest) once there are
-    // more query blocks than SMs (132 on an H100/H200): here 144-180 blocks of 128 rows, an odd
-    // count per head (a middle block without a partner) and an even one, both alignments,
-    // Sq != Sk, GQA, and the lse of every row.
+    // Under a causal mask the Hopper kernel's persistent blocks walk the query blocks of each
+    // head in pairs (longest with shortest) once there are more query blocks than SMs (132 on
+    // an H100/H200): here 144-240 blocks, an odd count per head (a middle block without a
+    // partner) and an even one, both alignments, Sq != Sk, GQA, and the lse of every row.
+    // Without a mask a unit is one block. Where the grid is a multiple of a head's units the
+    // walk rotates them each step (the d = 64 cases: 3 and 2 pairs of 192-row blocks per head,
+    // and 4 single blocks without a mask).
     let mut cases = Vec::new();
     for (b, hq, hk, sq, sk, d, causal) in [
         (1, 36, 4, 520, 520, 128, Causal::TopLeft),
         (1, 36, 12, 400, 650, 128, Causal::BottomRight),
         (2, 24, 8, 300, 300, 256, Causal::BottomRight),
         (2, 24, 24, 383, 250, 256, Causal::TopLeft),
+        (1, 48, 8, 800, 800, 64, Causal::TopLeft),
+        (1, 48, 16, 700, 900, 64, Causal::BottomRight),
+        (1, 40, 8, 700, 650, 64, Causal::None),
+        (1, 36, 4, 520, 700, 128, Causal::None),
     ] {
         cases.push(Case {
             b,

@@ -127,12 +127,15 @@ constexpr TileRow kWmmaDecodeRows[] = {
 // sm90/instances.inc.
 constexpr TileRow kSm90Rows[] = {
     {ArchClass::Sm90, 64, tile(192, 128, 64), sm90_smem_bytes(tile(192, 128, 64)),
-     "104 KB, three consumer warpgroups, one block per unit (474 vs 443 TFLOP/s at 2x32x8192x64 "
-     "against 128x128 persistent, round 4); our overlapped loop with issue turns and a free "
+     "104 KB, three consumer warpgroups (474 vs 443 TFLOP/s at 2x32x8192x64 against 128x128 "
+     "persistent, round 4); our overlapped loop with issue turns and a free "
      "epilogue (421-422 vs 408-411, 312-313 vs 298 causal, round 7); with the one-instruction "
      "exp2 (round 8a: 452-454 vs 421-423, 334-336 vs 312-313 causal, 525-544 vs 493-500 at "
      "2x32x8192x64, 476-477 vs 424-426 causal) lazy rescaling wins too (round 8c: 457-460 vs "
-     "451-453, 339-343 vs 333-336 causal, 541-542 vs 539-547, 478-480 vs 464-470 causal)"},
+     "451-453, 339-343 vs 333-336 causal, 541-542 vs 539-547, 478-480 vs 464-470 causal); "
+     "persistent once its walk rotates each head's units and leaves units without a mask "
+     "unpaired (round 23: 563-566 vs 589-591 us at 8x32x2048x64, 369-375 vs 385-386 causal, "
+     "2074-2080 vs 2032-2058 at 2x32x8192x64, 1142-1146 vs 1155-1165 causal)"},
     {ArchClass::Sm90, 128, tile(128, 128, 128), sm90_smem_bytes(tile(128, 128, 128)),
      "192 KB; our loop in example 88's order with the one-instruction exp2, persistent over "
      "balanced pairs of query blocks, free epilogue, for both masks (round 8a against example "

@@ -6,10 +6,16 @@
 // first, since under a causal mask it visits the most key tiles; the hardware hands the next unit
 // to whichever SM frees first, so the short blocks fill the tail. Persistent: a grid of at most
 // one block per SM walks the units with a stride of the grid. When there are more query blocks
-// than SMs, a unit is a pair: the pair `i` of a head is its query blocks `m_blocks - 1 - i` (the
-// longest under a causal mask) and `i` (the shortest). Under a causal mask every pair of a head
+// than SMs and a causal mask makes them uneven, a unit is a pair: the pair `i` of a head is its
+// query blocks `m_blocks - 1 - i` (the longest) and `i` (the shortest). Every pair of a head then
 // visits about the same number of key tiles, so a static walk stays balanced without a work
-// queue (measured: docs/HOPPER.md, round 7); without a mask the order is immaterial.
+// queue (measured: docs/HOPPER.md, round 7); without a mask a unit is one block (round 23). With
+// an odd count the middle block is a unit of its own, half a pair's work. Where the grid is a
+// multiple of the units per head, a block would meet the same position of every head it visits
+// (the single middle block at every step, say, and another block never), so there each step
+// rotates the positions within every head by one and every block meets each position in turn
+// (round 23); a step of the grid then covers whole heads, so the rotation maps the step's units
+// onto themselves.
 #pragma once
 
 #include <algorithm>
@@ -29,34 +35,54 @@ struct TileScheduler {
     cutlass::FastDivmod b_div;    // batch * heads -> (batch, head)
     int grid;
     bool paired;                  // a unit is a pair of query blocks
+    int per_head;                 // units per head
+    bool rotate;                  // each step rotates the positions in a head (grid % per_head 0)
   };
 
   static Params make(ProblemShape const& p, int block_rows, int sm_count) {
     const int heads = cute::size<1>(p);
     const int m_blocks = (seq_q(p) + block_rows - 1) / block_rows;
-    const bool paired = kPersistent && int64_t(m_blocks) * cute::get<0>(p) * heads > sm_count;
+    // Pairs balance blocks that visit different numbers of key tiles: only where the causal
+    // side hides from the first block keys that later ones see (without a mask every block
+    // visits them all, and a unit of one block splits the work finer).
+    const bool uneven = int64_t(causal_offset(p)) + block_rows < seq_k(p);
+    const bool paired =
+        kPersistent && uneven && int64_t(m_blocks) * cute::get<0>(p) * heads > sm_count;
     const int per_head = paired ? (m_blocks + 1) / 2 : m_blocks;
     const int units = per_head * cute::get<0>(p) * heads;
     const int grid = kPersistent ? std::max(1, std::min(units, sm_count)) : units;
     return Params{units, m_blocks, cutlass::FastDivmod(per_head),
-                  cutlass::FastDivmod(cute::get<0>(p)), grid, paired};
+                  cutlass::FastDivmod(cute::get<0>(p)), grid, paired,
+                  per_head, kPersistent && per_head > 1 && grid % per_head == 0};
   }
 
   static dim3 grid_shape(Params const& params) { return dim3(params.grid, 1, 1); }
 
   Params const& params;
   int unit;
+  int step = 0;         // persistent: how many strides of the grid this block has walked
   bool second = false;  // paired: the pair's shorter query block
 
   CUTLASS_DEVICE explicit TileScheduler(Params const& p) : params(p), unit(blockIdx.x) {}
 
   CUTLASS_DEVICE bool is_valid() const { return unit < params.units; }
 
+  // The unit's position within its head (the pair or query block index), rotated by the step
+  // where the grid covers whole heads.
+  CUTLASS_DEVICE int position(int m) const {
+    if (!params.rotate) {
+      return m;
+    }
+    const int r = m + step % params.per_head;
+    return r < params.per_head ? r : r - params.per_head;
+  }
+
   // (query block, _0, (batch, head)), head being the flat index into (group, heads_kv).
   CUTLASS_DEVICE auto get_block_coord() const {
     int rest = 0, m = 0, b = 0, h = 0;
     params.m_div(rest, m, unit);
     params.b_div(h, b, rest);
+    m = position(m);
     return cute::make_coord(second ? m : params.m_blocks - 1 - m, cute::_0{},
                             cute::make_coord(b, h));
   }
@@ -64,13 +90,14 @@ struct TileScheduler {
   CUTLASS_DEVICE TileScheduler& operator++() {
     if constexpr (kPersistent) {
       // The pair's second block, unless the pair is the middle block of an odd count.
-      const int m = params.m_div.rem(unit);
+      const int m = position(params.m_div.rem(unit));
       if (params.paired && !second && m != params.m_blocks - 1 - m) {
         second = true;
         return *this;
       }
       second = false;
       unit += int(gridDim.x);
+      ++step;
     } else {
       unit += params.units;
     }
