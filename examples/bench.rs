@@ -546,13 +546,20 @@ fn main() {
         std::process::exit(1)
     });
     let stream = Stream::new(&device).expect("create stream");
-    let mut records = Vec::new();
     let list: Vec<BenchShape> = shapes()
         .into_iter()
         .filter(|s| s.name().contains(&args.filter))
         .collect();
+    // Each shape's rows are printed as soon as it is measured, so that a run cut short keeps
+    // the shapes it finished.
+    println!(
+        "{:<14} {:<5} {:<26} {:>10} {:>10} {:>10} {:>9} {:>7}",
+        "backend", "dtype", "shape", "median_us", "p10_us", "p90_us", "TFLOP/s", "%peak"
+    );
+    let mut rows = Vec::new();
     for (i, shape) in list.iter().enumerate() {
         eprintln!("[{}/{}] {}", i + 1, list.len(), shape.name());
+        let mut records = Vec::new();
         for dtype in ["f16", "bf16"] {
             let runs = match dtype {
                 "f16" => gpu::<f16>(&stream, shape, args.iters, args.force),
@@ -580,33 +587,29 @@ fn main() {
                 });
             }
         }
-    }
-    println!(
-        "{:<14} {:<5} {:<26} {:>10} {:>10} {:>10} {:>9} {:>7}",
-        "backend", "dtype", "shape", "median_us", "p10_us", "p90_us", "TFLOP/s", "%peak"
-    );
-    let mut rows = Vec::new();
-    for r in &mut records {
-        let (med, p10, p90) = percentiles(&mut r.times_us);
-        let tflops = r.shape.flops() / (med * 1e-6) / 1e12;
-        let pct = args
-            .peak
-            .map_or(String::from("-"), |p| format!("{:.1}", 100.0 * tflops / p));
-        println!(
-            "{:<14} {:<5} {:<26} {:>10.1} {:>10.1} {:>10.1} {:>9.1} {:>7}",
-            r.backend,
-            r.dtype,
-            r.shape.name(),
-            med,
-            p10,
-            p90,
-            tflops,
-            pct
-        );
-        rows.push(json!({
-            "impl": format!("flashcore/{}", r.backend), "dtype": r.dtype, "shape": r.shape.name(),
-            "median_us": med, "p10_us": p10, "p90_us": p90, "tflops": tflops,
-        }));
+        for r in &mut records {
+            let (med, p10, p90) = percentiles(&mut r.times_us);
+            let tflops = r.shape.flops() / (med * 1e-6) / 1e12;
+            let pct = args
+                .peak
+                .map_or(String::from("-"), |p| format!("{:.1}", 100.0 * tflops / p));
+            println!(
+                "{:<14} {:<5} {:<26} {:>10.1} {:>10.1} {:>10.1} {:>9.1} {:>7}",
+                r.backend,
+                r.dtype,
+                r.shape.name(),
+                med,
+                p10,
+                p90,
+                tflops,
+                pct
+            );
+            rows.push(json!({
+                "impl": format!("flashcore/{}", r.backend), "dtype": r.dtype,
+                "shape": r.shape.name(), "median_us": med, "p10_us": p10, "p90_us": p90,
+                "tflops": tflops,
+            }));
+        }
     }
     let varlen = if !args.wants("varlen") {
         serde_json::Value::Null
