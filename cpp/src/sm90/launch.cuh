@@ -219,11 +219,10 @@ static_assert(roles_well_formed(), "sm90/instances.inc: only the modifier and bi
 // a softcap or ALiBi without one, the causal kernel (`_causal.cu`, only where the causal schedule
 // differs from the plain one) under a causal mask, and otherwise the plain kernel.
 #define FLASHCORE_SM90_ROLE(T, TAG, Q, K, D, ROLE)                                               \
-  static_assert(flashcore::sm90::Kernel<T, Q, K, D,                                              \
-                                        flashcore::sm90::schedules_of(Q, K, D).ROLE>::kSmemBytes == \
-                    flashcore::sm90_smem_bytes(flashcore::Tile{Q, K, D}),                        \
-                "flashcore/plan.h sm90_smem_bytes disagrees with cpp/src/sm90/kernel.cuh");       \
   namespace flashcore::sm90 {                                                                    \
+  static_assert(Kernel<T, Q, K, D, schedules_of(Q, K, D).ROLE>::kSmemBytes ==                    \
+                    sm90_smem_bytes(Tile{Q, K, D}),                                              \
+                "flashcore/plan.h sm90_smem_bytes disagrees with cpp/src/sm90/kernel.cuh");      \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_##ROLE(const FmhaArgs& args,                       \
                                                       cudaStream_t stream) {                     \
     launch_sm90<T, Q, K, D, schedules_of(Q, K, D).ROLE>(args, stream);                           \

@@ -448,17 +448,34 @@ struct ConsumerLoop : Base {
     }
   }
 
+  // The stages and turns of the block's key tiles [from, to) for a warpgroup that computes
+  // none of them: per tile it waits for K, takes an empty turn, and releases K and V. It holds no
+  // turn while it waits for a stage, and it takes one turn per tile, as compute() does, so the
+  // warpgroups' turns stay in step (turns.cuh).
+  CUTLASS_DEVICE static void skip_tiles(int from, int to, int consumer,
+                                        MainloopPipeline& pipeline, PipelineState& read) {
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int j = from; j < to; ++j) {
+      pipeline.consumer_wait(read);  // K(j)
+      Turns::wait(consumer);
+      Turns::pass(consumer);
+      pipeline.consumer_release(read);
+      ++read;
+      pipeline.consumer_wait(read);  // V(j)
+      pipeline.consumer_release(read);
+      ++read;
+    }
+  }
+
   // The pipeline traffic of compute() without its work, for a warpgroup whose rows all lie past
   // the unit's queries (a decode's packed rows fill the first warpgroup; a last query block may
-  // fill one): it takes its turns and waits for and releases every stage as compute() does, in
-  // the same order (a consumer that ran ahead would release a stage of the next round early),
-  // and issues no product.
+  // fill one): its Q stage, the first product's turn (or ordered barrier), then every tile's
+  // stages and turn as skip_tiles() takes them, and no product.
   template <class OrderBarrier>
   CUTLASS_DEVICE static void idle(int tiles, int consumer, MainloopPipeline& pipeline,
                                   PipelineState& read, MainloopPipelineQ& pipeline_q,
                                   PipelineStateQ& read_q, OrderBarrier& order) {
     pipeline_q.consumer_wait(read_q);
-    pipeline.consumer_wait(read);  // K0
     if constexpr (kTurns) {
       Turns::wait(consumer);
       Turns::pass(consumer);
@@ -466,42 +483,7 @@ struct ConsumerLoop : Base {
       order.wait();
       order.arrive();
     }
-    pipeline.consumer_release(read);  // K0
-    ++read;                           // now at V0
-    if constexpr (!kOverlap) {
-      Turns::wait(consumer);
-      pipeline.consumer_wait(read);  // V0
-    }
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int j = 1; j < tiles; ++j) {
-      PipelineState read_k = read;
-      ++read_k;
-      pipeline.consumer_wait(read_k);  // K(j)
-      if constexpr (kOverlap) {
-        Turns::wait(consumer);
-        pipeline.consumer_wait(read);  // V(j-1)
-        Turns::pass(consumer);
-        pipeline.consumer_release(read_k);
-        pipeline.consumer_release(read);
-        read = read_k;
-        ++read;
-      } else {
-        Turns::pass(consumer);
-        pipeline.consumer_release(read_k);
-        pipeline.consumer_release(read);
-        read = read_k;
-        ++read;
-        Turns::wait(consumer);
-        pipeline.consumer_wait(read);  // V(j)
-      }
-    }
-    if constexpr (kOverlap) {
-      Turns::wait(consumer);
-      pipeline.consumer_wait(read);  // V(last)
-    }
-    Turns::pass(consumer);
-    pipeline.consumer_release(read);  // V(last)
-    ++read;
+    skip_tiles(0, tiles, consumer, pipeline, read);
     if constexpr (Base::kIsPersistent) {
       pipeline_q.consumer_release(read_q);
     }
@@ -679,19 +661,7 @@ struct ConsumerLoop : Base {
     warpgroup_fence_operand(acc_o);
     pipeline.consumer_release(read);  // V(own - 1)
     ++read;
-    // The block's tiles past this warpgroup's own: their stages and turns, as idle() takes them
-    // (one turn per tile, so that every warpgroup of the block takes the same number).
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int j = own; j < tiles; ++j) {
-      pipeline.consumer_wait(read);  // K(j)
-      Turns::wait(consumer);
-      Turns::pass(consumer);
-      pipeline.consumer_release(read);
-      ++read;
-      pipeline.consumer_wait(read);  // V(j)
-      pipeline.consumer_release(read);
-      ++read;
-    }
+    skip_tiles(own, tiles, consumer, pipeline, read);  // the block's tiles past its own
     if constexpr (Base::kIsPersistent) {
       pipeline_q.consumer_release(read_q);
     }

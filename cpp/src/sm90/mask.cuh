@@ -76,17 +76,49 @@ struct CausalBandMask {
     return get_trip_count(blk, tile, p) - get_unmasked_trip_count(blk, tile, p);
   }
 
-  // `index(i)` is the (query row, key) of accumulator element i.
+  // `index(i)` is the (query row, key) of accumulator element i. Its key and its j - i differ
+  // from element 0's by constants known at compile time once the loop unrolls, so the bounds are
+  // taken relative to element 0 once per tile, and each test is one compare of a constant against
+  // them. A tile that only the causal side crosses (no key past seq_k, no window side: every tile
+  // a causal mask masks but the last) takes that one test per score; others take all three.
   template <class Acc, class Index, class P>
   CUTLASS_DEVICE void before_softmax(Acc& acc, Index const& index, P const& p) {
-    const int keys = seq_k(p), upper = causal_offset(p), lower = window_offset(p);
+    using cute::get;
+    const auto first = index(0);
+    const int key0 = get<1>(first), diff0 = key0 - get<0>(first);
+    auto key_step = [&](int i) { return get<1>(index(i)) - key0; };
+    auto diff_step = [&](int i) {
+      const auto pos = index(i);
+      return get<1>(pos) - get<0>(pos) - diff0;
+    };
+    int last_key = 0, least_diff = 0;  // over the elements: constants
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < cute::size(acc); ++i) {
-      const auto pos = index(i);
-      const int row = cute::get<0>(pos), key = cute::get<1>(pos);
-      if (key >= keys || key - row > upper || key - row < lower) {
-        acc(i) = -INFINITY;
+      last_key = cute::max(last_key, key_step(i));
+      least_diff = cute::min(least_diff, diff_step(i));
+    }
+    // The bounds less element 0's key or j - i, clamped to +-2^30 (the steps are far smaller), so
+    // that no sum overflows an int for any lengths.
+    auto relative = [](int64_t bound, int64_t at) {
+      return int(cute::max(int64_t(-(1 << 30)), cute::min(int64_t(1 << 30), bound - at)));
+    };
+    const int keys = relative(seq_k(p), key0);
+    const int upper = relative(causal_offset(p), diff0), lower = relative(window_offset(p), diff0);
+    auto mask = [&](auto all_sides) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < cute::size(acc); ++i) {
+        const int d = diff_step(i);
+        const bool hidden =
+            all_sides ? key_step(i) >= keys || d > upper || d < lower : d > upper;
+        if (hidden) {
+          acc(i) = -INFINITY;
+        }
       }
+    };
+    if (last_key < keys && least_diff >= lower) {
+      mask(cute::false_type{});
+    } else {
+      mask(cute::true_type{});
     }
   }
 };

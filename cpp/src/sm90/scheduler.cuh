@@ -60,7 +60,7 @@ struct TileScheduler {
 
   Params const& params;
   int unit;
-  int step = 0;         // persistent: how many strides of the grid this block has walked
+  int shift = 0;        // rotate: the positions' rotation at this step, (steps walked) % per_head
   bool second = false;  // paired: the pair's shorter query block
 
   CUTLASS_DEVICE explicit TileScheduler(Params const& p) : params(p), unit(blockIdx.x) {}
@@ -70,10 +70,7 @@ struct TileScheduler {
   // The unit's position within its head (the pair or query block index), rotated by the step
   // where the grid covers whole heads.
   CUTLASS_DEVICE int position(int m) const {
-    if (!params.rotate) {
-      return m;
-    }
-    const int r = m + step % params.per_head;
+    const int r = m + shift;
     return r < params.per_head ? r : r - params.per_head;
   }
 
@@ -97,7 +94,9 @@ struct TileScheduler {
       }
       second = false;
       unit += int(gridDim.x);
-      ++step;
+      if (params.rotate) {
+        shift = shift + 1 < params.per_head ? shift + 1 : 0;
+      }
     } else {
       unit += params.units;
     }

@@ -20,7 +20,8 @@ constexpr TileSchedules kTileSchedules[] = {
 };
 
 // The schedules of tile q x k x d; a tile missing from instances.inc fails the build where its
-// kernel asks for them (a constant expression cannot reach the end of this function).
+// kernel asks for them: evaluating this function then reaches the `throw`, which a constant
+// expression cannot evaluate.
 constexpr TileSchedules schedules_of(int q, int k, int d) {
   for (const TileSchedules& s : kTileSchedules) {
     if (s.q == q && s.k == k && s.d == d) {
