@@ -177,8 +177,7 @@ impl<T: AttentionElement> Inputs<T> {
     }
 }
 
-/// Per-call device times in microseconds: `warmup` untimed calls, then `iters` calls each
-/// bracketed by CUDA events.
+/// Per-call device times in microseconds of the inputs' calls, as [`time_fn`] takes them.
 pub fn time_calls<T: AttentionElement>(
     stream: &Stream,
     inputs: &mut Inputs<T>,
@@ -188,8 +187,22 @@ pub fn time_calls<T: AttentionElement>(
     time_fn(stream, warmup, iters, |i| inputs.call(i).map(|_| ()))
 }
 
-/// Per-call device times in microseconds of `call(i)` (which enqueues on `stream`): `warmup`
-/// untimed calls, then `iters` calls each bracketed by CUDA events.
+/// Device time of the untimed calls before the timed ones (milliseconds), and the least device
+/// time the timed calls fill: those of triton's `do_bench`, which times torch (torch_sdpa.py), so
+/// that ours and torch's are measured over the same stretch of load. Under a sustained load the
+/// H200's power cap lowers its SM clock after some tens of milliseconds (1980 MHz, then 1920,
+/// then about 1780 and lower: docs/PERFORMANCE.md), so a shorter run would time ours at a higher
+/// clock than torch's.
+pub const WARM_MS: f32 = 25.0;
+/// See [`WARM_MS`].
+pub const TIMED_MS: f32 = 100.0;
+/// The most timed calls of one measurement (calls of a few microseconds do not slow the clock).
+const MAX_TIMED: usize = 2000;
+
+/// Per-call device times in microseconds of `call(i)` (which enqueues on `stream`). With a
+/// `warmup` (> 0): at least `warmup` untimed calls and [`WARM_MS`] of device time, then at least
+/// `iters` timed calls and enough to fill [`TIMED_MS`] (at most 2000). Without one: `iters` timed
+/// calls (criterion warms up itself). The timed calls run back to back, an event between each.
 pub fn time_fn(
     stream: &Stream,
     warmup: usize,
@@ -197,20 +210,34 @@ pub fn time_fn(
     mut call: impl FnMut(usize) -> Result<()>,
 ) -> Result<Vec<f64>> {
     let device: &Device = stream.device();
-    for i in 0..warmup {
-        call(i)?;
-    }
-    let events: Vec<(Event, Event)> = (0..iters)
-        .map(|_| Ok((Event::new(device)?, Event::new(device)?)))
+    let marks: Vec<Event> = (0..=MAX_TIMED.max(iters))
+        .map(|_| Event::new(device))
         .collect::<Result<_>>()?;
-    for (i, (a, b)) in events.iter().enumerate() {
-        a.record(stream)?;
-        call(warmup + i)?;
-        b.record(stream)?;
+    let (mut done, mut spent, mut chunk) = (0, 0.0, warmup.max(1));
+    while warmup > 0 && (done < warmup || spent < WARM_MS) {
+        marks[0].record(stream)?;
+        for _ in 0..chunk {
+            call(done)?;
+            done += 1;
+        }
+        marks[1].record(stream)?;
+        spent += marks[0].elapsed_ms(&marks[1])?;
+        chunk = (chunk * 2).min(1 << 12);
     }
-    events
-        .iter()
-        .map(|(a, b)| a.elapsed_ms(b).map(|ms| f64::from(ms) * 1e3))
+    let timed = if warmup > 0 {
+        let per_call = spent / done as f32;
+        iters.max(((TIMED_MS / per_call).ceil() as usize).min(MAX_TIMED))
+    } else {
+        iters
+    };
+    marks[0].record(stream)?;
+    for i in 0..timed {
+        call(done + i)?;
+        marks[i + 1].record(stream)?;
+    }
+    marks[..=timed]
+        .windows(2)
+        .map(|w| w[0].elapsed_ms(&w[1]).map(|ms| f64::from(ms) * 1e3))
         .collect()
 }
 

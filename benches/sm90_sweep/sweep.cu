@@ -1,10 +1,15 @@
 // The Hopper tile sweep: times every candidate of candidates.inc (built by scripts/sweep_sm90.sh,
 // one translation unit each) on the bench list's shapes of its head-dim tier, bf16, BHSD, with
-// CUDA events around each call (5 warm-up calls, median of 30), inputs rotated over enough copies
-// to exceed 3x the L2, random normal data. Each candidate's output is compared with the first
-// candidate's on the same inputs (a wrong candidate must not win on speed). Prints one table.
+// CUDA events around each call (25 ms of back-to-back calls, then the median of at least ITERS
+// calls filling 100 ms, as triton's do_bench and the bench CLI take them: the SM clock falls
+// under the power cap after some tens of ms), inputs rotated over enough copies to exceed 3x the
+// L2, random normal data. Each candidate's output is compared with the first candidate's on the
+// same inputs (a wrong candidate must not win on speed). Prints one table.
 //
-// Usage: sm90-sweep [ITERS]
+// Usage: sm90-sweep [ITERS [SHAPE [flush] [trace]]]: SHAPE times only the shape of that name
+// (e.g. 2x16x8192x128-causal); `flush` clears the L2 before each timed call by writing a 256 MiB
+// buffer, as triton's do_bench does, instead of back-to-back calls; `trace` prints every call's
+// time and the SM clock (MHz, from the clock counter over the global timer) after each row.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -100,8 +105,34 @@ struct Buffers {
 
 }  // namespace
 
+// The SM clock in kHz over one launch: clock cycles of a spin of about 20 us over global-timer
+// nanoseconds.
+__global__ void sm_clock(unsigned long long* khz) {
+  unsigned long long t0 = 0, t1 = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const long long c0 = clock64();
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  } while (t1 - t0 < 20000);
+  const long long c1 = clock64();
+  *khz = (unsigned long long)(c1 - c0) * 1000000ull / (t1 - t0);
+}
+
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 30;
+  const std::string only = argc > 2 ? argv[2] : "";
+  bool flush = false, trace = false;
+  for (int i = 3; i < argc; ++i) {
+    flush = flush || std::string(argv[i]) == "flush";
+    trace = trace || std::string(argv[i]) == "trace";
+  }
+  void* scrub = nullptr;  // `flush`: the L2-clearing buffer
+  constexpr size_t kScrubBytes = size_t(256) << 20;
+  if (flush) {
+    check(cudaMalloc(&scrub, kScrubBytes), "malloc");
+  }
+  unsigned long long* khz = nullptr;
+  check(cudaMalloc(&khz, sizeof *khz), "malloc");
   int l2 = 0;
   check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), "L2 size");
   cudaStream_t stream;
@@ -117,6 +148,13 @@ int main(int argc, char** argv) {
   std::printf("| shape (BxHxSxD) | candidate (q x k x d, schedule) | median us | TFLOP/s | max |diff| vs first |\n");
   std::printf("|---|---|---:|---:|---:|\n");
   for (const Shape& sh : kShapes) {
+    char name[64];
+    std::snprintf(name, sizeof name, "%dx%s%dx%dx%d%s", sh.b,
+                  sh.hk == sh.h ? "" : (std::to_string(sh.h) + "kv").c_str(),
+                  sh.hk == sh.h ? sh.h : sh.hk, sh.s, sh.d, sh.causal ? "-causal" : "");
+    if (!only.empty() && only != name) {
+      continue;
+    }
     const size_t nq = size_t(sh.b) * sh.h * sh.s * sh.d, nk = size_t(sh.b) * sh.hk * sh.s * sh.d;
     const size_t bytes = 2 * (2 * nq + 2 * nk);
     const int sets = int(std::clamp<size_t>((3 * size_t(l2) + bytes - 1) / bytes, 1, 16));
@@ -142,10 +180,6 @@ int main(int argc, char** argv) {
     check(cudaMemcpy(slopes, host_slopes.data(), host_slopes.size() * sizeof(float),
                      cudaMemcpyHostToDevice),
           "slopes");
-    char name[64];
-    std::snprintf(name, sizeof name, "%dx%s%dx%dx%d%s", sh.b,
-                  sh.hk == sh.h ? "" : (std::to_string(sh.h) + "kv").c_str(),
-                  sh.hk == sh.h ? sh.h : sh.hk, sh.s, sh.d, sh.causal ? "-causal" : "");
     bool have_first = false;
     // A candidate with the modifier flag (256) runs twice: with a softcap of 30, with ALiBi.
     for (const Candidate& c : kCandidates) {
@@ -176,18 +210,46 @@ int main(int argc, char** argv) {
           return a;
         };
         std::vector<float> ms;
+        std::vector<unsigned long long> clocks;
         try {
-          for (int i = 0; i < 5; ++i) {
-            c.run(args_for(i % sets), stream);
-          }
-          for (int i = 0; i < iters; ++i) {
+          // Warm-up and timed stretch as triton's do_bench and the bench CLI take them
+          // (benches/common/mod.rs WARM_MS, TIMED_MS): 25 ms of back-to-back calls, then at
+          // least ITERS timed calls and enough to fill 100 ms (at most 2000).
+          float warm = 0;
+          int done = 0;
+          for (int chunk = 5; warm < 25.f; chunk = std::min(2 * chunk, 4096)) {
             check(cudaEventRecord(e0, stream), "record");
-            c.run(args_for(i % sets), stream);
+            for (int i = 0; i < chunk; ++i, ++done) {
+              c.run(args_for(done % sets), stream);
+            }
             check(cudaEventRecord(e1, stream), "record");
             check(cudaEventSynchronize(e1), "sync");
             float t = 0;
             check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
+            warm += t;
+          }
+          const int timed =
+              std::max(iters, std::min(2000, int(std::ceil(100.f / (warm / float(done))))));
+          for (int i = 0; i < timed; ++i) {
+            if (flush) {
+              check(cudaMemsetAsync(scrub, 0, kScrubBytes, stream), "flush");
+            }
+            check(cudaEventRecord(e0, stream), "record");
+            c.run(args_for(i % sets), stream);
+            check(cudaEventRecord(e1, stream), "record");
+            if (trace) {
+              sm_clock<<<1, 1, 0, stream>>>(khz);
+            }
+            check(cudaEventSynchronize(e1), "sync");
+            float t = 0;
+            check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
             ms.push_back(t);
+            if (trace) {
+              unsigned long long k = 0;
+              check(cudaMemcpyAsync(&k, khz, sizeof k, cudaMemcpyDeviceToHost, stream), "clock");
+              check(cudaStreamSynchronize(stream), "clock");
+              clocks.push_back(k);
+            }
           }
           c.run(args_for(0), stream);
         } catch (const std::exception& e) {
@@ -204,6 +266,15 @@ int main(int argc, char** argv) {
           check(cudaMemset(diff, 0, sizeof(float)), "memset");
           max_abs_diff<<<1024, 256, 0, stream>>>(buf.out, buf.first, nq, diff);
           check(cudaMemcpy(&d, diff, sizeof(float), cudaMemcpyDeviceToHost), "diff");
+        }
+        if (trace) {
+          std::string line = "trace us (SM MHz):";
+          for (size_t i = 0; i < ms.size(); ++i) {
+            char item[48];
+            std::snprintf(item, sizeof item, " %.1f (%llu)", ms[i] * 1e3, clocks[i] / 1000);
+            line += item;
+          }
+          std::printf("%s\n", line.c_str());
         }
         std::sort(ms.begin(), ms.end());
         const double med = ms[ms.size() / 2] * 1e3;
