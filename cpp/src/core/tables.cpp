@@ -122,7 +122,7 @@ constexpr TileRow kWmmaDecodeRows[] = {
 // a shared-memory pipeline of sm90_kv_stages() stages (five where they fit). Shared memory is
 // sm90_smem_bytes(), which each instantiation checks against its SharedStorage. Rows for compute
 // capability 9.0 only: the SASS is sm_90a. Chosen by scripts/sweep_sm90.sh (benches/sm90_sweep/,
-// bf16, median of 30-40) on the H200, 2026-11-23 and 2026-11-24; docs/HOPPER.md has the rounds.
+// bf16, medians) on the H200, 2026-11-23 to 2026-11-26; docs/HOPPER.md has the rounds.
 // The schedules of each tile (without a mask, causal, with a softcap, ALiBi or a bias) are in
 // sm90/instances.inc.
 constexpr TileRow kSm90Rows[] = {
@@ -137,11 +137,12 @@ constexpr TileRow kSm90Rows[] = {
      "unpaired (round 23: 563-566 vs 589-591 us at 8x32x2048x64, 369-375 vs 385-386 causal, "
      "2074-2080 vs 2032-2058 at 2x32x8192x64, 1142-1146 vs 1155-1165 causal)"},
     {ArchClass::Sm90, 128, tile(128, 128, 128), sm90_smem_bytes(tile(128, 128, 128)),
-     "192 KB; our loop in example 88's order with the one-instruction exp2, persistent over "
-     "balanced pairs of query blocks, free epilogue, for both masks (round 8a against example "
-     "88's loop, one block per unit / its causal row: 587-592 vs 573, 493-495 vs 462-468 causal at "
-     "8x16x2048x128, 630-637 vs 561-578 and 603-617 vs 587-595 causal at 2x16x8192x128, 582-584 vs "
-     "550-551 at 4x32kv8x4096x128); lazy rescaling loses 1-6% (round 8c)"},
+     "192 KB; persistent over balanced pairs of query blocks, free epilogue, for both masks "
+     "(round 8a); our overlapped loop with lazy rescaling and issue turns, timed over do_bench's "
+     "stretches of load (round 25 against example 88's order, which had won at the boost clock: "
+     "465.8 vs 485.5-486.8 us at 8x16x2048x128, 282.6-286.0 vs 288.6-289.2 causal, 1664.8-1693.9 "
+     "vs 1754.0-1756.7 at 2x16x8192x128, 889.2-892.3 vs 915.4-918.8 causal, 956.1-959.6 vs "
+     "977.1-981.4 at 4x32kv8x4096x128 causal)"},
     {ArchClass::Sm90, 256, tile(128, 64, 256), sm90_smem_bytes(tile(128, 64, 256)),
      "224 KB (the widest key tile that fits 227 KB; 80 keys lose 40%, round 5), our overlapped "
      "loop with lazy rescaling (676-678 vs 645-650 TFLOP/s at 4x8x4096x256 against example 88's "
