@@ -5,9 +5,9 @@
 //! `cargo run --release --example bench -- [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X]`
 //! `--shapes-json PATH` writes the shape list and exits. After the shape list come fixed rows
 //! (variable-length, paged, score modifiers, bias, host cost): `--rows varlen,host` runs only
-//! those groups, `--rows none` none of them. Each measurement warms up for 25 ms and times at
-//! least `--iters` calls (default 50) and enough to fill 100 ms, as triton's `do_bench` times
-//! torch (benches/common/mod.rs `time_fn`).
+//! those groups, `--rows none` none of them. Each measurement is taken as triton's `do_bench`
+//! takes torch's: 25 ms of warm-up calls, then at least `--iters` calls (default 50) and enough to
+//! fill 100 ms, each after an L2 flush (benches/common/mod.rs `time_fn`).
 
 #[path = "../benches/common/mod.rs"]
 mod common;

@@ -188,21 +188,24 @@ pub fn time_calls<T: AttentionElement>(
 }
 
 /// Device time of the untimed calls before the timed ones (milliseconds), and the least device
-/// time the timed calls fill: those of triton's `do_bench`, which times torch (torch_sdpa.py), so
-/// that ours and torch's are measured over the same stretch of load. Under a sustained load the
-/// H200's power cap lowers its SM clock after some tens of milliseconds (1980 MHz, then 1920,
-/// then about 1780 and lower: docs/PERFORMANCE.md), so a shorter run would time ours at a higher
-/// clock than torch's.
+/// time the timed calls fill: those of triton's `do_bench`, which times torch (torch_sdpa.py).
 pub const WARM_MS: f32 = 25.0;
 /// See [`WARM_MS`].
 pub const TIMED_MS: f32 = 100.0;
 /// The most timed calls of one measurement (calls of a few microseconds do not slow the clock).
 const MAX_TIMED: usize = 2000;
+/// Bytes that `do_bench` writes before each timed call to clear the L2 (ours copies half as many
+/// device to device: the same traffic).
+const FLUSH_BYTES: usize = 256 << 20;
 
-/// Per-call device times in microseconds of `call(i)` (which enqueues on `stream`). With a
-/// `warmup` (> 0): at least `warmup` untimed calls and [`WARM_MS`] of device time, then at least
-/// `iters` timed calls and enough to fill [`TIMED_MS`] (at most 2000). Without one: `iters` timed
-/// calls (criterion warms up itself). The timed calls run back to back, an event between each.
+/// Per-call device times in microseconds of `call(i)` (which enqueues on `stream`), taken as
+/// triton's `do_bench` takes torch's: with a `warmup` (> 0), at least `warmup` untimed calls and
+/// [`WARM_MS`] of device time, then at least `iters` timed calls and enough to fill [`TIMED_MS`]
+/// (at most 2000), each after 256 MiB of memory traffic that clears the L2, and each between two
+/// CUDA events. The flush matters beyond the L2: its tens of microseconds without tensor work keep
+/// an H200 under its power cap, where back-to-back calls lower its SM clock within tens of
+/// milliseconds (docs/PERFORMANCE.md). Without a warm-up (criterion warms up itself): `iters`
+/// calls back to back.
 pub fn time_fn(
     stream: &Stream,
     warmup: usize,
@@ -210,34 +213,48 @@ pub fn time_fn(
     mut call: impl FnMut(usize) -> Result<()>,
 ) -> Result<Vec<f64>> {
     let device: &Device = stream.device();
-    let marks: Vec<Event> = (0..=MAX_TIMED.max(iters))
-        .map(|_| Event::new(device))
+    let events: Vec<(Event, Event)> = (0..MAX_TIMED.max(iters))
+        .map(|_| Ok((Event::new(device)?, Event::new(device)?)))
         .collect::<Result<_>>()?;
     let (mut done, mut spent, mut chunk) = (0, 0.0, warmup.max(1));
     while warmup > 0 && (done < warmup || spent < WARM_MS) {
-        marks[0].record(stream)?;
+        let (start, end) = &events[0];
+        start.record(stream)?;
         for _ in 0..chunk {
             call(done)?;
             done += 1;
         }
-        marks[1].record(stream)?;
-        spent += marks[0].elapsed_ms(&marks[1])?;
+        end.record(stream)?;
+        spent += start.elapsed_ms(end)?;
         chunk = (chunk * 2).min(1 << 12);
     }
+    let flush = if warmup > 0 {
+        let elements = FLUSH_BYTES / 2 / std::mem::size_of::<f32>();
+        Some(Tensor::<f32>::uninit_on(
+            stream,
+            &[1, 1, elements, 1],
+            Layout::Bhsd,
+        )?)
+    } else {
+        None
+    };
     let timed = if warmup > 0 {
         let per_call = spent / done as f32;
         iters.max(((TIMED_MS / per_call).ceil() as usize).min(MAX_TIMED))
     } else {
         iters
     };
-    marks[0].record(stream)?;
-    for i in 0..timed {
+    for (i, (start, end)) in events[..timed].iter().enumerate() {
+        if let Some(scratch) = &flush {
+            drop(scratch.to_device(stream)?);
+        }
+        start.record(stream)?;
         call(done + i)?;
-        marks[i + 1].record(stream)?;
+        end.record(stream)?;
     }
-    marks[..=timed]
-        .windows(2)
-        .map(|w| w[0].elapsed_ms(&w[1]).map(|ms| f64::from(ms) * 1e3))
+    events[..timed]
+        .iter()
+        .map(|(a, b)| a.elapsed_ms(b).map(|ms| f64::from(ms) * 1e3))
         .collect()
 }
 
