@@ -228,21 +228,16 @@ pub fn time_fn(
         spent += start.elapsed_ms(end)?;
         chunk = (chunk * 2).min(1 << 12);
     }
-    let flush = if warmup > 0 {
+    // do_bench's protocol where there was a warm-up: enough calls to fill TIMED_MS at the
+    // warm-up's pace, each after a flush; else `iters` calls back to back.
+    let (flush, timed) = if warmup > 0 {
         let elements = FLUSH_BYTES / 2 / std::mem::size_of::<f32>();
-        Some(Tensor::<f32>::uninit_on(
-            stream,
-            &[1, 1, elements, 1],
-            Layout::Bhsd,
-        )?)
-    } else {
-        None
-    };
-    let timed = if warmup > 0 {
+        let scratch = Tensor::<f32>::uninit_on(stream, &[1, 1, elements, 1], Layout::Bhsd)?;
         let per_call = spent / done as f32;
-        iters.max(((TIMED_MS / per_call).ceil() as usize).min(MAX_TIMED))
+        let timed = iters.max(((TIMED_MS / per_call).ceil() as usize).min(MAX_TIMED));
+        (Some(scratch), timed)
     } else {
-        iters
+        (None, iters)
     };
     for (i, (start, end)) in events[..timed].iter().enumerate() {
         if let Some(scratch) = &flush {

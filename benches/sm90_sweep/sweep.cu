@@ -105,6 +105,10 @@ struct Buffers {
 
 }  // namespace
 
+// The timing protocol of benches/common/mod.rs (WARM_MS, TIMED_MS, MAX_TIMED): do_bench's.
+constexpr float kWarmMs = 25.f, kTimedMs = 100.f;
+constexpr int kMaxTimed = 2000;
+
 // The SM clock in kHz over one launch: clock cycles of a spin of about 20 us over global-timer
 // nanoseconds.
 __global__ void sm_clock(unsigned long long* khz) {
@@ -212,12 +216,11 @@ int main(int argc, char** argv) {
         std::vector<float> ms;
         std::vector<unsigned long long> clocks;
         try {
-          // Warm-up and timed stretch as triton's do_bench and the bench CLI take them
-          // (benches/common/mod.rs WARM_MS, TIMED_MS): 25 ms of back-to-back calls, then at
-          // least ITERS timed calls and enough to fill 100 ms (at most 2000).
+          // Warm-up and timed stretch as triton's do_bench and the bench CLI take them: kWarmMs
+          // of back-to-back calls, then at least ITERS timed calls and enough to fill kTimedMs.
           float warm = 0;
           int done = 0;
-          for (int chunk = 5; warm < 25.f; chunk = std::min(2 * chunk, 4096)) {
+          for (int chunk = 5; warm < kWarmMs; chunk = std::min(2 * chunk, 4096)) {
             check(cudaEventRecord(e0, stream), "record");
             for (int i = 0; i < chunk; ++i, ++done) {
               c.run(args_for(done % sets), stream);
@@ -228,8 +231,8 @@ int main(int argc, char** argv) {
             check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
             warm += t;
           }
-          const int timed =
-              std::max(iters, std::min(2000, int(std::ceil(100.f / (warm / float(done))))));
+          const int timed = std::max(
+              iters, std::min(kMaxTimed, int(std::ceil(kTimedMs / (warm / float(done))))));
           for (int i = 0; i < timed; ++i) {
             if (flush) {
               check(cudaMemsetAsync(scrub, 0, kScrubBytes, stream), "flush");
