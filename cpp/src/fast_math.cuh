@@ -29,4 +29,22 @@ __device__ __forceinline__ float fast_tanh(float x) {
   return y;
 }
 
+// 1 / x by rcp.approx.ftz: about 1 ulp, without the IEEE-rounded reciprocal's slow path (a call
+// per use for subnormal and huge arguments). For the softmax's row sums, which lie between 1 (the
+// row's largest probability) and 2^8 times the key count (docs/HOPPER.md, round 8).
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The natural logarithm by lg2.approx.ftz times ln(2): absolute error about 2^-22 near 1,
+// relative about 2^-22 elsewhere, instead of logf's polynomial of some twenty instructions. For
+// the logsumexp's log of a row sum (see fast_rcp).
+__device__ __forceinline__ float fast_log(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y * kLn2;
+}
+
 }  // namespace flashcore

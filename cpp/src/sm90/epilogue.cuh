@@ -1,6 +1,7 @@
 // The epilogue of flashcore's Hopper kernel: each consumer warpgroup writes its normalised output
-// rows straight from registers to global memory (two adjacent columns per store), and the
-// logsumexp when asked for. Unlike example 88's TMA epilogue it takes any output strides the
+// rows straight from registers to global memory (two adjacent columns per store, at constant
+// offsets from the row's address: docs/HOPPER.md, round 29), and the logsumexp when asked
+// for. Unlike example 88's TMA epilogue it takes any output strides the
 // validator accepts, GQA's nested heads, partial query tiles and an optional LSE; rows at or past
 // seq_q and columns at or past head_dim are never written. A variable-length batch's sequence
 // writes its rows from its first token on (the problem's q_start).
@@ -36,6 +37,52 @@ struct Epilogue {
            q_start(p) / params.token_rows;
   }
 
+  // The (row, column) of each accumulator value of this thread, as a (row, column) tensor like
+  // the accumulator's layout_acc_mn view: a thread's values of one row differ in their column
+  // by constants known at compile time once a loop over them unrolls.
+  template <class TileShapePV, class TiledMma>
+  CUTLASS_DEVICE static auto coords_mn(TileShapePV const& tile, TiledMma const& mma) {
+    using namespace cute;
+    Tensor coord = mma.get_thread_slice(threadIdx.x)
+                       .partition_C(make_identity_tensor(take<0, 2>(tile)));
+    return make_tensor(coord.data(),
+                       cutlass::fmha::collective::layout_acc_mn(mma, coord.layout()));
+  }
+
+  // Stores each of this thread's rows below `rows`: `row_at(row)` is the row's first element
+  // (column 0), and `put(dst, value, next)` stores the value at column c and, for a pair (two
+  // adjacent columns, as the accumulator layout holds them), the next at c + 1. Columns at or
+  // past `dim` are never written; `dim` is a multiple of 8 (the launcher's check), so a pair is
+  // either wholly inside or wholly outside it.
+  template <class AccMN, class CoordMN, class RowAt, class Put>
+  CUTLASS_DEVICE static void store_rows(AccMN const& acc, CoordMN const& coord, int m_rows,
+                                        int rows, int dim, RowAt&& row_at, Put&& put) {
+    using namespace cute;
+    const int col0 = get<1>(coord(0, 0));
+    const int room = dim - col0;  // columns at col0 + at exist for at < room
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size<0>(acc); ++i) {
+      const int row = m_rows + get<0>(coord(i, 0));
+      if (row >= rows) {
+        continue;
+      }
+      auto* dst = row_at(row) + col0;
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < size<1>(acc); ++k) {
+        const int at = get<1>(coord(i, k)) - col0;  // a constant once unrolled
+        const bool pair =
+            k + 1 < size<1>(acc) && get<1>(coord(i, k + 1)) - col0 == at + 1;
+        const bool second = k > 0 && get<1>(coord(i, k - 1)) - col0 == at - 1;
+        if (second) {
+          continue;  // stored with the first of its pair
+        }
+        if (at < room) {
+          put(dst + at, acc(i, k), pair ? acc(i, k + 1) : 0.f, pair);
+        }
+      }
+    }
+  }
+
   // `acc` and `lse` are one warpgroup's (rows of the P.V tile, head dim) accumulator and its
   // per-row logsumexp; `m_rows` is the warpgroup's first query row of the sequence, whose tokens
   // start at q_start(p) in batch entry `batch`.
@@ -44,47 +91,32 @@ struct Epilogue {
                                    TiledMma const& mma, ProblemShape const& p,
                                    Params const& params, int m_rows, int batch, int head) {
     using namespace cute;
-    const int rows = seq_q(p), dim = get<4>(p);
-    auto thr = mma.get_thread_slice(threadIdx.x);
-    Tensor coord = thr.partition_C(make_identity_tensor(take<0, 2>(tile)));  // (row, col) per value
-    static_assert(decltype(size(coord))::value % 2 == 0, "accumulator values come in pairs");
-
+    const int rows = seq_q(p);
+    Tensor coord = coords_mn(tile, mma);
+    Tensor acc_mn =
+        make_tensor(acc.data(), cutlass::fmha::collective::layout_acc_mn(mma, acc.layout()));
     Element* base = params.out + batch * params.o_batch + head * params.o_head +
                     int64_t(q_start(p)) * params.o_seq;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(acc); i += 2) {
-      const int row = m_rows + get<0>(coord(i));
-      const int col = get<1>(coord(i));
-      if (row >= rows) {
-        continue;
-      }
-      Element* dst = base + row * params.o_seq + col;
-      const bool pair = get<0>(coord(i + 1)) == get<0>(coord(i)) && get<1>(coord(i + 1)) == col + 1;
-      if (pair && col + 1 < dim) {
-        cutlass::Array<Element, 2> two;
-        two[0] = Element(acc(i));
-        two[1] = Element(acc(i + 1));
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(dst) = two;  // 4-byte aligned: col even
-      } else {
-        if (col < dim) {
-          dst[0] = Element(acc(i));
-        }
-        const int row1 = m_rows + get<0>(coord(i + 1)), col1 = get<1>(coord(i + 1));
-        if (row1 < rows && col1 < dim) {
-          base[row1 * params.o_seq + col1] = Element(acc(i + 1));
-        }
-      }
-    }
+    store_rows(
+        acc_mn, coord, m_rows, rows, get<4>(p), [&](int row) { return base + row * params.o_seq; },
+        [](Element* dst, float a, float b, bool pair) {
+          if (pair) {
+            cutlass::Array<Element, 2> two;
+            two[0] = Element(a);
+            two[1] = Element(b);
+            *reinterpret_cast<cutlass::Array<Element, 2>*>(dst) = two;  // 4-byte aligned: even
+          } else {
+            dst[0] = Element(a);
+          }
+        });
 
     if (params.lse != nullptr) {
       // The lane holding column 0 of a row writes that row's logsumexp.
-      Tensor coord_mn = make_tensor(coord.data(),
-                                    cutlass::fmha::collective::layout_acc_mn(mma, coord.layout()));
       float* lse_head = params.lse + lse_index(params, p, batch, head);
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size<0>(coord_mn); ++i) {
-        const int row = m_rows + get<0>(coord_mn(i, 0));
-        if (get<1>(coord_mn(i, 0)) == 0 && row < rows) {
+      for (int i = 0; i < size<0>(coord); ++i) {
+        const int row = m_rows + get<0>(coord(i, 0));
+        if (get<1>(coord(i, 0)) == 0 && row < rows) {
           lse_head[row * params.lse_row] = lse(i);
         }
       }
@@ -104,21 +136,23 @@ struct Epilogue {
                                            int m_rows, int64_t slot_rows, int absent) {
     using namespace cute;
     const int rows = seq_q(p), dim = get<4>(p);
-    auto thr = mma.get_thread_slice(threadIdx.x);
-    Tensor coord = thr.partition_C(make_identity_tensor(take<0, 2>(tile)));
+    Tensor coord = coords_mn(tile, mma);
+    Tensor acc_mn =
+        make_tensor(acc.data(), cutlass::fmha::collective::layout_acc_mn(mma, acc.layout()));
+    store_rows(
+        acc_mn, coord, m_rows, rows, dim,
+        [&](int row) { return part_out + (row0 + row * lse_row) * dim; },
+        [](float* dst, float a, float b, bool pair) {
+          if (pair) {
+            *reinterpret_cast<float2*>(dst) = make_float2(a, b);  // 8-byte aligned: even
+          } else {
+            dst[0] = a;
+          }
+        });
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(acc); ++i) {
-      const int row = m_rows + get<0>(coord(i)), col = get<1>(coord(i));
-      if (row < rows && col < dim) {
-        part_out[(row0 + row * lse_row) * dim + col] = acc(i);
-      }
-    }
-    Tensor coord_mn = make_tensor(coord.data(),
-                                  cutlass::fmha::collective::layout_acc_mn(mma, coord.layout()));
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size<0>(coord_mn); ++i) {
-      const int row = m_rows + get<0>(coord_mn(i, 0));
-      if (get<1>(coord_mn(i, 0)) == 0 && row < rows) {
+    for (int i = 0; i < size<0>(coord); ++i) {
+      const int row = m_rows + get<0>(coord(i, 0));
+      if (get<1>(coord(i, 0)) == 0 && row < rows) {
         float* slot = part_lse + row0 + row * lse_row;
         slot[0] = lse(i);
         for (int s = 1; s <= absent; ++s) {

@@ -675,8 +675,8 @@ struct ConsumerLoop : Base {
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       // A row without a visible key (a key split's, or one the device contract allows) is 0
       // with logsumexp -inf, the weight 0 a merge gives it.
-      const float inv = sum == 0.f || sum != sum ? 1.f : __frcp_rn(sum);
-      lse(i) = sum == 0.f ? -INFINITY : row_max[i] * natural + ::logf(sum);
+      const float inv = sum == 0.f || sum != sum ? 1.f : fast_rcp(sum);
+      lse(i) = sum == 0.f ? -INFINITY : row_max[i] * natural + fast_log(sum);
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < size<1>(acc_o_mn); ++k) {
         acc_o_mn(i, k) *= inv;
