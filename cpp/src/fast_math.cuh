@@ -31,7 +31,7 @@ __device__ __forceinline__ float fast_tanh(float x) {
 
 // 1 / x by rcp.approx.ftz: about 1 ulp, without the IEEE-rounded reciprocal's slow path (a call
 // per use for subnormal and huge arguments). For the softmax's row sums, which lie between 1 (the
-// row's largest probability) and 2^8 times the key count (docs/HOPPER.md, round 8).
+// row's largest probability) and 2^8 times the key count (lazy rescaling, sm90/mainloop.cuh).
 __device__ __forceinline__ float fast_rcp(float x) {
   float y;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

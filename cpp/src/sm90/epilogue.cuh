@@ -1,10 +1,10 @@
 // The epilogue of flashcore's Hopper kernel: each consumer warpgroup writes its normalised output
 // rows straight from registers to global memory (two adjacent columns per store, at constant
-// offsets from the row's address: docs/HOPPER.md, round 29), and the logsumexp when asked
-// for. Unlike example 88's TMA epilogue it takes any output strides the
-// validator accepts, GQA's nested heads, partial query tiles and an optional LSE; rows at or past
-// seq_q and columns at or past head_dim are never written. A variable-length batch's sequence
-// writes its rows from its first token on (the problem's q_start).
+// offsets from the row's address: docs/HOPPER.md, round 29), and the logsumexp when asked for.
+// Unlike example 88's TMA epilogue it takes any output strides the validator accepts, GQA's
+// nested heads, partial query tiles and an optional LSE; rows at or past seq_q and columns at or
+// past head_dim are never written. A variable-length batch's sequence writes its rows from its
+// first token on (the problem's q_start).
 #pragma once
 
 #include <cstdint>
@@ -50,10 +50,10 @@ struct Epilogue {
   }
 
   // Stores each of this thread's rows below `rows`: `row_at(row)` is the row's first element
-  // (column 0), and `put(dst, value, next)` stores the value at column c and, for a pair (two
-  // adjacent columns, as the accumulator layout holds them), the next at c + 1. Columns at or
-  // past `dim` are never written; `dim` is a multiple of 8 (the launcher's check), so a pair is
-  // either wholly inside or wholly outside it.
+  // (column 0), and `put(dst, a, b, pair)` stores a at dst and, for a pair (two adjacent columns,
+  // as the accumulator layout holds them), b after it. Columns at or past `dim` are never
+  // written; `dim` is a multiple of 8 (the launcher's check), so a pair is either wholly inside
+  // or wholly outside it.
   template <class AccMN, class CoordMN, class RowAt, class Put>
   CUTLASS_DEVICE static void store_rows(AccMN const& acc, CoordMN const& coord, int m_rows,
                                         int rows, int dim, RowAt&& row_at, Put&& put) {
