@@ -584,6 +584,14 @@ struct ConsumerLoop : Base {
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     pipeline.consumer_release(read);  // K0
+    // A persistent block's Q buffer is free once the warpgroup's last QK product has landed, so
+    // that the Q warp loads the next unit's while this one's last tile and epilogue run.
+    auto release_q_after = [&](int j) {
+      if (Base::kIsPersistent && j == own - 1) {
+        pipeline_q.consumer_release(read_q);
+      }
+    };
+    release_q_after(0);
     ++read;  // now at V0
     float rescale[kRows];
     bool rescale_o =
@@ -619,6 +627,7 @@ struct ConsumerLoop : Base {
         warpgroup_wait<1>();  // S(j) landed; P(j-1) V(j-1) may still run
         warpgroup_fence_operand(acc_s);
         pipeline.consumer_release(read_k);  // K(j)
+        release_q_after(j);
         rescale_o = softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, factors, bias, params,
                                     problem, row_max, row_sum, rescale);
         warpgroup_wait<0>();  // P(j-1) V(j-1) landed: V(j-1) is free, P may be overwritten
@@ -634,6 +643,7 @@ struct ConsumerLoop : Base {
         warpgroup_fence_operand(acc_o);
         pipeline.consumer_release(read_k);  // K(j)
         pipeline.consumer_release(read);    // V(j-1)
+        release_q_after(j);
         rescale_o = softmax<Fusion>(acc_s, tPcP, j, masked(j), scale, factors, bias, params,
                                     problem, row_max, row_sum, rescale);
         if (rescale_o) {
@@ -662,9 +672,6 @@ struct ConsumerLoop : Base {
     pipeline.consumer_release(read);  // V(own - 1)
     ++read;
     skip_tiles(own, tiles, consumer, pipeline, read);  // the block's tiles past its own
-    if constexpr (Base::kIsPersistent) {
-      pipeline_q.consumer_release(read_q);
-    }
 
     // Normalise: the row sum over the quad, then O / sum and lse = max * scale + log(sum).
     Tensor lse = make_tensor<float>(Int<kRows>{});
