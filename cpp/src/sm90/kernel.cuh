@@ -31,7 +31,8 @@ namespace flashcore::sm90 {
 // How a kernel schedules its work: a sum of these flags (instances.inc names one per tile).
 enum ScheduleFlags : int {
   // One block per SM walking the work units (balanced pairs of query blocks: scheduler.cuh), Q
-  // loaded by its own warp, Q buffers released between units; without it, one block per unit.
+  // loaded by its own warp into a buffer per warpgroup, released once the warpgroup's last QK
+  // product of a unit has landed (mainloop.cuh); without it, one block per unit.
   kFlagPersistent = 1,
   // The consumers also take turns through every softmax, not only the first tile's QK product,
   // so one warpgroup's softmax runs while the other's matrix products do.
