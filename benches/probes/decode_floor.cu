@@ -4,8 +4,8 @@
 // Times with CUDA events (5 warm-up calls, median of 50, inputs rotated over three copies, more
 // than 3x a 60 MB L2): an empty launch; a read of `bytes` (16-byte loads, 4 in flight per
 // thread, one to eight blocks per SM); the same read followed by a small launch (the combine's,
-// which split-KV adds), plain or as a programmatic dependent launch; and a device-to-device copy
-// of the same bytes.
+// which split-KV adds), plain or as a programmatic dependent launch; the read with the L2
+// flushed before each call, as the bench times; and a device-to-device copy of the same bytes.
 //
 //   nvcc -O3 -arch=sm_90a -cudart static -o decode_floor benches/probes/decode_floor.cu
 //   ./decode_floor [MiB]        # default: 128 MiB, the K and V of 32768 keys x 8 heads x 128 (bf16)
@@ -67,7 +67,9 @@ __global__ void read_kernel(const uint4* __restrict__ src, size_t vectors, unsig
   }
 }
 
-static float median_us(const std::function<void(int)>& call, cudaStream_t s) {
+// `before` (when given) runs ahead of each timed call, outside the events: the bench's L2 flush.
+static float median_us(const std::function<void(int)>& call, cudaStream_t s,
+                       const std::function<void()>& before = {}) {
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
   CHECK(cudaEventCreate(&b));
@@ -76,6 +78,9 @@ static float median_us(const std::function<void(int)>& call, cudaStream_t s) {
   }
   std::vector<float> t;
   for (int i = 0; i < 50; ++i) {
+    if (before) {
+      before();
+    }
     CHECK(cudaEventRecord(a, s));
     call(i);
     CHECK(cudaEventRecord(b, s));
@@ -152,6 +157,25 @@ int main(int argc, char** argv) {
                  CHECK(cudaLaunchKernelEx(&cfg, dependent_kernel, sink));
                },
                s));
+  }
+  // The bench's protocol (benches/common time_fn, as triton's do_bench): before each timed
+  // call, a 128 MiB device-to-device copy flushes the L2, leaving its written lines dirty, so
+  // that their write-back competes with the timed reads.
+  uint4* flush_src = nullptr;
+  uint4* flush_dst = nullptr;
+  constexpr size_t kFlush = size_t{128} << 20;
+  CHECK(cudaMalloc(&flush_src, kFlush));
+  CHECK(cudaMalloc(&flush_dst, kFlush));
+  CHECK(cudaMemset(flush_src, 2, kFlush));
+  auto flush = [&] {
+    CHECK(cudaMemcpyAsync(flush_dst, flush_src, kFlush, cudaMemcpyDeviceToDevice, s));
+  };
+  for (int threads : {512, 1024}) {
+    char name[64];
+    std::snprintf(name, sizeof name, "read, 1 block/SM x %d threads, flushed", threads);
+    report(name, median_us(
+                     [&](int) { read_kernel<<<sms, threads, 0, s>>>(src[0], vectors, sink, false); },
+                     s, flush));
   }
   const float copy = median_us(
       [&](int i) { CHECK(cudaMemcpyAsync(dst, src[i % kCopies], bytes, cudaMemcpyDeviceToDevice, s)); },
