@@ -9,7 +9,7 @@
 // sees the cache as a dense batch of num_pages sequences of page_size keys. The slabs of a tile
 // complete on the tile's pipeline stage like the dense tile's one load. The warp's lanes hold
 // the table entry of one slab each (each lane issues its K slab's copies; one lane issues V's,
-// slab after slab: load_slabs), loaded two tiles ahead
+// the pages shuffled to it four slabs at a time: load_slabs), loaded two tiles ahead
 // and first used (clamped) when its tile loads: a load's result used at once stalls the warp for
 // the whole memory latency, which cost the first version half its bandwidth
 // (docs/PERFORMANCE.md).
@@ -235,17 +235,30 @@ struct PagedKV {
     if constexpr (!kV) {
       // K: lane s issues slab s's copies through its own table entry, the lanes' copies in one
       // pass (pages of 16: 16 x 8k decodes in 157.6 us, not 184.6). V's slabs issued the same
-      // way came out wrong (docs/SERVING.md), so one lane issues them, slab after slab.
+      // way came out wrong (docs/SERVING.md), so the leader issues them.
       const int s = int(threadIdx.x) % 32;
       if (s < by_tma) {
         issue(s, pages);
       }
     } else {
+      // V: the slabs' pages reach the leader in groups of kGroup, each group's shuffles issued
+      // together, so that its copies wait for one shuffle's latency per group, not per slab
+      // (pages of 16: 16 x 8k decodes in 146.2 us, not 163.2; docs/SERVING.md).
+      constexpr int kGroup = kSlabs < 4 ? kSlabs : 4;
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int s = 0; s < by_tma; ++s) {
-        const int page = __shfl_sync(0xffffffffu, pages, s);
+      for (int first = 0; first < by_tma; first += kGroup) {
+        int page[kGroup];
+        CUTLASS_PRAGMA_UNROLL
+        for (int g = 0; g < kGroup; ++g) {
+          page[g] = __shfl_sync(0xffffffffu, pages, first + g);
+        }
         if (leader) {
-          issue(s, page);
+          CUTLASS_PRAGMA_UNROLL
+          for (int g = 0; g < kGroup; ++g) {
+            if (first + g < by_tma) {
+              issue(first + g, page[g]);
+            }
+          }
         }
       }
     }
