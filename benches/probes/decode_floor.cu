@@ -17,14 +17,7 @@
 #include <functional>
 #include <vector>
 
-#define CHECK(x)                                                                   \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#include "check.h"
 
 __global__ void empty_kernel() {}
 

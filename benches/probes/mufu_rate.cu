@@ -12,14 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK(x)                                                                        \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
+#include "check.h"
 
 constexpr int kChains = 8, kSteps = 4096, kThreads = 256, kBlocksPerSm = 8;
 
