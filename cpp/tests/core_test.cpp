@@ -992,6 +992,28 @@ void paged_cache() {
     }
     expect(s.ok() && plan.kernel == Kernel::Wmma,
            "Auto reads a wide paged decode with the WMMA kernel on an H200: " + s.message);
+    // Pages of 64: the Hopper kernel copies whole 64-key slabs and reads them faster.
+    Request wide64 = wide;
+    wide64.k = bshd(10, 64, 2, 64);
+    wide64.v = bshd(10, 64, 2, 64);
+    wide64.pages.page_size = 64;
+    wide64.pages.pages_per_seq = 1;
+    s = flashcore::core::validate(wide64, &wp);
+    if (s.ok()) {
+      s = flashcore::core::plan(wide64, wp, h200, &plan);
+    }
+    expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
+           "Auto reads a wide decode in pages of 64 with the Hopper kernel on an H200: " +
+               s.message);
+    s = flashcore::core::plan(wide64, wp, a100, &plan);
+    expect(s.ok() && plan.kernel == Kernel::Wmma,
+           "Auto reads a wide decode in pages of 64 with the WMMA kernel on an A100: " +
+               s.message);
+    flashcore::core::DeviceCaps h200_without_sm90 = h200;
+    h200_without_sm90.kernels &= ~(1u << uint32_t(Kernel::CutlassSm90));
+    s = flashcore::core::plan(wide64, wp, h200_without_sm90, &plan);
+    expect(s.ok() && plan.kernel == Kernel::Wmma,
+           "a build without the Hopper kernels reads pages of 64 with WMMA: " + s.message);
   }
   r.options.backend = flashcore::Backend::CutlassSm90;
   s = flashcore::core::plan(r, p, h200, &plan);

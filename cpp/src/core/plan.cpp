@@ -97,6 +97,9 @@ constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (he
 // takes them where Auto or the caller chose it.
 constexpr Kernel kIndexedKernel = Kernel::Wmma;
 constexpr Kernel kHopperIndexedKernel = Kernel::CutlassSm90;
+// Keys per TMA slab of a paged cache on the Hopper kernel where pages hold at least as many
+// (cpp/src/sm90/pages.cuh's kWide on every tile of the table; smaller pages take slabs of 16).
+constexpr int64_t kSm90WideSlabKeys = 64;
 // The family that applies every score modifier (softcap, sliding window, ALiBi, an additive
 // bias), and the family that also applies them where Auto or the caller chose it: the Hopper
 // kernel (its mask skips the key tiles outside a window's band; each tile's modifier and bias
@@ -276,6 +279,17 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       // 369.2 (there Auto runs WMMA).
       const bool fills = sm90_work_units(p.query_rows(), p.batch_heads()) >= caps.multiprocessors;
       kernel = kernel == kHopperIndexedKernel && fills ? kHopperIndexedKernel : kIndexedKernel;
+    }
+    const bool hopper_built = arch == ArchClass::Sm90 &&
+                              (caps.kernels >> int32_t(Kernel::CutlassSm90) & 1u) != 0;
+    if (p.paged && !forced && hopper_built && kernel == Kernel::CutlassSm80 &&
+        r.pages.page_size >= kSm90WideSlabKeys) {
+      // A paged decode past two units per SM, where the dense rule runs CUTLASS's decode row
+      // (which reads no paged cache): the Hopper kernel where its copies take whole 64-key
+      // slabs, else WMMA. On the H200 (2026-11-26, 64 x 2k keys, one query each, GQA 32:8,
+      // d = 128, bf16, shuffled pages): pages of 64 141.3 us on the Hopper kernel against 146.8
+      // on WMMA, pages of 16 153.0 against 146.5 (docs/SERVING.md).
+      kernel = kHopperIndexedKernel;
     }
     if ((p.paged || p.varlen) && kernel != kHopperIndexedKernel) {
       // Paged caches and variable-length batches run on the WMMA kernel, or on the Hopper kernel

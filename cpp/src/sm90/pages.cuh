@@ -8,8 +8,8 @@
 // lies in one page, and its rows are one TMA box per 64 columns, read through a descriptor that
 // sees the cache as a dense batch of num_pages sequences of page_size keys. The slabs of a tile
 // complete on the tile's pipeline stage like the dense tile's one load. The warp's lanes hold
-// the table entry of one slab each (each lane issues its K slab's copies; one lane issues V's,
-// the pages shuffled to it four slabs at a time: load_slabs), loaded two tiles ahead
+// the table entry of one slab each (the leader issues the copies, the pages shuffled to it four
+// slabs at a time: load_slabs), loaded two tiles ahead
 // and first used (clamped) when its tile loads: a load's result used at once stalls the warp for
 // the whole memory latency, which cost the first version half its bandwidth
 // (docs/PERFORMANCE.md).
@@ -232,32 +232,24 @@ struct PagedKV {
         copy(tma.with(*barrier), cta.partition_S(g), cta.partition_D(slab));
       }
     };
-    if constexpr (!kV) {
-      // K: lane s issues slab s's copies through its own table entry, the lanes' copies in one
-      // pass (pages of 16: 16 x 8k decodes in 157.6 us, not 184.6). V's slabs issued the same
-      // way came out wrong (docs/SERVING.md), so the leader issues them.
-      const int s = int(threadIdx.x) % 32;
-      if (s < by_tma) {
-        issue(s, pages);
+    // The leader issues every slab's copies; the slabs' pages (a lane's each) reach it in groups
+    // of kGroup, each group's shuffles issued together, so that its copies wait for one
+    // shuffle's latency per group, not per slab (pages of 16: 16 x 8k decodes in 141.9 us, 163.2
+    // with a shuffle per slab; docs/SERVING.md). Each lane issuing its own slab's copies (ptxas
+    // serialises them in a loop of its own) was no faster, and V's came out wrong in some builds.
+    constexpr int kGroup = kSlabs < 4 ? kSlabs : 4;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int first = 0; first < by_tma; first += kGroup) {
+      int page[kGroup];
+      CUTLASS_PRAGMA_UNROLL
+      for (int g = 0; g < kGroup; ++g) {
+        page[g] = __shfl_sync(0xffffffffu, pages, first + g);
       }
-    } else {
-      // V: the slabs' pages reach the leader in groups of kGroup, each group's shuffles issued
-      // together, so that its copies wait for one shuffle's latency per group, not per slab
-      // (pages of 16: 16 x 8k decodes in 146.2 us, not 163.2; docs/SERVING.md).
-      constexpr int kGroup = kSlabs < 4 ? kSlabs : 4;
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int first = 0; first < by_tma; first += kGroup) {
-        int page[kGroup];
+      if (leader) {
         CUTLASS_PRAGMA_UNROLL
         for (int g = 0; g < kGroup; ++g) {
-          page[g] = __shfl_sync(0xffffffffu, pages, first + g);
-        }
-        if (leader) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int g = 0; g < kGroup; ++g) {
-            if (first + g < by_tma) {
-              issue(first + g, page[g]);
-            }
+          if (first + g < by_tma) {
+            issue(first + g, page[g]);
           }
         }
       }
