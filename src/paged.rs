@@ -24,8 +24,9 @@ use crate::tensor::{Location, Tensor};
 ///
 /// The CPU reference, the WMMA kernel and, on compute capability 9.0, the Hopper kernel read
 /// paged caches. For device tensors Auto picks as for contiguous K/V: the Hopper kernel on an
-/// H100/H200 for prefill and for decode batches of up to two (sequence, kv head) units per SM,
-/// WMMA for wider decode batches and on other GPUs (docs/PERFORMANCE.md has the measurements).
+/// H100/H200 for prefill and for decode batches of up to two (sequence, kv head) units per SM;
+/// for wider decode batches the Hopper kernel where pages hold 64 keys or more, else WMMA; WMMA
+/// on other GPUs (docs/PERFORMANCE.md has the measurements).
 /// For a GPU call, copy the table to the device once with `PageTable::to_device` (feature
 /// `cuda`) and reuse it.
 ///
