@@ -51,6 +51,11 @@ int64_t sm90_work_units(int64_t query_rows, int64_t batch_heads) {
   return blocks != 0 && batch_heads > max / blocks ? max : blocks * batch_heads;
 }
 
+// Whether the Hopper family can run: compute capability 9.0 and a build with its kernels.
+bool hopper_runs(ArchClass arch, uint32_t kernels) {
+  return arch == ArchClass::Sm90 && (kernels >> int32_t(Kernel::CutlassSm90) & 1u) != 0;
+}
+
 }  // namespace
 
 // Measured on the H200 (2026-11-23 and, for split-KV on the Hopper kernel, 2026-11-24;
@@ -68,7 +73,7 @@ int64_t sm90_work_units(int64_t query_rows, int64_t batch_heads) {
 //   kernel on the seeds' small problems (32-64 work units: 12.7 vs 13.4 us at 1x8x512x64).
 Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int32_t multiprocessors,
                    uint32_t kernels) noexcept {
-  const bool hopper = arch == ArchClass::Sm90 && (kernels >> int32_t(Kernel::CutlassSm90) & 1u);
+  const bool hopper = hopper_runs(arch, kernels);
   if (query_rows <= kDecodeMaxQueryRows) {
     const int64_t sms = multiprocessors;
     if (hopper) {
@@ -280,17 +285,6 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       const bool fills = sm90_work_units(p.query_rows(), p.batch_heads()) >= caps.multiprocessors;
       kernel = kernel == kHopperIndexedKernel && fills ? kHopperIndexedKernel : kIndexedKernel;
     }
-    const bool hopper_built = arch == ArchClass::Sm90 &&
-                              (caps.kernels >> int32_t(Kernel::CutlassSm90) & 1u) != 0;
-    if (p.paged && !forced && hopper_built && kernel == Kernel::CutlassSm80 &&
-        r.pages.page_size >= kSm90WideSlabKeys) {
-      // A paged decode past two units per SM, where the dense rule runs CUTLASS's decode row
-      // (which reads no paged cache): the Hopper kernel where its copies take whole 64-key
-      // slabs, else WMMA. On the H200 (2026-11-26, 64 x 2k keys, one query each, GQA 32:8,
-      // d = 128, bf16, shuffled pages): pages of 64 141.3 us on the Hopper kernel against 146.8
-      // on WMMA, pages of 16 153.0 against 146.5 (docs/SERVING.md).
-      kernel = kHopperIndexedKernel;
-    }
     if ((p.paged || p.varlen) && kernel != kHopperIndexedKernel) {
       // Paged caches and variable-length batches run on the WMMA kernel, or on the Hopper kernel
       // where Auto or the caller chose it (docs/SERVING.md). A paged cache follows the dense
@@ -305,7 +299,15 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
           !s.ok()) {
         return s;
       }
-      kernel = kIndexedKernel;
+      // A paged decode past two units per SM, where the dense rule runs CUTLASS's decode row:
+      // the Hopper kernel where its copies take whole 64-key slabs, else WMMA. On the H200
+      // (2026-11-26, 64 x 2k keys, one query each, GQA 32:8, d = 128, bf16, shuffled pages):
+      // pages of 64 138.8-141.3 us on the Hopper kernel against 144.6-146.8 on WMMA, pages of 16
+      // 149.7-153.0 against 143.6-146.5 (docs/SERVING.md).
+      const bool wide_pages = p.paged && !forced && kernel == Kernel::CutlassSm80 &&
+                              hopper_runs(arch.value_or(ArchClass::Sm80), caps.kernels) &&
+                              r.pages.page_size >= kSm90WideSlabKeys;
+      kernel = wide_pages ? kHopperIndexedKernel : kIndexedKernel;
     }
     // Score modifiers run on the WMMA kernel, or on the Hopper kernel where Auto or the caller
     // chose it.
