@@ -9,9 +9,9 @@
 
 #include <cstdint>
 
-#include "collective/fmha_common.hpp"  // CUTLASS examples/88_hopper_fmha: layout_acc_mn
 #include "cute/tensor.hpp"
 #include "sm90/problem.cuh"
+#include "sm90/rows.cuh"
 
 namespace flashcore::sm90 {
 
@@ -38,15 +38,27 @@ struct Epilogue {
   }
 
   // The (row, column) of each accumulator value of this thread, as a (row, column) tensor like
-  // the accumulator's layout_acc_mn view: a thread's values of one row differ in their column
-  // by constants known at compile time once a loop over them unrolls.
+  // the accumulator's as_rows view.
   template <class TileShapePV, class TiledMma>
   CUTLASS_DEVICE static auto coords_mn(TileShapePV const& tile, TiledMma const& mma) {
     using namespace cute;
-    Tensor coord = mma.get_thread_slice(threadIdx.x)
-                       .partition_C(make_identity_tensor(take<0, 2>(tile)));
-    return make_tensor(coord.data(),
-                       cutlass::fmha::collective::layout_acc_mn(mma, coord.layout()));
+    return as_rows(mma, mma.get_thread_slice(threadIdx.x)
+                            .partition_C(make_identity_tensor(take<0, 2>(tile))));
+  }
+
+  // Calls `write(i, row)` for each of this thread's rows i below `rows` whose column 0 it holds
+  // (one lane per row): the row's logsumexp goes there.
+  template <class CoordMN, class Write>
+  CUTLASS_DEVICE static void for_rows_at_column_0(CoordMN const& coord, int m_rows, int rows,
+                                                  Write&& write) {
+    using namespace cute;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size<0>(coord); ++i) {
+      const int row = m_rows + get<0>(coord(i, 0));
+      if (get<1>(coord(i, 0)) == 0 && row < rows) {
+        write(i, row);
+      }
+    }
   }
 
   // Stores each of this thread's rows below `rows`: `row_at(row)` is the row's first element
@@ -93,12 +105,10 @@ struct Epilogue {
     using namespace cute;
     const int rows = seq_q(p);
     Tensor coord = coords_mn(tile, mma);
-    Tensor acc_mn =
-        make_tensor(acc.data(), cutlass::fmha::collective::layout_acc_mn(mma, acc.layout()));
     Element* base = params.out + batch * params.o_batch + head * params.o_head +
                     int64_t(q_start(p)) * params.o_seq;
     store_rows(
-        acc_mn, coord, m_rows, rows, get<4>(p), [&](int row) { return base + row * params.o_seq; },
+        as_rows(mma, acc), coord, m_rows, rows, get<4>(p), [&](int row) { return base + row * params.o_seq; },
         [](Element* dst, float a, float b, bool pair) {
           if (pair) {
             cutlass::Array<Element, 2> two;
@@ -111,15 +121,9 @@ struct Epilogue {
         });
 
     if (params.lse != nullptr) {
-      // The lane holding column 0 of a row writes that row's logsumexp.
       float* lse_head = params.lse + lse_index(params, p, batch, head);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size<0>(coord); ++i) {
-        const int row = m_rows + get<0>(coord(i, 0));
-        if (get<1>(coord(i, 0)) == 0 && row < rows) {
-          lse_head[row * params.lse_row] = lse(i);
-        }
-      }
+      for_rows_at_column_0(coord, m_rows, rows,
+                           [&](int i, int row) { lse_head[row * params.lse_row] = lse(i); });
     }
   }
 
@@ -137,10 +141,8 @@ struct Epilogue {
     using namespace cute;
     const int rows = seq_q(p), dim = get<4>(p);
     Tensor coord = coords_mn(tile, mma);
-    Tensor acc_mn =
-        make_tensor(acc.data(), cutlass::fmha::collective::layout_acc_mn(mma, acc.layout()));
     store_rows(
-        acc_mn, coord, m_rows, rows, dim,
+        as_rows(mma, acc), coord, m_rows, rows, dim,
         [&](int row) { return part_out + (row0 + row * lse_row) * dim; },
         [](float* dst, float a, float b, bool pair) {
           if (pair) {
@@ -149,17 +151,13 @@ struct Epilogue {
             dst[0] = a;
           }
         });
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size<0>(coord); ++i) {
-      const int row = m_rows + get<0>(coord(i, 0));
-      if (get<1>(coord(i, 0)) == 0 && row < rows) {
-        float* slot = part_lse + row0 + row * lse_row;
-        slot[0] = lse(i);
-        for (int s = 1; s <= absent; ++s) {
-          slot[s * slot_rows] = -INFINITY;
-        }
+    for_rows_at_column_0(coord, m_rows, rows, [&](int i, int row) {
+      float* slot = part_lse + row0 + row * lse_row;
+      slot[0] = lse(i);
+      for (int s = 1; s <= absent; ++s) {
+        slot[s * slot_rows] = -INFINITY;
       }
-    }
+    });
   }
 };
 

@@ -26,6 +26,7 @@
 #include "sm90/bias.cuh"
 #include "sm90/mask.cuh"
 #include "sm90/pages.cuh"
+#include "sm90/rows.cuh"
 #include "sm90/turns.cuh"
 
 namespace flashcore::sm90 {
@@ -186,12 +187,8 @@ struct ConsumerLoop : Base {
       }
     }
     if (kBias && f.bias != 0.f) {
-      auto mn = [](auto& t) {
-        return make_tensor(t.data(), cutlass::fmha::collective::layout_acc_mn(TiledMmaQK{},
-                                                                              t.layout()));
-      };
-      Tensor s = mn(acc_s);
-      bias.add(s, mn(index), f.bias);
+      Tensor s = as_rows(TiledMmaQK{}, acc_s);
+      bias.add(s, as_rows(TiledMmaQK{}, index), f.bias);
     }
     return shift;
   }
@@ -212,8 +209,7 @@ struct ConsumerLoop : Base {
     if (masked) {
       Fusion{}.before_softmax(acc_s, index, problem);
     }
-    Tensor s = make_tensor(acc_s.data(),
-                           cutlass::fmha::collective::layout_acc_mn(TiledMmaQK{}, acc_s.layout()));
+    Tensor s = as_rows(TiledMmaQK{}, acc_s);
     static_assert(decltype(size<0>(s))::value == kRows, "one max and sum per accumulator row");
     float tile_max[kRows];
     bool raise = j == 0;
@@ -499,7 +495,6 @@ struct ConsumerLoop : Base {
                               OrderBarrier& order) {
     using namespace cute;
     using cutlass::fmha::collective::gemm_zero_acc;
-    using cutlass::fmha::collective::layout_acc_mn;
     using cutlass::fmha::collective::make_acc_into_op;
     const int thread = int(threadIdx.x);
     const int consumer = cutlass::canonical_warp_group_idx() - 1;  // warpgroup 0 loads
@@ -524,7 +519,7 @@ struct ConsumerLoop : Base {
     Tensor acc_o = partition_fragment_C(mma_pv, take<0, 2>(TileShapePV{}));
     clear(acc_o);
     mma_pv.accumulate_ = GMMA::ScaleOut::One;
-    Tensor acc_o_mn = make_tensor(acc_o.data(), layout_acc_mn(mma_pv, acc_o.layout()));
+    Tensor acc_o_mn = as_rows(mma_pv, acc_o);
     constexpr int kRows = decltype(size<0>(acc_o_mn))::value;
     float row_max[kRows], row_sum[kRows];
     // The softmax's scale (exp2 units) and the logsumexp's (natural units): 1 and ln(2) where
@@ -550,10 +545,10 @@ struct ConsumerLoop : Base {
     // kernel without kBias) has none. Two consumer warpgroups have the registers to load the
     // next tile's pairs ahead; three do not.
     constexpr int kTileKeys = int(get<1>(TileShapeQK{}));
-    using Bias = BiasTile<kRows, decltype(size<1>(layout_acc_mn(mma_qk, tPcP.layout())))::value,
-                          kTileKeys, (Base::NumMmaWarpGroups < 3)>;
-    Bias bias(params.bias, kBias && factors.bias != 0.f, get<2, 0>(blk),
-              get<2, 1>(blk), make_tensor(tPcP.data(), layout_acc_mn(mma_qk, tPcP.layout())),
+    Tensor tPcP_mn = as_rows(mma_qk, tPcP);
+    using Bias = BiasTile<kRows, decltype(size<1>(tPcP_mn))::value, kTileKeys,
+                          (Base::NumMmaWarpGroups < 3)>;
+    Bias bias(params.bias, kBias && factors.bias != 0.f, get<2, 0>(blk), get<2, 1>(blk), tPcP_mn,
               key_first(problem), (first + tiles) * kTileKeys);
 
     if (get<0>(wg) * int(get<0>(TileShapeQK{})) >= seq_q(problem)) {

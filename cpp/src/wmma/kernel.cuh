@@ -349,16 +349,12 @@ __device__ inline void prefetch_bias(const BlockMods& m, int row0, int key0) {
   }
 }
 
-// A split's partial state: the warp's output rows normalised by l, in f32, and their logsumexps,
-// at rows `part` + query row * `part_row` (the logsumexp's row step) of p.part_out (rows of
-// head_dim) and p.part_lse. The rows are staged
-// in `stage` (the warp's ROWS x D floats of shared memory, free once the loop is done) and leave
-// as 16-byte vectors, as the dense epilogue does (computing global addresses per fragment element
-// instead needs registers the loop's accumulators leave none of).
-template <int WM, int NJ, int D>
-__device__ inline void store_partial(const FragAcc (&o)[WM][NJ], RowState (&rows)[WM],
-                                     float* stage, const Params& p, int seq_q, int warp_row0,
-                                     int64_t part, int64_t part_row, int lane) {
+// The warp's output rows normalised by their sums: `pair(row, col, a, b)` takes each pair of
+// adjacent values (row within the warp's 16 * WM rows), and, where `with_lse`, `lse(row, value)`
+// each row below `valid` its logsumexp, from the lane that holds it.
+template <int WM, int NJ, class Pair, class Lse>
+__device__ inline void normalised_rows(const FragAcc (&o)[WM][NJ], RowState (&rows)[WM], int lane,
+                                       int valid, bool with_lse, Pair&& pair, Lse&& lse) {
 #pragma unroll
   for (int mt = 0; mt < WM; ++mt) {
     rows[mt].reduce_sums();
@@ -368,32 +364,61 @@ __device__ inline void store_partial(const FragAcc (&o)[WM][NJ], RowState (&rows
 #pragma unroll
       for (int i = 0; i < 8; i += 2) {
         const float f = inv_l[row_half(i)];
-        *reinterpret_cast<float2*>(stage + (mt * 16 + acc_row(lane, i)) * D + j * 16 +
-                                   acc_col(lane, i)) =
-            make_float2(o[mt][j].x[i] * f, o[mt][j].x[i + 1] * f);
+        pair(mt * 16 + acc_row(lane, i), j * 16 + acc_col(lane, i), o[mt][j].x[i] * f,
+             o[mt][j].x[i + 1] * f);
       }
     }
-    if (lane % 4 == 0) {
+    if (with_lse && lane % 4 == 0) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = warp_row0 + mt * 16 + lane / 4 + 8 * r;
-        if (row < seq_q) {
-          p.part_lse[part + row * part_row] = rows[mt].lse(r);
+        const int row = mt * 16 + lane / 4 + 8 * r;
+        if (row < valid) {
+          lse(row, rows[mt].lse(r));
         }
       }
     }
   }
+}
+
+// Copies the warp's staged rows below `valid` (of 16 * WM; row stride `ld` elements of Elem) to
+// `dst(row)` in 16-byte vectors of V, `row_elements` per row (a multiple of the vector), after
+// the warp's staging stores.
+template <int WM, typename V, typename Elem, class Dst>
+__device__ inline void copy_staged_rows(const Elem* stage, int ld, int valid, int row_elements,
+                                        int lane, Dst&& dst) {
+  static_assert(sizeof(V) == 16, "16-byte vectors");
+  constexpr int kPer = int(sizeof(V) / sizeof(Elem));
   __syncwarp();
-  const int chunks = p.head_dim / 4;  // 16-byte chunks per row
+  const int chunks = row_elements / kPer;
   for (int i = lane; i < 16 * WM * chunks; i += 32) {
     const int r = i / chunks;
-    const int c = (i % chunks) * 4;
-    if (warp_row0 + r < seq_q) {
-      *reinterpret_cast<float4*>(p.part_out + (part + (warp_row0 + r) * part_row) * p.head_dim +
-                                 c) =
-          *reinterpret_cast<const float4*>(stage + r * D + c);
+    const int c = (i % chunks) * kPer;
+    if (r < valid) {
+      *reinterpret_cast<V*>(dst(r) + c) = *reinterpret_cast<const V*>(stage + r * ld + c);
     }
   }
+}
+
+// A split's partial state: the warp's output rows normalised by l, in f32, and their logsumexps,
+// at rows `part` + query row * `part_row` (the logsumexp's row step) of p.part_out (rows of
+// head_dim) and p.part_lse. The rows are staged in `stage` (the warp's ROWS x D floats of shared
+// memory, free once the loop is done) and leave as 16-byte vectors, as the dense epilogue does
+// (computing global addresses per fragment element instead needs registers the loop's
+// accumulators leave none of).
+template <int WM, int NJ, int D>
+__device__ inline void store_partial(const FragAcc (&o)[WM][NJ], RowState (&rows)[WM],
+                                     float* stage, const Params& p, int seq_q, int warp_row0,
+                                     int64_t part, int64_t part_row, int lane) {
+  const int valid = seq_q - warp_row0;
+  normalised_rows<WM, NJ>(
+      o, rows, lane, valid, true,
+      [&](int r, int c, float a, float b) {
+        *reinterpret_cast<float2*>(stage + r * D + c) = make_float2(a, b);
+      },
+      [&](int r, float lse) { p.part_lse[part + (warp_row0 + r) * part_row] = lse; });
+  copy_staged_rows<WM, float4>(stage, D, valid, p.head_dim, lane, [&](int r) {
+    return p.part_out + (part + (warp_row0 + r) * part_row) * p.head_dim;
+  });
 }
 
 // kMods: the instantiation that applies score modifiers (a softcap, a sliding window, ALiBi); the
@@ -575,43 +600,20 @@ __global__ void __launch_bounds__(Config<T, BR, BC, D>::kThreads, 1)
 
   // Epilogue: normalise by l, stage the warp's rows as T over its own (now unused) Q rows, then
   // write 16-byte vectors; the log-sum-exp (natural log) when asked.
-#pragma unroll
-  for (int mt = 0; mt < WM; ++mt) {
-    rows[mt].reduce_sums();
-    const float inv_l[2] = {rows[mt].inv_sum(0), rows[mt].inv_sum(1)};
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-#pragma unroll
-      for (int i = 0; i < 8; i += 2) {
-        const float f = inv_l[row_half(i)];
-        *reinterpret_cast<uint32_t*>(s_qw + (mt * 16 + acc_row(lane, i)) * C::kLd + j * 16 +
-                                     acc_col(lane, i)) =
-            pack2(T(), o[mt][j].x[i] * f, o[mt][j].x[i + 1] * f);
-      }
-    }
-    if (p.lse != nullptr && lane % 4 == 0) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int q_row = warp_row0 + mt * 16 + lane / 4 + 8 * r;
-        if (q_row < out_seq.seq_q) {
-          p.lse[out_seq.lse0 + int64_t(blockIdx.y) * out_seq.lse_head +
-                q_row * out_seq.lse_row] = rows[mt].lse(r);
-        }
-      }
-    }
-  }
-  __syncwarp();
+  const int valid = out_seq.seq_q - warp_row0;
+  normalised_rows<WM, NJ>(
+      o, rows, lane, valid, p.lse != nullptr,
+      [&](int r, int c, float a, float b) {
+        *reinterpret_cast<uint32_t*>(s_qw + r * C::kLd + c) = pack2(T(), a, b);
+      },
+      [&](int r, float lse) {
+        p.lse[out_seq.lse0 + int64_t(blockIdx.y) * out_seq.lse_head +
+              (warp_row0 + r) * out_seq.lse_row] = lse;
+      });
   T* out = static_cast<T*>(p.out) + out_seq.o + int64_t(blockIdx.y) * p.o_stride[2];
-  const int chunks = p.head_dim / 8;  // 16-byte chunks per row
-  for (int i = lane; i < 16 * WM * chunks; i += 32) {
-    const int r = i / chunks;
-    const int c = (i % chunks) * 8;
-    const int q_row = warp_row0 + r;
-    if (q_row < out_seq.seq_q) {
-      *reinterpret_cast<uint4*>(out + int64_t(q_row) * p.o_stride[1] + c) =
-          *reinterpret_cast<const uint4*>(s_qw + r * C::kLd + c);
-    }
-  }
+  copy_staged_rows<WM, uint4>(s_qw, C::kLd, valid, p.head_dim, lane, [&](int r) {
+    return out + int64_t(warp_row0 + r) * p.o_stride[1];
+  });
 }
 
 }  // namespace flashcore::wmma_fa
