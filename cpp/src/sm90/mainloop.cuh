@@ -47,8 +47,10 @@ namespace flashcore::sm90 {
 //   scores' units. A thread's distances differ from its first element's by constants known at
 //   compile time, so where all of a tile's distances of a thread have one sign (every tile that
 //   the diagonal does not cross) a score takes one FMA by its constant, and the thread's first
-//   distance times the factor is a shift that its rows' max and exponents add once per row;
-//   on the diagonal's tiles the absolute value costs an add and an FMA per score;
+//   distance times the factor is a shift that its rows' max and exponents add once per row.
+//   So does every tile where no visible key lies right of the diagonal (a causal mask without
+//   a window's right side: the mask replaces the scores of the others); elsewhere, on the
+//   diagonal's tiles, the absolute value costs an add and an FMA per score;
 // - with kBias, an additive bias (bias.cuh), likewise divided by the natural scale (one FMA per
 //   score).
 // Where a quotient could overflow (a tiny scale or cap, a huge slope), the unit instead takes
@@ -95,11 +97,14 @@ struct ConsumerLoop : Base {
 
   // A work unit's additive terms: ALiBi's per unit of distance (0: none) and the bias's factor
   // (0: none), in the scores' units where `to_log2` is 0, else in exp2 units, `to_log2` being
-  // the factor that takes the scores there.
+  // the factor that takes the scores there. `left_of_diagonal`: no key right of ALiBi's diagonal
+  // is visible to any row (a causal mask without a window's right side: j - i <= causal_offset
+  // <= diagonal), so every visible distance i + diagonal - j is at least 0.
   struct Factors {
     float alibi = 0.f;
     float bias = 0.f;
     float to_log2 = 0.f;
+    bool left_of_diagonal = false;
   };
 
   // The unit's factors: -slope and 1 over the softmax's natural scale, in the scores' units,
@@ -117,10 +122,11 @@ struct ConsumerLoop : Base {
     const float slope = alibi ? params.alibi_slopes[b * params.alibi_batch_stride + h] : 0.f;
     const float factor = -slope / params.scale_softmax;
     const float bias = biased ? 1.f / params.scale_softmax : 0.f;
+    const bool left = causal_offset(problem) <= diagonal(problem);
     if (::fabsf(factor) * float(seq_q(problem) + seq_k(problem)) < 0x1p100f && bias < 0x1p24f) {
-      return {factor, bias, 0.f};
+      return {factor, bias, 0.f, left};
     }
-    return {-slope * kLog2e, biased ? kLog2e : 0.f, params.scale_softmax_log2};
+    return {-slope * kLog2e, biased ? kLog2e : 0.f, params.scale_softmax_log2, left};
   }
 
   // The max over the 4 lanes of a quad, which hold one accumulator row between them (the wgmma
@@ -170,10 +176,12 @@ struct ConsumerLoop : Base {
         lo = ::fminf(lo, offset(i));
         hi = ::fmaxf(hi, offset(i));
       }
-      if (base + lo >= 0.f || base + hi <= 0.f) {
-        // |base + c| = sign * (base + c) for every element: the constant part per score, the
-        // thread's part as its shift.
-        const float factor = base + lo >= 0.f ? f.alibi : -f.alibi;
+      const bool at_least_0 = f.left_of_diagonal || base + lo >= 0.f;
+      if (at_least_0 || base + hi <= 0.f) {
+        // |base + c| = sign * (base + c) for every element (left of the diagonal: for every
+        // visible one; the mask replaces the others): the constant part per score, the thread's
+        // part as its shift.
+        const float factor = at_least_0 ? f.alibi : -f.alibi;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(acc_s); ++i) {
           acc_s(i) = ::fmaf(factor, offset(i), acc_s(i));
