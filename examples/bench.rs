@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release --example bench -- [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X]`
 //! `--shapes-json PATH` writes the shape list and exits. After the shape list come fixed rows
-//! (variable-length, paged, score modifiers, bias, host cost): `--rows varlen,host` runs only
+//! (variable-length, paged, score modifiers, bias, host cost, small prefills): `--rows varlen,host` runs only
 //! those groups, `--rows none` none of them. Each measurement is taken as triton's `do_bench`
 //! takes torch's: 25 ms of warm-up calls, then at least `--iters` calls (default 50) and enough to
 //! fill 100 ms, each after an L2 flush (benches/common/mod.rs `time_fn`).
@@ -36,7 +36,15 @@ struct Args {
 }
 
 /// The groups of fixed rows after the shape list, by `--rows` name.
-const ROW_GROUPS: [&str; 6] = ["varlen", "paged", "modifiers", "bias", "host", "none"];
+const ROW_GROUPS: [&str; 7] = [
+    "varlen",
+    "paged",
+    "modifiers",
+    "bias",
+    "host",
+    "small",
+    "none",
+];
 
 impl Args {
     /// Whether `--rows` selects the fixed rows of `group` (every group without `--rows`).
@@ -93,7 +101,7 @@ fn parse() -> Args {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("{msg}\nusage: bench [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X] [--shapes-json PATH] [--force-class sm80|sm89|sm90] [--rows varlen,paged,modifiers,bias,host|none]");
+    eprintln!("{msg}\nusage: bench [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X] [--shapes-json PATH] [--force-class sm80|sm89|sm90] [--rows varlen,paged,modifiers,bias,host,small|none]");
     std::process::exit(2)
 }
 
@@ -497,6 +505,58 @@ fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 10]
     ])
 }
 
+/// Small prefills (bf16), whose work units leave SMs idle: where Auto's WMMA kernel meets the
+/// Hopper kernel and its key splits. Per row, (name, Auto's kernel, the Hopper kernel's splits,
+/// [Auto, WMMA, Hopper] us), medians.
+type SmallRow = (String, String, usize, [f64; 3]);
+fn small_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<SmallRow>> {
+    let shapes: [(usize, usize, usize, usize, bool); 12] = [
+        (1, 8, 512, 64, false),
+        (4, 8, 256, 64, false),
+        (1, 8, 1024, 64, false),
+        (1, 8, 2048, 64, false),
+        (2, 8, 512, 128, false),
+        (1, 16, 1024, 128, false),
+        (1, 8, 2048, 128, false),
+        (1, 4, 4096, 128, false),
+        (2, 8, 1024, 256, false),
+        (1, 8, 1024, 64, true),
+        (1, 16, 1024, 128, true),
+        (1, 8, 4096, 128, true),
+    ];
+    let median = |mut t: Vec<f64>| percentiles(&mut t).0;
+    let mut rows = Vec::new();
+    for (b, h, n, d, causal) in shapes {
+        let x = random_on::<bf16>(stream, &[b, n, h, d], Layout::Bshd)?;
+        let mut out = Tensor::uninit_on(stream, &[b, n, h, d], Layout::Bshd)?;
+        let mask = if causal {
+            Causal::BottomRight
+        } else {
+            Causal::None
+        };
+        let opts = AttentionOptions::default().causal(mask);
+        let mut runs = [0.0; 3];
+        let mut ran = Vec::new();
+        for (slot, backend) in [
+            Backend::Auto,
+            Backend::Kernel(Kernel::Wmma),
+            Backend::Kernel(Kernel::CutlassSm90),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let opts = opts.clone().backend(backend);
+            ran.push(attention_into(&x, &x, &x, &mut out, None, &opts)?);
+            runs[slot] = median(time_fn(stream, 3, iters, |_| {
+                attention_into(&x, &x, &x, &mut out, None, &opts).map(|_| ())
+            })?);
+        }
+        let name = format!("{b}x{h}x{n}x{d}{}", if causal { "-causal" } else { "" });
+        rows.push((name, format!("{:?}", ran[0].backend), ran[2].splits, runs));
+    }
+    Ok(rows)
+}
+
 /// The additive-bias rows of issue 13 (4 x 16 x 2048 x 128 bf16, no causal mask: PyTorch takes
 /// `attn_mask` or `is_causal`, not both; `scripts/torch_sdpa.py` times the same bias as
 /// `attn_mask`), random normal inputs and biases: the call without a bias on WMMA and under Auto;
@@ -812,10 +872,31 @@ fn main() {
             }
         }
     };
+    let small = if !args.wants("small") {
+        serde_json::Value::Null
+    } else {
+        match small_prefill(&stream, args.iters) {
+            Ok(rows) => {
+                let mut out = Vec::new();
+                for (name, ran, splits, [auto, wmma, hopper]) in rows {
+                    println!(
+                        "small prefill {name} bf16: Auto {auto:.1} us on {ran}, wmma {wmma:.1}                          us, cutlass-sm90 {hopper:.1} us in {splits} key splits"
+                    );
+                    out.push(json!({ "shape": name, "auto_kernel": ran, "auto_us": auto,
+                        "wmma_us": wmma, "hopper_us": hopper, "hopper_splits": splits }));
+                }
+                serde_json::Value::Array(out)
+            }
+            Err(e) => {
+                eprintln!("small prefill: {e}");
+                serde_json::Value::Null
+            }
+        }
+    };
     if let Some(path) = args.json {
         let doc = json!({ "device": device.name(), "records": rows, "host_overhead": overhead,
                           "varlen_prefill": varlen, "varlen_decode": varlen_decodes, "paged_decode": paged, "paged_prefill": prefill,
-                          "score_modifiers": modifiers, "bias": bias });
+                          "score_modifiers": modifiers, "bias": bias, "small_prefill": small });
         std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).expect("write json");
         eprintln!("wrote {path}");
     }

@@ -1595,8 +1595,9 @@ fn split_case<T: AttentionElement>(
 
 /// Split-KV decoding on the WMMA kernel and (on compute capability 9.0) the Hopper kernel: few
 /// query rows over many keys, split over blocks and combined through their logsumexps, against
-/// the f64 reference. The split count is `kv_splits`', and 1 when the (batch, head) units fill
-/// the GPU.
+/// the f64 reference; and on the Hopper kernel the key splits of small prefills, whose query
+/// blocks leave SMs idle (under a causal mask some splits of a block see no key). The split
+/// count is `kv_splits`', and 1 when the (batch, head) units fill the GPU.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn split_kv_decode_matches_the_reference() {
@@ -1612,7 +1613,14 @@ fn split_kv_decode_matches_the_reference() {
         ((1, 1, 9000, 8, 1, 256), Causal::TopLeft), // the one query sees key 0 only
         ((1, 3, 20000, 4, 4, 128), Causal::BottomRight),
         ((3, 17, 4100, 2, 1, 72), Causal::TopLeft),
+        // Prefill: split on the Hopper kernel only.
+        ((1, 512, 512, 8, 8, 64), Causal::None),
+        ((1, 1000, 1700, 4, 1, 128), Causal::TopLeft),
+        ((2, 300, 700, 2, 2, 256), Causal::BottomRight),
+        ((1, 700, 3000, 8, 2, 64), Causal::BottomRight),
+        ((1, 900, 300, 4, 4, 128), Causal::TopLeft), // rows past 300 see every key
     ];
+    let mut prefill_splits = 0;
     for (shape, causal) in cases {
         let (b, sq, sk, hq, hk, _) = shape;
         let packed = sq == 1 && hq > hk && causal != Causal::TopLeft;
@@ -1626,11 +1634,16 @@ fn split_kv_decode_matches_the_reference() {
                 ("f16", split_case::<f16>(&s, kernel, shape, causal), 2e-3),
                 ("bf16", split_case::<bf16>(&s, kernel, shape, causal), 1e-2),
             ] {
-                // Every case has at most 32 rows per head: WMMA runs its decode row, the Hopper
-                // kernel its one table.
+                // WMMA runs its decode row for at most 32 rows per head, else its main row; the
+                // Hopper kernel its one table.
                 let row = exec.tile.expect("a GPU run names its row");
-                let right_row = kernel != Kernel::Wmma || decode_table(kernel).contains(&row);
+                let decode = rows <= flashcore::plan::decode_max_query_rows();
+                let right_row =
+                    kernel != Kernel::Wmma || decode_table(kernel).contains(&row) == decode;
                 let want = kv_splits(kernel, &row, rows, units, sk, sms);
+                if !decode && want > 1 {
+                    prefill_splits += 1;
+                }
                 let what = format!(
                     "{kernel:?} {shape:?} {causal:?} {dtype}: {} splits (want {want}), tile {:?}",
                     exec.splits, row.tile
@@ -1653,6 +1666,9 @@ fn split_kv_decode_matches_the_reference() {
         kv_splits(Kernel::Wmma, row, 4, 8, 32768, sms) > 1,
         "one sequence of 32k keys is split on this GPU"
     );
+    if indexed_kernels_here().contains(&Kernel::CutlassSm90) && prefill_splits == 0 {
+        failures.push("no prefill case split its keys on the Hopper kernel".into());
+    }
     assert_none_failed(&failures);
 }
 

@@ -243,11 +243,14 @@ pub fn auto_kernel(
 /// query rows per head (after one-query GQA heads are packed into rows), `batch_heads` (batch x
 /// heads, as packed) and `seq_k` keys at tile-table `row` on a GPU with `multiprocessors` SMs
 /// (split-KV decoding, combined through the partial states' logsumexps;
-/// [`Execution::splits`](crate::Execution) reports it). 1 unless the kernel is WMMA or the Hopper
-/// kernel and the rows are at most [`decode_max_query_rows`]; then enough splits for two WMMA
-/// blocks of `row` per SM (as measured on the H200; fewer where `row` fits fewer), or one Hopper
-/// block per SM, at most 64, each of at least 512 keys (the C++ library's `flashcore::kv_splits`).
-/// A variable-length batch or a paged cache takes its longest sequence's rows and keys. A
+/// [`Execution::splits`](crate::Execution) reports it). 1 unless the kernel is WMMA and the rows
+/// are at most [`decode_max_query_rows`], or the kernel is the Hopper kernel; then enough splits
+/// for two WMMA blocks of `row` per SM (as measured on the H200; fewer where `row` fits fewer), or
+/// one Hopper block per SM, at most 64, each of at least 512 keys (a decode) or 128 keys (a
+/// prefill on the Hopper kernel, whose query blocks leave SMs idle: a few heads of a short
+/// sequence) (the C++ library's `flashcore::kv_splits`).
+/// A variable-length batch or a paged cache takes its longest sequence's rows and keys (and never
+/// splits a prefill: the planner splits only their decode steps). A
 /// variable-length batch packs its heads only where its longest sequence has one query, which
 /// sees every key, and Q's and the output's token strides are the same whole number of head
 /// strides (packed BSHD tensors): then `batch_heads` is sequences x kv heads, else sequences x
@@ -263,6 +266,14 @@ pub fn auto_kernel(
 /// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 128, 8192, 132), 2); // 16 sequences
 /// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 512, 2048, 132), 1); // the SMs are full
 /// assert_eq!(kv_splits(Kernel::CutlassSm80, row, 4, 8, 32768, 132), 1);
+/// // A Hopper prefill of 512 queries and keys, 8 heads, d = 64: 3 blocks of 192 rows per head,
+/// // 24 units on 132 SMs, split into 4 of 128 keys each.
+/// let prefill = flashcore::plan::tile_table(Kernel::CutlassSm90)
+///     .iter()
+///     .find(|r| r.arch == ArchClass::Sm90 && r.max_head_dim >= 64)
+///     .unwrap();
+/// assert_eq!(kv_splits(Kernel::CutlassSm90, prefill, 512, 8, 512, 132), 4);
+/// assert_eq!(kv_splits(Kernel::CutlassSm90, prefill, 2048, 256, 2048, 132), 1); // full
 /// ```
 pub fn kv_splits(
     kernel: Kernel,

@@ -22,6 +22,10 @@ constexpr int64_t kDecodeMaxQueryRows = 32;
 // unit, each streaming at least kMinKeysPerSplit keys, and combines their partial states.
 constexpr int32_t kMaxKvSplits = 64;
 constexpr int64_t kMinKeysPerSplit = 512;
+// A prefill on the Hopper kernel whose query blocks leave SMs idle splits its keys the same way,
+// each split streaming at least kMinPrefillKeysPerSplit keys (its blocks hold 128 or 192 query
+// rows, so a split of one or two key tiles still gives the tensor cores a whole tile's work).
+constexpr int64_t kMinPrefillKeysPerSplit = 128;
 // A batch of at most this many sequences whose key counts the host knows (host copies of the
 // offsets or key counts) splits each sequence by its own keys; a larger one, or one without host
 // copies, splits every sequence as its longest (the kernels take a table of each sequence's
@@ -109,10 +113,11 @@ const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
 
 // How many key splits `kernel` runs a problem of `query_rows` query rows per head (after packing),
 // `batch_heads` (batch x heads) heads and `seq_k` keys with at tile-table `row` on
-// `multiprocessors` SMs: 1 (no split) unless the kernel is WMMA or the Hopper kernel and the rows
-// are few (decode); then enough splits for two WMMA blocks per SM (at most wmma_blocks_per_sm of
-// `row`), or one Hopper block per SM, over the unsplit blocks, at most kMaxKvSplits, each of at
-// least kMinKeysPerSplit keys (measured: see its definition in cpp/src/core/plan.cpp).
+// `multiprocessors` SMs: 1 (no split) unless the kernel is WMMA and the rows are few (decode), or
+// the kernel is the Hopper kernel; then enough splits for two WMMA blocks per SM (at most
+// wmma_blocks_per_sm of `row`), or one Hopper block per SM, over the unsplit blocks, at most
+// kMaxKvSplits, each of at least kMinKeysPerSplit keys (a decode) or kMinPrefillKeysPerSplit
+// (a Hopper prefill) (measured: see its definition in cpp/src/core/plan.cpp).
 int32_t kv_splits(Kernel kernel, const TileRow& row, int64_t query_rows, int64_t batch_heads,
                   int64_t seq_k, int32_t multiprocessors) noexcept;
 

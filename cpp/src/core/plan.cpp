@@ -350,8 +350,10 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       return s;
     }
     // A batch whose key counts the host knows splits each sequence by its own keys, else
-    // every sequence by the longest's.
+    // every sequence by the longest's. Prefill splits (the Hopper kernel's) are for dense
+    // batches only: variable-length and paged prefill keep one split.
     Plan planned{kernel, row, 1};
+    const bool dense_or_decode = !(p.varlen || p.paged) || p.query_rows() <= kDecodeMaxQueryRows;
     SequenceSplits by_sequence =
         sequence_splits(kernel, *row, p.query_rows(), p.batch_heads() / std::max<int64_t>(1, p.batch),
                         host_key_counts(r), caps.multiprocessors);
@@ -359,7 +361,7 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       planned.splits = by_sequence.slots;
       planned.split_keys = by_sequence.keys;
       planned.split_first = std::move(by_sequence.first);
-    } else {
+    } else if (dense_or_decode) {
       planned.splits = kv_splits(kernel, *row, p.query_rows(), p.batch_heads(), p.seq_k,
                                  caps.multiprocessors);
     }
