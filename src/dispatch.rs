@@ -21,8 +21,7 @@ pub struct Execution {
     /// The tile-table row used (GPU backends).
     pub tile: Option<TileRow>,
     /// Into how many blocks per (batch, head) the keys were split and combined (split-KV
-    /// decoding, and small prefills on the Hopper kernel: [`crate::plan::kv_splits`]); 1 when not
-    /// split.
+    /// decoding, [`crate::plan::kv_splits`]); 1 when not split.
     pub splits: usize,
 }
 

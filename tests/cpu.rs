@@ -595,7 +595,11 @@ fn auto_picks_by_arch_rows_and_work() {
                 (265, Kernel::CutlassSm80),
                 (4096, Kernel::CutlassSm80),
             ] {
-                assert_eq!(auto_kernel(arch, rows, units, 132), want, "{rows} {units}");
+                assert_eq!(
+                    auto_kernel(arch, rows, units, 8192, 128, 132),
+                    want,
+                    "{rows} {units}"
+                );
             }
         }
         for rows in [limit + 1, 64, 4096, usize::MAX] {
@@ -604,23 +608,32 @@ fn auto_picks_by_arch_rows_and_work() {
             } else {
                 Kernel::Wmma
             };
-            assert_eq!(auto_kernel(arch, rows, 4096, 132), want, "{arch:?} {rows}");
+            assert_eq!(
+                auto_kernel(arch, rows, 4096, 4096, 64, 132),
+                want,
+                "{arch:?} {rows}"
+            );
         }
     }
-    // On an H200, the Hopper kernel once its 128-row work units fill the 132 SMs.
-    assert_eq!(auto_kernel(ArchClass::Sm90, 512, 8, 132), Kernel::Wmma); // 32 units
-    assert_eq!(auto_kernel(ArchClass::Sm90, 1024, 8, 132), Kernel::Wmma); // 64 units
-    assert_eq!(auto_kernel(ArchClass::Sm90, 1024, 16, 132), Kernel::Wmma); // 128 units
+    // On an H200, the Hopper kernel once its 128-row work units fill the 132 SMs, or once the
+    // two products take 2^30 flops; WMMA for smaller problems.
+    let h200 = |rows, heads, keys, d| auto_kernel(ArchClass::Sm90, rows, heads, keys, d, 132);
+    assert_eq!(h200(512, 8, 512, 64), Kernel::Wmma); // 32 units, 2^29 flops
+    assert_eq!(h200(256, 32, 256, 64), Kernel::Wmma); // 64 units, 2^29 flops
+    assert_eq!(h200(1024, 8, 1024, 64), Kernel::CutlassSm90); // 64 units, 2^31 flops
+    assert_eq!(h200(512, 8, 1023, 64), Kernel::Wmma); // just below 2^30 flops
+    assert_eq!(h200(512, 8, 1024, 64), Kernel::CutlassSm90); // 2^30 flops
+    assert_eq!(h200(129, 66, 16, 8), Kernel::CutlassSm90); // 2 x 66 units
+    assert_eq!(h200(129, 65, 16, 8), Kernel::Wmma); // 130 units, 2^22 flops
     assert_eq!(
-        auto_kernel(ArchClass::Sm90, 1024, 17, 132),
-        Kernel::CutlassSm90
-    ); // 136 units
-    assert_eq!(
-        auto_kernel(ArchClass::Sm90, 129, 66, 132),
-        Kernel::CutlassSm90
-    ); // 2 x 66 units
-    assert_eq!(
-        auto_kernel(ArchClass::Sm90, usize::MAX, usize::MAX, usize::MAX),
+        auto_kernel(
+            ArchClass::Sm90,
+            usize::MAX,
+            usize::MAX,
+            usize::MAX,
+            256,
+            usize::MAX
+        ),
         Kernel::CutlassSm90
     );
 }

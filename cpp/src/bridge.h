@@ -43,7 +43,8 @@ StatusFfi choose_row(int32_t kernel, int64_t head_dim, int64_t query_rows, const
 int32_t arch_class(int32_t major, int32_t minor);
 int64_t arch_smem(int32_t arch, bool per_sm);
 int64_t wmma_smem_bytes(int32_t queries, int32_t keys, int32_t head_dim);
-int32_t auto_kernel(int32_t arch, int64_t query_rows, int64_t batch_heads, int32_t multiprocessors);
+int32_t auto_kernel(int32_t arch, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
+                    int64_t head_dim, int32_t multiprocessors);
 int32_t kv_splits(int32_t kernel, const TileRowFfi& row, int64_t query_rows, int64_t batch_heads,
                   int64_t seq_k, int32_t multiprocessors);
 int32_t sequence_splits(int32_t kernel, const TileRowFfi& row, int64_t query_rows, int64_t heads,

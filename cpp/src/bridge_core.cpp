@@ -126,9 +126,11 @@ int64_t wmma_smem_bytes(int32_t queries, int32_t keys, int32_t head_dim) {
   return flashcore::wmma_smem_bytes(Tile{queries, keys, head_dim});
 }
 
-int32_t auto_kernel(int32_t arch, int64_t query_rows, int64_t batch_heads, int32_t multiprocessors) {
+int32_t auto_kernel(int32_t arch, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
+                    int64_t head_dim, int32_t multiprocessors) {
   return static_cast<int32_t>(flashcore::auto_kernel(static_cast<ArchClass>(arch), query_rows,
-                                                     batch_heads, multiprocessors));
+                                                     batch_heads, seq_k, head_dim,
+                                                     multiprocessors));
 }
 
 namespace {

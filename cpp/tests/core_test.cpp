@@ -178,7 +178,7 @@ void planning() {
   const int64_t limit = flashcore::kDecodeMaxQueryRows;
   using flashcore::ArchClass;
   using flashcore::auto_kernel;
-  expect(auto_kernel(ArchClass::Sm90, 1, 4096, 132) == Kernel::CutlassSm80,
+  expect(auto_kernel(ArchClass::Sm90, 1, 4096, 2048, 128, 132) == Kernel::CutlassSm80,
          "Auto: one query on many units runs CUTLASS's decode row");
   // Decode by units on 132 SMs: the Hopper kernel up to two per SM (split below one), without
   // it WMMA below two per SM (split), CUTLASS's decode row beyond.
@@ -193,24 +193,35 @@ void planning() {
       {265, Kernel::CutlassSm80, Kernel::CutlassSm80},
   };
   for (const auto& [units, with, without] : decode) {
-    expect(auto_kernel(ArchClass::Sm90, 4, units, 132) == with &&
-               auto_kernel(ArchClass::Sm90, 4, units, 132, without_sm90) == without &&
-               auto_kernel(ArchClass::Sm80, limit, units, 132) == without,
+    expect(auto_kernel(ArchClass::Sm90, 4, units, 8192, 128, 132) == with &&
+               auto_kernel(ArchClass::Sm90, 4, units, 8192, 128, 132, without_sm90) == without &&
+               auto_kernel(ArchClass::Sm80, limit, units, 8192, 128, 132) == without,
            "Auto: decode on " + std::to_string(units) + " units");
   }
-  expect(auto_kernel(ArchClass::Sm86Sm89, limit, 4096, 58) == Kernel::CutlassSm80,
+  expect(auto_kernel(ArchClass::Sm86Sm89, limit, 4096, 4096, 128, 58) == Kernel::CutlassSm80,
          "Auto: the decode limit");
-  expect(auto_kernel(ArchClass::Sm86Sm89, limit + 1, 4096, 58) == Kernel::Wmma,
+  expect(auto_kernel(ArchClass::Sm86Sm89, limit + 1, 4096, 4096, 128, 58) == Kernel::Wmma,
          "Auto: above it, WMMA on an L4");
-  expect(auto_kernel(ArchClass::Sm90, 4096, 64, 132) == Kernel::CutlassSm90,
+  expect(auto_kernel(ArchClass::Sm90, 4096, 64, 4096, 64, 132) == Kernel::CutlassSm90,
          "Auto: the Hopper kernel on a filled H200");
-  expect(auto_kernel(ArchClass::Sm90, 512, 8, 132) == Kernel::Wmma,
+  expect(auto_kernel(ArchClass::Sm90, 512, 8, 512, 64, 132) == Kernel::Wmma,
          "Auto: WMMA on a small problem on an H200");
+  // Below one unit per SM, the Hopper kernel from kSm90SmallPrefillFlops on (2^30 flops:
+  // 1 x 8 x 1024 x 64 takes 2^31, 1 x 8 x 512 x 64 and 4 x 8 x 256 x 64 2^29).
+  expect(auto_kernel(ArchClass::Sm90, 1024, 8, 1024, 64, 132) == Kernel::CutlassSm90 &&
+             auto_kernel(ArchClass::Sm90, 512, 16, 512, 128, 132) == Kernel::CutlassSm90 &&
+             auto_kernel(ArchClass::Sm90, 256, 32, 256, 64, 132) == Kernel::Wmma &&
+             auto_kernel(ArchClass::Sm90, 512, 8, 1024, 64, 132) == Kernel::CutlassSm90 &&
+             auto_kernel(ArchClass::Sm90, 512, 8, 1023, 64, 132) == Kernel::Wmma,
+         "Auto: the Hopper kernel on small prefills of at least 2^30 flops");
+  expect(auto_kernel(ArchClass::Sm86Sm89, 1024, 8, 1 << 20, 256, 58) == Kernel::Wmma,
+         "Auto: WMMA on an L4 whatever the flops");
   const uint32_t no_sm90 = ~(1u << int(Kernel::CutlassSm90));
-  expect(auto_kernel(ArchClass::Sm90, 4096, 64, 132, no_sm90) == Kernel::Wmma,
+  expect(auto_kernel(ArchClass::Sm90, 4096, 64, 4096, 64, 132, no_sm90) == Kernel::Wmma,
          "Auto: WMMA on an H200 when the Hopper kernel was not built");
   expect(auto_kernel(ArchClass::Sm90, std::numeric_limits<int64_t>::max(),
-                     std::numeric_limits<int64_t>::max(), 132) == Kernel::CutlassSm90,
+                     std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max(),
+                     256, 132) == Kernel::CutlassSm90,
          "Auto: no overflow at the limits");
   Request r = valid();
   Problem p{};
@@ -242,33 +253,6 @@ void planning_sm90() {
   Status s = flashcore::core::plan(r, p, h200, &plan);
   expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.row->tile.queries_per_block == 192,
          "an H200 runs the sm90 d=64 row (three warpgroups): " + s.message);
-  // A dense prefill whose query blocks leave SMs idle splits its keys on the Hopper kernel (1 x 8
-  // x 512 x 64: 24 units, 4 splits of 128 keys); a variable-length or paged prefill does not.
-  {
-    const DeviceCaps sms{9, 0, 227 * 1024, ~0u, 132};
-    Request small = r;
-    small.q = small.k = small.v = bshd(1, 512, 8, 64);
-    small.out = bshd(1, 512, 8, 64);
-    Problem small_p{};
-    expect(flashcore::core::validate(small, &small_p).ok() &&
-               flashcore::core::plan(small, small_p, sms, &plan).ok() &&
-               plan.kernel == Kernel::CutlassSm90 && plan.splits == 4,
-           "a small dense prefill splits on the Hopper kernel: " + std::to_string(plan.splits));
-    const int32_t cu_q[] = {0, 300, 600}, cu_k[] = {0, 600, 1200};
-    Request packed = r;
-    packed.q = bshd(1, 600, 8, 64);
-    packed.out = bshd(1, 600, 8, 64);
-    packed.k = packed.v = bshd(1, 1200, 2, 64);
-    packed.varlen = true;
-    packed.cu_q = {0x20000, 0, 2, cu_q, 300};
-    packed.cu_k = {0x30000, 0, 2, cu_k, 600};
-    Problem packed_p{};
-    s = flashcore::core::validate(packed, &packed_p);
-    expect(s.ok() && flashcore::core::plan(packed, packed_p, sms, &plan).ok() &&
-               plan.kernel == Kernel::CutlassSm90 && plan.splits == 1,
-           "a variable-length prefill keeps one split: " + s.message + " " +
-               std::to_string(plan.splits));
-  }
   // Auto on an H200 (132 SMs): WMMA for 16 work units, the Hopper kernel for 512.
   Request autos = r;
   autos.options.backend = Backend::Auto;
@@ -772,27 +756,13 @@ void key_splits() {
   expect(kv_splits(Kernel::CutlassSm90, *h128, 4, 64, 8192, 132) == 2, "Hopper: 8 x 8k: 2");
   expect(kv_splits(Kernel::CutlassSm90, *h128, 4, 128, 8192, 132) == 1, "Hopper: 16 x 8k: 1");
   expect(kv_splits(Kernel::CutlassSm90, *h128, 4, 8, 1500, 132) == 2, "Hopper: >= 512 keys");
-  // A Hopper prefill whose query blocks leave SMs idle splits too, into splits of at least
-  // kMinPrefillKeysPerSplit keys: 64 rows x 8 heads (8 units) over 32k keys: 132 / 8 = 16.
-  expect(kv_splits(Kernel::CutlassSm90, *h128, 64, 8, 32768, 132) == 16, "Hopper: prefill: 16");
-  const flashcore::TileRow* h64 =
-      flashcore::select_row(Kernel::CutlassSm90, flashcore::ArchClass::Sm90, 64, 512);
-  expect(h64 != nullptr && h64->tile.queries_per_block == 192 &&
-             kv_splits(Kernel::CutlassSm90, *h64, 512, 8, 512, 132) == 4,
-         "Hopper: 1 x 8 x 512 x 64: 24 units of 192 rows, 4 splits of 128 keys");
-  expect(kv_splits(Kernel::CutlassSm90, *h64, 1024, 8, 1024, 132) == 2,
-         "Hopper: 1 x 8 x 1024 x 64: 48 units, 2 splits");
-  expect(kv_splits(Kernel::CutlassSm90, *h64, 512, 8, 200, 132) == 1,
-         "Hopper: a prefill of fewer than 2 x 128 keys does not split");
-  expect(kv_splits(Kernel::CutlassSm90, *h64, 2048, 256, 2048, 132) == 1,
-         "Hopper: a prefill whose units fill the SMs does not split");
+  expect(kv_splits(Kernel::CutlassSm90, *h128, 64, 8, 32768, 132) == 1, "Hopper: prefill: 1");
   expect(kv_splits(Kernel::Wmma, r128, 4, 0, 32768, 132) == 1, "no units");
   expect(kv_splits(Kernel::Wmma, r128, 4, int64_t{1} << 40, 32768, 132) == 1, "huge batch: 1");
   // The main d = 128 row (128 x 32, four warps): 2 blocks per SM by registers.
   const flashcore::TileRow* main128 =
       flashcore::select_row(Kernel::Wmma, flashcore::ArchClass::Sm90, 128, 4096);
   expect(main128 != nullptr && wmma_blocks_per_sm(*main128) == 2, "2 main-row blocks per SM");
-  expect(kv_splits(Kernel::Wmma, *main128, 512, 8, 512, 132) == 1, "WMMA: a prefill: 1");
   // An L4 (sm_89, 100 KB per SM, 58 SMs) holds 2 decode blocks per SM.
   const flashcore::TileRow* l4 =
       flashcore::select_row(Kernel::Wmma, flashcore::ArchClass::Sm86Sm89, 128, 4);

@@ -242,7 +242,14 @@ pub(crate) mod sys {
         fn arch_class(major: i32, minor: i32) -> i32;
         fn arch_smem(arch: i32, per_sm: bool) -> i64;
         fn wmma_smem_bytes(queries: i32, keys: i32, head_dim: i32) -> i64;
-        fn auto_kernel(arch: i32, query_rows: i64, batch_heads: i64, multiprocessors: i32) -> i32;
+        fn auto_kernel(
+            arch: i32,
+            query_rows: i64,
+            batch_heads: i64,
+            seq_k: i64,
+            head_dim: i64,
+            multiprocessors: i32,
+        ) -> i32;
         fn kv_splits(
             kernel: i32,
             row: &TileRowFfi,

@@ -205,35 +205,44 @@ pub fn wmma_smem_bytes(tile: Tile) -> usize {
 }
 
 /// The kernel [`crate::Backend::Auto`] runs on a GPU of class `arch` with `multiprocessors` SMs,
-/// for a problem of `query_rows` query rows per head on `batch_heads` (batch x heads) heads (a
-/// one-query GQA problem counts its packed heads as rows and its kv heads as heads: see
-/// [`decode_max_query_rows`]), in a build with every kernel family. Measured, the reasons are
-/// beside `flashcore::auto_kernel` in `cpp/src/core/plan.cpp`. Decode (up to
-/// [`decode_max_query_rows`] query rows): on compute capability 9.0 the Hopper kernel (split-KV
-/// below one unit per SM) up to two units per SM; elsewhere WMMA (split where it helps) below two
-/// units per SM; CUTLASS's decode row beyond. Otherwise, on compute capability 9.0 the Hopper
-/// kernel once its 128-row work units fill the SMs; WMMA otherwise.
+/// for a problem of `query_rows` query rows per head on `batch_heads` (batch x heads) heads with
+/// `seq_k` keys and head dim `head_dim` (a one-query GQA problem counts its packed heads as rows
+/// and its kv heads as heads: see [`decode_max_query_rows`]), in a build with every kernel
+/// family. Measured, the reasons are beside `flashcore::auto_kernel` in `cpp/src/core/plan.cpp`.
+/// Decode (up to [`decode_max_query_rows`] query rows): on compute capability 9.0 the Hopper
+/// kernel (split-KV below one unit per SM) up to two units per SM; elsewhere WMMA (split where it
+/// helps) below two units per SM; CUTLASS's decode row beyond. Otherwise, on compute capability
+/// 9.0 the Hopper kernel once its 128-row work units fill the SMs, or once the problem's two
+/// products take at least 2^30 flops (4 x `batch_heads` x `query_rows` x `seq_k` x `head_dim`);
+/// WMMA otherwise.
 ///
 /// ```
 /// use flashcore::plan::{auto_kernel, ArchClass, Kernel};
-/// assert_eq!(auto_kernel(ArchClass::Sm90, 4, 8, 132), Kernel::CutlassSm90); // one long sequence
-/// assert_eq!(auto_kernel(ArchClass::Sm86Sm89, 4, 8, 58), Kernel::Wmma); // the same on an L4
-/// assert_eq!(auto_kernel(ArchClass::Sm90, 4, 128, 132), Kernel::CutlassSm90); // 16 sequences
-/// assert_eq!(auto_kernel(ArchClass::Sm90, 4, 512, 132), Kernel::CutlassSm80); // 64 sequences
-/// assert_eq!(auto_kernel(ArchClass::Sm90, 4096, 64, 132), Kernel::CutlassSm90); // 2048 units
-/// assert_eq!(auto_kernel(ArchClass::Sm90, 512, 8, 132), Kernel::Wmma); // 32 units
-/// assert_eq!(auto_kernel(ArchClass::Sm86Sm89, 4096, 64, 58), Kernel::Wmma); // an L4
+/// let (h200, l4) = (ArchClass::Sm90, ArchClass::Sm86Sm89);
+/// assert_eq!(auto_kernel(h200, 4, 8, 32768, 128, 132), Kernel::CutlassSm90); // one long sequence
+/// assert_eq!(auto_kernel(l4, 4, 8, 32768, 128, 58), Kernel::Wmma); // the same on an L4
+/// assert_eq!(auto_kernel(h200, 4, 128, 8192, 128, 132), Kernel::CutlassSm90); // 16 sequences
+/// assert_eq!(auto_kernel(h200, 4, 512, 2048, 128, 132), Kernel::CutlassSm80); // 64 sequences
+/// assert_eq!(auto_kernel(h200, 4096, 64, 4096, 64, 132), Kernel::CutlassSm90); // 2048 units
+/// assert_eq!(auto_kernel(h200, 512, 8, 512, 64, 132), Kernel::Wmma); // 32 units, 2^29 flops
+/// assert_eq!(auto_kernel(h200, 1024, 16, 1024, 128, 132), Kernel::CutlassSm90); // 2^33 flops
+/// assert_eq!(auto_kernel(l4, 4096, 64, 4096, 64, 58), Kernel::Wmma); // an L4
 /// ```
 pub fn auto_kernel(
     arch: ArchClass,
     query_rows: usize,
     batch_heads: usize,
+    seq_k: usize,
+    head_dim: usize,
     multiprocessors: usize,
 ) -> Kernel {
+    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
     let id = sys::auto_kernel(
         ffi::arch_id(arch),
-        i64::try_from(query_rows).unwrap_or(i64::MAX),
-        i64::try_from(batch_heads).unwrap_or(i64::MAX),
+        count(query_rows),
+        count(batch_heads),
+        count(seq_k),
+        count(head_dim),
         i32::try_from(multiprocessors).unwrap_or(i32::MAX),
     );
     ffi::kernel_of(i64::from(id)).unwrap_or(Kernel::Wmma)
@@ -243,14 +252,11 @@ pub fn auto_kernel(
 /// query rows per head (after one-query GQA heads are packed into rows), `batch_heads` (batch x
 /// heads, as packed) and `seq_k` keys at tile-table `row` on a GPU with `multiprocessors` SMs
 /// (split-KV decoding, combined through the partial states' logsumexps;
-/// [`Execution::splits`](crate::Execution) reports it). 1 unless the kernel is WMMA and the rows
-/// are at most [`decode_max_query_rows`], or the kernel is the Hopper kernel; then enough splits
-/// for two WMMA blocks of `row` per SM (as measured on the H200; fewer where `row` fits fewer), or
-/// one Hopper block per SM, at most 64, each of at least 512 keys (a decode) or 128 keys (a
-/// prefill on the Hopper kernel, whose query blocks leave SMs idle: a few heads of a short
-/// sequence) (the C++ library's `flashcore::kv_splits`).
-/// A variable-length batch or a paged cache takes its longest sequence's rows and keys (and never
-/// splits a prefill: the planner splits only their decode steps). A
+/// [`Execution::splits`](crate::Execution) reports it). 1 unless the kernel is WMMA or the Hopper
+/// kernel and the rows are at most [`decode_max_query_rows`]; then enough splits for two WMMA
+/// blocks of `row` per SM (as measured on the H200; fewer where `row` fits fewer), or one Hopper
+/// block per SM, at most 64, each of at least 512 keys (the C++ library's `flashcore::kv_splits`).
+/// A variable-length batch or a paged cache takes its longest sequence's rows and keys. A
 /// variable-length batch packs its heads only where its longest sequence has one query, which
 /// sees every key, and Q's and the output's token strides are the same whole number of head
 /// strides (packed BSHD tensors): then `batch_heads` is sequences x kv heads, else sequences x
@@ -266,14 +272,6 @@ pub fn auto_kernel(
 /// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 128, 8192, 132), 2); // 16 sequences
 /// assert_eq!(kv_splits(Kernel::Wmma, row, 4, 512, 2048, 132), 1); // the SMs are full
 /// assert_eq!(kv_splits(Kernel::CutlassSm80, row, 4, 8, 32768, 132), 1);
-/// // A Hopper prefill of 512 queries and keys, 8 heads, d = 64: 3 blocks of 192 rows per head,
-/// // 24 units on 132 SMs, split into 4 of 128 keys each.
-/// let prefill = flashcore::plan::tile_table(Kernel::CutlassSm90)
-///     .iter()
-///     .find(|r| r.arch == ArchClass::Sm90 && r.max_head_dim >= 64)
-///     .unwrap();
-/// assert_eq!(kv_splits(Kernel::CutlassSm90, prefill, 512, 8, 512, 132), 4);
-/// assert_eq!(kv_splits(Kernel::CutlassSm90, prefill, 2048, 256, 2048, 132), 1); // full
 /// ```
 pub fn kv_splits(
     kernel: Kernel,

@@ -22,10 +22,6 @@ constexpr int64_t kDecodeMaxQueryRows = 32;
 // unit, each streaming at least kMinKeysPerSplit keys, and combines their partial states.
 constexpr int32_t kMaxKvSplits = 64;
 constexpr int64_t kMinKeysPerSplit = 512;
-// A prefill on the Hopper kernel whose query blocks leave SMs idle splits its keys the same way,
-// each split streaming at least kMinPrefillKeysPerSplit keys (its blocks hold 128 or 192 query
-// rows, so a split of one or two key tiles still gives the tensor cores a whole tile's work).
-constexpr int64_t kMinPrefillKeysPerSplit = 128;
 // A batch of at most this many sequences whose key counts the host knows (host copies of the
 // offsets or key counts) splits each sequence by its own keys; a larger one, or one without host
 // copies, splits every sequence as its longest (the kernels take a table of each sequence's
@@ -113,11 +109,10 @@ const TileRow* select_row(Kernel kernel, ArchClass arch, int64_t head_dim,
 
 // How many key splits `kernel` runs a problem of `query_rows` query rows per head (after packing),
 // `batch_heads` (batch x heads) heads and `seq_k` keys with at tile-table `row` on
-// `multiprocessors` SMs: 1 (no split) unless the kernel is WMMA and the rows are few (decode), or
-// the kernel is the Hopper kernel; then enough splits for two WMMA blocks per SM (at most
-// wmma_blocks_per_sm of `row`), or one Hopper block per SM, over the unsplit blocks, at most
-// kMaxKvSplits, each of at least kMinKeysPerSplit keys (a decode) or kMinPrefillKeysPerSplit
-// (a Hopper prefill) (measured: see its definition in cpp/src/core/plan.cpp).
+// `multiprocessors` SMs: 1 (no split) unless the kernel is WMMA or the Hopper kernel and the rows
+// are few (decode); then enough splits for two WMMA blocks per SM (at most wmma_blocks_per_sm of
+// `row`), or one Hopper block per SM, over the unsplit blocks, at most kMaxKvSplits, each of at
+// least kMinKeysPerSplit keys (measured: see its definition in cpp/src/core/plan.cpp).
 int32_t kv_splits(Kernel kernel, const TileRow& row, int64_t query_rows, int64_t batch_heads,
                   int64_t seq_k, int32_t multiprocessors) noexcept;
 
@@ -132,10 +127,16 @@ int64_t wmma_blocks_per_sm(const TileRow& row) noexcept;
 constexpr int64_t kSm90QueriesPerBlock = 128;
 
 // The kernel Backend::Auto runs for a problem of `query_rows` query rows per head (after the
-// packing of one-query GQA problems) on `batch_heads` (batch x heads, as packed) heads, on a
-// device of class `arch` with `multiprocessors` SMs, where this build compiled `kernels` (one bit
-// per Kernel value); measured, see its definition in cpp/src/core/plan.cpp.
-Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int32_t multiprocessors,
-                   uint32_t kernels = ~0u) noexcept;
+// packing of one-query GQA problems) on `batch_heads` (batch x heads, as packed) heads, `seq_k`
+// keys and head dim `head_dim`, on a device of class `arch` with `multiprocessors` SMs, where
+// this build compiled `kernels` (one bit per Kernel value); measured, see its definition in
+// cpp/src/core/plan.cpp.
+Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
+                   int64_t head_dim, int32_t multiprocessors, uint32_t kernels = ~0u) noexcept;
+
+// Below this many flops of its two products (4 x batch x heads x seq_q x seq_k x head_dim, as if
+// unmasked) a prefill whose Hopper work units do not fill the SMs runs on WMMA under Auto, whose
+// smaller blocks start sooner; at or above it, on the Hopper kernel (measured: see auto_kernel).
+constexpr double kSm90SmallPrefillFlops = 0x1p30;
 
 }  // namespace flashcore

@@ -68,11 +68,17 @@ bool hopper_runs(ArchClass arch, uint32_t kernels) {
 //   against 211 on CUTLASS at 128 units, a tie at 256); beyond, CUTLASS's decode row (129.9 us at
 //   512 units against 131.3 on Hopper and 139.3 on WMMA);
 // - on compute capability 9.0, the Hopper kernel once its 128-row work units fill the SMs: it ran
-//   every throughput shape of the bench list 1.2-2.6x faster than WMMA;
+//   every throughput shape of the bench list 1.2-2.6x faster than WMMA; and below that, on
+//   every prefill of at least kSm90SmallPrefillFlops (an H100, 2026-11-26, bf16, the bench's
+//   `--rows small`, us, WMMA against the Hopper kernel: 1x8x2048x64 46.4 / 31.7, 1x16x1024x128
+//   48.2 / 23.8, 1x8x2048x128 84.9 / 34.9, 1x4x4096x128 158.1 / 58.6, 2x8x1024x256 89.8 / 39.4,
+//   1x16x1024x128 causal 48.4 / 22.3; on the H200, docs/PERFORMANCE.md, 1x8x1024x64 22.0-22.6 /
+//   20.5-20.6);
 // - elsewhere WMMA, faster than CUTLASS everywhere but decode (2026-11-21), and than the Hopper
-//   kernel on the seeds' small problems (32-64 work units: 12.7 vs 13.4 us at 1x8x512x64).
-Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int32_t multiprocessors,
-                   uint32_t kernels) noexcept {
+//   kernel on the seeds' smallest problems (H200: 1x8x512x64 13.8-14.2 / 14.8-14.9 us,
+//   4x8x256x64 11.5-11.7 / 13.0-13.1; 2^29 flops each).
+Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
+                   int64_t head_dim, int32_t multiprocessors, uint32_t kernels) noexcept {
   const bool hopper = hopper_runs(arch, kernels);
   if (query_rows <= kDecodeMaxQueryRows) {
     const int64_t sms = multiprocessors;
@@ -82,7 +88,10 @@ Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int3
     return batch_heads < 2 * sms ? Kernel::Wmma : Kernel::CutlassSm80;
   }
   const bool fills = sm90_work_units(query_rows, batch_heads) >= multiprocessors;
-  return hopper && fills ? Kernel::CutlassSm90 : Kernel::Wmma;
+  const double flops = 4.0 * double(batch_heads) * double(query_rows) * double(seq_k) *
+                       double(head_dim);
+  return hopper && (fills || flops >= kSm90SmallPrefillFlops) ? Kernel::CutlassSm90
+                                                                : Kernel::Wmma;
 }
 
 int64_t wmma_blocks_per_sm(const TileRow& row) noexcept {
@@ -270,11 +279,12 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     const std::optional<ArchClass> arch = class_for(caps, r.options.force_arch_class);
     const std::optional<Kernel> forced = kernel_of(r.options.backend);
     Kernel kernel = forced.value_or(auto_kernel(arch.value_or(ArchClass::Sm80), p.query_rows(),
-                                                p.batch_heads(), caps.multiprocessors,
-                                                caps.kernels));
+                                                p.batch_heads(), p.seq_k, p.head_dim,
+                                                caps.multiprocessors, caps.kernels));
     if (p.varlen && !forced && p.query_rows() > kDecodeMaxQueryRows) {
-      // Variable-length prefill: the Hopper kernel only where its units fill the SMs, as for
-      // dense prefill. Variable-length decode follows auto_kernel's decode rule (the Hopper
+      // Variable-length prefill: the Hopper kernel only where its units fill the SMs (the dense
+      // rule's first half; its longest sequence's lengths would overstate a batch's flops for
+      // the second, which was measured on dense batches). Variable-length decode follows auto_kernel's decode rule (the Hopper
       // kernel up to two units per SM, else WMMA for the CUTLASS decode row, which reads no
       // variable-length batch), on (sequence, kv head) units where its one-query heads pack
       // (Problem::packs_heads), else on (sequence, query head) units. Measured unpacked on the
@@ -350,10 +360,8 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       return s;
     }
     // A batch whose key counts the host knows splits each sequence by its own keys, else
-    // every sequence by the longest's. Prefill splits (the Hopper kernel's) are for dense
-    // batches only: variable-length and paged prefill keep one split.
+    // every sequence by the longest's.
     Plan planned{kernel, row, 1};
-    const bool dense_or_decode = !(p.varlen || p.paged) || p.query_rows() <= kDecodeMaxQueryRows;
     SequenceSplits by_sequence =
         sequence_splits(kernel, *row, p.query_rows(), p.batch_heads() / std::max<int64_t>(1, p.batch),
                         host_key_counts(r), caps.multiprocessors);
@@ -361,7 +369,7 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       planned.splits = by_sequence.slots;
       planned.split_keys = by_sequence.keys;
       planned.split_first = std::move(by_sequence.first);
-    } else if (dense_or_decode) {
+    } else {
       planned.splits = kv_splits(kernel, *row, p.query_rows(), p.batch_heads(), p.seq_k,
                                  caps.multiprocessors);
     }

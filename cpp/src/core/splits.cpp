@@ -30,25 +30,17 @@ bool splits_decode(Kernel kernel, int64_t query_rows, int32_t multiprocessors) {
          query_rows <= kDecodeMaxQueryRows && multiprocessors > 0;
 }
 
-// A prefill (more rows than a decode's) on the Hopper kernel, whose query blocks may leave SMs
-// idle: it splits its keys too, in splits of at least kMinPrefillKeysPerSplit keys.
-bool splits_prefill(Kernel kernel, int64_t query_rows, int32_t multiprocessors) {
-  return kernel == Kernel::CutlassSm90 && query_rows > kDecodeMaxQueryRows && multiprocessors > 0;
-}
-
 }  // namespace
 
 int32_t kv_splits(Kernel kernel, const TileRow& row, int64_t query_rows, int64_t batch_heads,
                   int64_t seq_k, int32_t multiprocessors) noexcept {
-  const bool decode = splits_decode(kernel, query_rows, multiprocessors);
-  if (!(decode || splits_prefill(kernel, query_rows, multiprocessors)) || batch_heads <= 0) {
+  if (!splits_decode(kernel, query_rows, multiprocessors) || batch_heads <= 0) {
     return 1;
   }
   const int64_t blocks = ceil_div(query_rows, row.tile.queries_per_block);
   const int64_t target = split_target(kernel, row, multiprocessors);
   const int64_t fill = batch_heads > target / blocks ? 1 : target / (blocks * batch_heads);
-  const int64_t shortest = decode ? kMinKeysPerSplit : kMinPrefillKeysPerSplit;
-  const int64_t most = std::min<int64_t>(kMaxKvSplits, seq_k / shortest);
+  const int64_t most = std::min<int64_t>(kMaxKvSplits, seq_k / kMinKeysPerSplit);
   return static_cast<int32_t>(std::max<int64_t>(1, std::min(fill, most)));
 }
 
