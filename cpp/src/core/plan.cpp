@@ -284,10 +284,11 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     if (p.varlen && !forced && p.query_rows() > kDecodeMaxQueryRows) {
       // Variable-length prefill: the Hopper kernel only where its units fill the SMs (the dense
       // rule's first half; its longest sequence's lengths would overstate a batch's flops for
-      // the second, which was measured on dense batches). Variable-length decode follows auto_kernel's decode rule (the Hopper
-      // kernel up to two units per SM, else WMMA for the CUTLASS decode row, which reads no
-      // variable-length batch), on (sequence, kv head) units where its one-query heads pack
-      // (Problem::packs_heads), else on (sequence, query head) units. Measured unpacked on the
+      // the second, which was measured on dense batches). Variable-length decode follows
+      // auto_kernel's decode rule (the Hopper kernel up to two units per SM, else WMMA for the
+      // CUTLASS decode row, which reads no variable-length batch), on (sequence, kv head) units
+      // where its one-query heads pack (Problem::packs_heads), else on (sequence, query head)
+      // units. Measured unpacked on the
       // H200 (2026-11-25, one query per sequence, GQA 32:8, d = 128, bf16, both split): 32
       // units (1 x 32k keys) 103.4 us on the Hopper kernel against 124.8 on WMMA, 128 units
       // (32k, 4k, 1000 and 300 keys) 370.9 against 372.5, 512 units (16 x 8k) 377.8 against
