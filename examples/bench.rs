@@ -505,9 +505,9 @@ fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 10]
     ])
 }
 
-/// Small prefills (bf16), whose Hopper work units leave SMs idle: where Auto's choice between WMMA
-/// and the Hopper kernel lies (plan.h's `kSm90SmallPrefillFlops`). Per row, (name, Auto's kernel,
-/// [Auto, WMMA, Hopper] us), medians.
+/// Small prefills (bf16), dense and variable-length, whose Hopper work units leave SMs idle: where
+/// Auto's choice between WMMA and the Hopper kernel lies (plan.h's `kSm90SmallPrefillFlops`). Per
+/// row, (name, Auto's kernel, [Auto, WMMA, Hopper] us), medians.
 type SmallRow = (String, String, [f64; 3]);
 fn small_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<SmallRow>> {
     let shapes: [(usize, usize, usize, usize, bool); 12] = [
@@ -553,6 +553,40 @@ fn small_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<SmallRo
             })?);
         }
         let name = format!("{b}x{h}x{n}x{d}{}", if causal { "-causal" } else { "" });
+        rows.push((name, format!("{:?}", ran.expect("Auto ran first")), runs));
+    }
+    // Variable-length batches (bottom-right causal, each sequence as many queries as keys), which
+    // Auto plans by their longest sequence: (lengths, query heads, kv heads, head dim).
+    let batches: [(&[usize], usize, usize, usize); 3] = [
+        (&[300, 100], 8, 2, 64),
+        (&[600, 200], 8, 8, 128),
+        (&[512, 256], 16, 4, 128),
+    ];
+    for (lengths, h, hk, d) in batches {
+        let total: usize = lengths.iter().sum();
+        let batch = VarlenBatch::from_lengths(lengths, lengths)?.to_device(stream)?;
+        let q = random_on::<bf16>(stream, &[1, total, h, d], Layout::Bshd)?;
+        let kv = random_on::<bf16>(stream, &[1, total, hk, d], Layout::Bshd)?;
+        let mut out = Tensor::uninit_on(stream, &[1, total, h, d], Layout::Bshd)?;
+        let opts = AttentionOptions::default().causal(Causal::BottomRight);
+        let mut runs = [0.0; 3];
+        let mut ran = None;
+        for (slot, backend) in [
+            Backend::Auto,
+            Backend::Kernel(Kernel::Wmma),
+            Backend::Kernel(Kernel::CutlassSm90),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let opts = opts.clone().backend(backend);
+            let exec = attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts)?;
+            ran = ran.or(Some(exec.backend));
+            runs[slot] = median(time_fn(stream, 3, iters, |_| {
+                attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts).map(|_| ())
+            })?);
+        }
+        let name = format!("varlen {lengths:?} x {h}kv{hk} x d{d}-causal");
         rows.push((name, format!("{:?}", ran.expect("Auto ran first")), runs));
     }
     Ok(rows)

@@ -266,6 +266,28 @@ void planning_sm90() {
   expect(flashcore::core::plan(autos, big_p, h200_sms, &plan).ok() &&
              plan.kernel == Kernel::CutlassSm90,
          "Auto on a filled H200 runs the Hopper kernel");
+  // A variable-length prefill takes the dense rule by its longest sequence: 2 sequences of 300
+  // queries on 600 keys, 8 heads, 48 units: at d = 64 2^29.5 flops (WMMA), at d = 128 2^30.5
+  // (the Hopper kernel).
+  {
+    const int32_t cu_q[] = {0, 300, 600}, cu_k[] = {0, 600, 1200};
+    for (const int64_t d : {64, 128}) {
+      Request batch = autos;
+      batch.q = bshd(1, 600, 8, d);
+      batch.out = bshd(1, 600, 8, d);
+      batch.k = batch.v = bshd(1, 1200, 2, d);
+      batch.varlen = true;
+      batch.cu_q = {0x20000, 0, 2, cu_q, 300};
+      batch.cu_k = {0x30000, 0, 2, cu_k, 600};
+      Problem batch_p{};
+      const Kernel want = d == 64 ? Kernel::Wmma : Kernel::CutlassSm90;
+      s = flashcore::core::validate(batch, &batch_p);
+      expect(s.ok() && flashcore::core::plan(batch, batch_p, h200_sms, &plan).ok() &&
+                 plan.kernel == want,
+             "Auto on a small variable-length prefill at d = " + std::to_string(d) + ": " +
+                 s.message);
+    }
+  }
   // Under Auto, what only the Hopper kernel cannot run falls back to WMMA: a broadcast K, or the
   // sm_90 rows forced on another GPU.
   Request broadcast_auto = autos;

@@ -281,21 +281,17 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     Kernel kernel = forced.value_or(auto_kernel(arch.value_or(ArchClass::Sm80), p.query_rows(),
                                                 p.batch_heads(), p.seq_k, p.head_dim,
                                                 caps.multiprocessors, caps.kernels));
-    if (p.varlen && !forced && p.query_rows() > kDecodeMaxQueryRows) {
-      // Variable-length prefill: the Hopper kernel only where its units fill the SMs (the dense
-      // rule's first half; its longest sequence's lengths would overstate a batch's flops for
-      // the second, which was measured on dense batches). Variable-length decode follows
-      // auto_kernel's decode rule (the Hopper kernel up to two units per SM, else WMMA for the
-      // CUTLASS decode row, which reads no variable-length batch), on (sequence, kv head) units
-      // where its one-query heads pack (Problem::packs_heads), else on (sequence, query head)
-      // units. Measured unpacked on the
-      // H200 (2026-11-25, one query per sequence, GQA 32:8, d = 128, bf16, both split): 32
-      // units (1 x 32k keys) 103.4 us on the Hopper kernel against 124.8 on WMMA, 128 units
-      // (32k, 4k, 1000 and 300 keys) 370.9 against 372.5, 512 units (16 x 8k) 377.8 against
-      // 369.2 (there Auto runs WMMA).
-      const bool fills = sm90_work_units(p.query_rows(), p.batch_heads()) >= caps.multiprocessors;
-      kernel = kernel == kHopperIndexedKernel && fills ? kHopperIndexedKernel : kIndexedKernel;
-    }
+    // A variable-length batch takes the dense rule by its longest sequence (p.query_rows(),
+    // p.seq_k). For prefill that bounds the batch's flops from above, so a tiny batch may run on
+    // the Hopper kernel where WMMA would be a microsecond or two faster, and no batch runs on WMMA
+    // where the Hopper kernel is 1.5-2.7x faster (docs/HOPPER.md, round 36). Decode: the Hopper
+    // kernel up to two units per SM, else WMMA (for the CUTLASS decode row, which reads no
+    // variable-length batch, below), on (sequence, kv head) units where its one-query heads pack
+    // (Problem::packs_heads), else on (sequence, query head) units. Measured unpacked on the H200
+    // (2026-11-25, one query per sequence, GQA 32:8, d = 128, bf16, both split): 32 units (1 x
+    // 32k keys) 103.4 us on the Hopper kernel against 124.8 on WMMA, 128 units (32k, 4k, 1000 and
+    // 300 keys) 370.9 against 372.5, 512 units (16 x 8k) 377.8 against 369.2 (there Auto runs
+    // WMMA).
     if ((p.paged || p.varlen) && kernel != kHopperIndexedKernel) {
       // Paged caches and variable-length batches run on the WMMA kernel, or on the Hopper kernel
       // where Auto or the caller chose it (docs/SERVING.md). A paged cache follows the dense
