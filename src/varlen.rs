@@ -283,8 +283,9 @@ pub fn attention_varlen<T: AttentionElement>(
 /// Everything is validated before anything is launched, the offsets against the tensors
 /// included. On a GPU, variable-length batches run on the WMMA kernel
 /// ([`crate::plan::Kernel::Wmma`]) or, on compute capability 9.0, the Hopper kernel
-/// ([`crate::plan::Kernel::CutlassSm90`]), which Auto picks where the longest sequence's query
-/// blocks fill the SMs; forcing CUTLASS example 41 gives [`Error::BackendUnavailable`].
+/// ([`crate::plan::Kernel::CutlassSm90`]), which Auto picks by [`crate::plan::auto_kernel`] for
+/// the longest sequence (its query blocks fill the SMs, or its two products take at least 2^30
+/// flops); forcing CUTLASS example 41 gives [`Error::BackendUnavailable`].
 pub fn attention_varlen_into<T: AttentionElement>(
     q: &Tensor<T>,
     k: &Tensor<T>,

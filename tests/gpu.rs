@@ -3192,13 +3192,14 @@ fn modified_batches_match_the_cpu(
         "{what} varlen on {}: rel L2 {err:.2e}",
         got.execution.backend.name()
     );
-    // Auto: the Hopper kernel where it runs and the longest sequence's 128-row blocks over the
-    // 6 x 8 (sequence, head) pairs fill the SMs, or (decode rule) where the longest sequence
-    // has at most 32 queries (48 units, at most two per SM).
-    let sms = Device::open(0).unwrap().sm_count();
-    let fills = batch.max_seqlen_q().div_ceil(128) * 6 * 8 >= sms;
-    let decode = batch.max_seqlen_q() <= flashcore::plan::decode_max_query_rows() && 48 <= 2 * sms;
-    let hopper = runs_here(Kernel::CutlassSm90) && (fills || decode);
+    // Auto: the dense rule for the longest sequence over the 6 x 8 (sequence, head) pairs
+    // (auto_kernel), on the Hopper kernel where it runs and that rule names it, else on WMMA.
+    let device = Device::open(0).unwrap();
+    let (major, minor) = device.compute_capability();
+    let class = ArchClass::from_compute_capability(major, minor).unwrap();
+    let (rows, keys) = (batch.max_seqlen_q(), batch.max_seqlen_k());
+    let dense = auto_kernel(class, rows, 6 * 8, keys, 128, device.sm_count());
+    let hopper = runs_here(Kernel::CutlassSm90) && dense == Kernel::CutlassSm90;
     let expected = if hopper {
         Kernel::CutlassSm90
     } else {
