@@ -505,6 +505,32 @@ fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 10]
     ])
 }
 
+/// Times `call` (one attention call with the options it is given) under Auto, WMMA and the
+/// Hopper kernel, `opts` otherwise: (the backend Auto ran, [Auto, WMMA, Hopper] us), medians.
+fn race_auto(
+    stream: &Stream,
+    iters: usize,
+    opts: &AttentionOptions,
+    mut call: impl FnMut(&AttentionOptions) -> flashcore::Result<flashcore::Execution>,
+) -> flashcore::Result<(String, [f64; 3])> {
+    let mut runs = [0.0; 3];
+    let mut ran = None;
+    for (slot, backend) in [
+        Backend::Auto,
+        Backend::Kernel(Kernel::Wmma),
+        Backend::Kernel(Kernel::CutlassSm90),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let opts = opts.clone().backend(backend);
+        ran = ran.or(Some(call(&opts)?.backend));
+        let mut times = time_fn(stream, 3, iters, |_| call(&opts).map(|_| ()))?;
+        runs[slot] = percentiles(&mut times).0;
+    }
+    Ok((format!("{:?}", ran.expect("Auto ran first")), runs))
+}
+
 /// Small prefills (bf16), dense and variable-length, whose Hopper work units leave SMs idle: where
 /// Auto's choice between WMMA and the Hopper kernel lies (plan.h's `kSm90SmallPrefillFlops`). Per
 /// row, (name, Auto's kernel, [Auto, WMMA, Hopper] us), medians.
@@ -524,7 +550,6 @@ fn small_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<SmallRo
         (1, 16, 1024, 128, true),
         (1, 8, 4096, 128, true),
     ];
-    let median = |mut t: Vec<f64>| percentiles(&mut t).0;
     let mut rows = Vec::new();
     for (b, h, n, d, causal) in shapes {
         let x = random_on::<bf16>(stream, &[b, n, h, d], Layout::Bshd)?;
@@ -535,25 +560,11 @@ fn small_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<SmallRo
             Causal::None
         };
         let opts = AttentionOptions::default().causal(mask);
-        let mut runs = [0.0; 3];
-        let mut ran = None;
-        for (slot, backend) in [
-            Backend::Auto,
-            Backend::Kernel(Kernel::Wmma),
-            Backend::Kernel(Kernel::CutlassSm90),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let opts = opts.clone().backend(backend);
-            let exec = attention_into(&x, &x, &x, &mut out, None, &opts)?;
-            ran = ran.or(Some(exec.backend));
-            runs[slot] = median(time_fn(stream, 3, iters, |_| {
-                attention_into(&x, &x, &x, &mut out, None, &opts).map(|_| ())
-            })?);
-        }
+        let (ran, runs) = race_auto(stream, iters, &opts, |o| {
+            attention_into(&x, &x, &x, &mut out, None, o)
+        })?;
         let name = format!("{b}x{h}x{n}x{d}{}", if causal { "-causal" } else { "" });
-        rows.push((name, format!("{:?}", ran.expect("Auto ran first")), runs));
+        rows.push((name, ran, runs));
     }
     // Variable-length batches (bottom-right causal, each sequence as many queries as keys), which
     // Auto plans by their longest sequence: (lengths, query heads, kv heads, head dim).
@@ -569,25 +580,14 @@ fn small_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<SmallRo
         let kv = random_on::<bf16>(stream, &[1, total, hk, d], Layout::Bshd)?;
         let mut out = Tensor::uninit_on(stream, &[1, total, h, d], Layout::Bshd)?;
         let opts = AttentionOptions::default().causal(Causal::BottomRight);
-        let mut runs = [0.0; 3];
-        let mut ran = None;
-        for (slot, backend) in [
-            Backend::Auto,
-            Backend::Kernel(Kernel::Wmma),
-            Backend::Kernel(Kernel::CutlassSm90),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let opts = opts.clone().backend(backend);
-            let exec = attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts)?;
-            ran = ran.or(Some(exec.backend));
-            runs[slot] = median(time_fn(stream, 3, iters, |_| {
-                attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, &opts).map(|_| ())
-            })?);
-        }
-        let name = format!("varlen {lengths:?} x {h}kv{hk} x d{d}-causal");
-        rows.push((name, format!("{:?}", ran.expect("Auto ran first")), runs));
+        let (ran, runs) = race_auto(stream, iters, &opts, |o| {
+            attention_varlen_into(&q, &kv, &kv, &batch, &mut out, None, o)
+        })?;
+        rows.push((
+            format!("varlen {lengths:?} x {h}kv{hk} x d{d}-causal"),
+            ran,
+            runs,
+        ));
     }
     Ok(rows)
 }
