@@ -277,10 +277,9 @@ pub fn attention_paged<T: AttentionElement>(
 /// ([`crate::plan::Kernel::Wmma`]) or, on compute capability 9.0, the Hopper kernel
 /// ([`crate::plan::Kernel::CutlassSm90`]). Auto follows the dense rule there
 /// ([`crate::plan::auto_kernel`], by the longest sequence: the Hopper kernel for prefill but the
-/// smallest, and for decode batches of up to two units per SM),
-/// and runs wider decode batches on the Hopper kernel where pages hold 64 keys or more, else on
-/// WMMA (README, "Paged KV cache"). Forcing CUTLASS example 41 gives
-/// [`Error::BackendUnavailable`].
+/// smallest, and for decode batches of up to two units per SM), and runs wider decode batches on
+/// the Hopper kernel where pages hold 64 keys or more, else on WMMA (README, "Paged KV cache").
+/// Forcing CUTLASS example 41 gives [`Error::BackendUnavailable`].
 pub fn attention_paged_into<T: AttentionElement>(
     q: &Tensor<T>,
     k_cache: &Tensor<T>,
