@@ -126,6 +126,11 @@ int64_t wmma_blocks_per_sm(const TileRow& row) noexcept;
 // units an `int` counts both count in blocks of this size.
 constexpr int64_t kSm90QueriesPerBlock = 128;
 
+// Keys per TMA slab of a paged cache on the Hopper kernel where pages hold at least as many and
+// the tile's key count is a multiple of it (every tile of the table); smaller pages take slabs of
+// 16 keys (cpp/src/sm90/pages.cuh). Auto's rule for wide paged decode batches reads it.
+constexpr int64_t kSm90WideSlabKeys = 64;
+
 // The kernel Backend::Auto runs for a problem of `query_rows` query rows per head (after the
 // packing of one-query GQA problems) on `batch_heads` (batch x heads, as packed) heads, `seq_k`
 // keys and head dim `head_dim`, on a device of class `arch` with `multiprocessors` SMs, where

@@ -111,9 +111,6 @@ constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (he
 // takes them where Auto or the caller chose it.
 constexpr Kernel kIndexedKernel = Kernel::Wmma;
 constexpr Kernel kHopperIndexedKernel = Kernel::CutlassSm90;
-// Keys per TMA slab of a paged cache on the Hopper kernel where pages hold at least as many
-// (cpp/src/sm90/pages.cuh's kWide on every tile of the table; smaller pages take slabs of 16).
-constexpr int64_t kSm90WideSlabKeys = 64;
 // The family that applies every score modifier (softcap, sliding window, ALiBi, an additive
 // bias), and the family that also applies them where Auto or the caller chose it: the Hopper
 // kernel (its mask skips the key tiles outside a window's band; each tile's modifier and bias

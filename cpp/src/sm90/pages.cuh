@@ -50,9 +50,11 @@ struct PagedKV {
         SmemLayoutV{}(cute::_, cute::_, cute::_0{}),
         cute::make_tile(cute::Layout<cute::Int<kHeadDim>>{}, cute::Layout<cute::Int<kKeys>>{})));
   };
-  // Slab keys: any page; pages of 64 or more where the tile holds whole slabs of 64 (every tile
-  // of the table; the sweep's 160- and 176-key tiles of round 27 do not).
-  static constexpr int kNarrow = 16, kWide = kTileKeys % 64 == 0 ? 64 : kNarrow;
+  // Slab keys: any page; pages of kSm90WideSlabKeys (plan.h) or more where the tile holds whole
+  // slabs of that many (every tile of the table; the sweep's 160- and 176-key tiles of round 27
+  // do not).
+  static constexpr int kWideKeys = int(kSm90WideSlabKeys);
+  static constexpr int kNarrow = 16, kWide = kTileKeys % kWideKeys == 0 ? kWideKeys : kNarrow;
   // The cache as TMA sees it: K (slot, dim, (page, (group, heads_kv))), V (dim, slot, ...).
   using StrideV = decltype(cute::select<1, 0, 2>(StrideKV{}));
   using CacheShape = decltype(cute::repeat_like(StrideKV{}, int32_t(0)));
