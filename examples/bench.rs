@@ -308,16 +308,18 @@ fn varlen_prefill(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(Strin
 }
 
 /// A variable-length decode row (issue 12's split-KV for variable-length batches): the variable-
-/// length batch's sequences, one query each on `keys[i]` keys (bf16, GQA 32:8, d = 128), under
-/// Auto, forced onto WMMA and onto the Hopper kernel (NaN where refused, as off compute
-/// capability 9.0),
-/// beside the dense batch of the longest length under Auto. Returns the kernel and splits Auto
-/// ran and (Auto us, WMMA us, Hopper us, dense us, GB/s of K+V under Auto), medians.
+/// length batch's sequences, one query each on `keys[i]` keys (bf16, GQA 32:8, d = 128; Q and
+/// the output in `layout`: BSHD packs the one-query heads into rows, BHSD does not), under
+/// Auto, forced onto WMMA, onto the Hopper kernel (NaN where refused, as off compute
+/// capability 9.0) and onto CUTLASS example 41, beside the dense batch of the longest length
+/// under Auto. Returns the kernel and splits Auto ran and (Auto us, WMMA us, Hopper us,
+/// example 41 us, dense us, GB/s of K+V under Auto), medians.
 fn varlen_decode(
     stream: &Stream,
     iters: usize,
     keys: &[usize],
-) -> flashcore::Result<(String, usize, [f64; 5])> {
+    layout: Layout,
+) -> flashcore::Result<(String, usize, [f64; 6])> {
     let (h, hk, d) = (32, 8, 128);
     let (b, longest, total) = (
         keys.len(),
@@ -327,11 +329,17 @@ fn varlen_decode(
     let dev = |dims: &[usize]| random_on::<bf16>(stream, dims, Layout::Bshd);
     let median = |mut t: Vec<f64>| percentiles(&mut t).0;
     let batch = VarlenBatch::from_lengths(&vec![1; b], keys)?.to_device(stream)?;
+    // Q's and the output's dims in `layout`'s order.
+    let rows = if layout == Layout::Bshd {
+        [1, b, h, d]
+    } else {
+        [1, h, b, d]
+    };
     let (q, k, v, mut out) = (
-        dev(&[1, b, h, d])?,
+        random_on::<bf16>(stream, &rows, layout)?,
         dev(&[1, total, hk, d])?,
         dev(&[1, total, hk, d])?,
-        dev(&[1, b, h, d])?,
+        random_on::<bf16>(stream, &rows, layout)?,
     );
     let mut time = |backend: Backend| {
         let opts = AttentionOptions::default()
@@ -346,6 +354,7 @@ fn varlen_decode(
     let (ran, auto) = time(Backend::Auto)?;
     let (_, wmma) = time(Backend::Kernel(Kernel::Wmma))?;
     let hopper = time(Backend::Kernel(Kernel::CutlassSm90)).map_or(f64::NAN, |(_, us)| us);
+    let (_, cutlass) = time(Backend::Kernel(Kernel::CutlassSm80))?;
     let (dq, dk, dv, mut dout) = (
         dev(&[b, 1, h, d])?,
         dev(&[b, longest, hk, d])?,
@@ -360,7 +369,7 @@ fn varlen_decode(
     Ok((
         ran.backend.name().to_string(),
         ran.splits,
-        [auto, wmma, hopper, dense, bytes / (auto * 1e3)],
+        [auto, wmma, hopper, cutlass, dense, bytes / (auto * 1e3)],
     ))
 }
 
@@ -734,27 +743,52 @@ fn main() {
         }
     };
     let mut varlen_decodes = Vec::new();
+    // Past two (sequence, kv head) units per SM (64 sequences: 512 packed units, 2048 unpacked)
+    // Auto runs CUTLASS's decode row, as for a dense batch.
+    let mixed: Vec<usize> = (0..64).map(|i| 1024 + i * 797 % 2048).collect();
     let decode_rows = if args.wants("varlen") {
-        vec![vec![32768], vec![8192; 16], vec![32768, 4096, 1000, 300]]
+        vec![
+            (vec![32768], Layout::Bshd),
+            (vec![8192; 16], Layout::Bshd),
+            (vec![32768, 4096, 1000, 300], Layout::Bshd),
+            (vec![4096; 32], Layout::Bshd),
+            (vec![2048; 64], Layout::Bshd),
+            (mixed.clone(), Layout::Bshd),
+            (vec![8192; 16], Layout::Bhsd),
+            (mixed, Layout::Bhsd),
+        ]
     } else {
         Vec::new()
     };
-    for keys in decode_rows {
+    for (keys, layout) in decode_rows {
         let what = if keys.len() == 1 || keys.iter().all(|&k| k == keys[0]) {
             format!("{}x{}", keys.len(), keys[0])
+        } else if keys.len() > 8 {
+            format!(
+                "{} sequences of {}-{}",
+                keys.len(),
+                keys.iter().min().unwrap(),
+                keys.iter().max().unwrap()
+            )
         } else {
             format!("{keys:?}")
         };
-        match varlen_decode(&stream, args.iters, &keys) {
-            Ok((ran, splits, [auto, wmma, hopper, dense, gbps])) => {
+        let heads = if layout == Layout::Bshd {
+            "packed heads"
+        } else {
+            "unpacked heads (BHSD)"
+        };
+        match varlen_decode(&stream, args.iters, &keys, layout) {
+            Ok((ran, splits, [auto, wmma, hopper, cutlass, dense, gbps])) => {
                 println!(
-                    "varlen decode {what} keys, one query each (32kv8, d128, bf16): {auto:.1} us \
-                     on {ran} (Auto, {splits} splits, {gbps:.0} GB/s of K+V), {wmma:.1} us on \
-                     wmma, {hopper:.1} us on cutlass-sm90; dense batch of the longest under Auto \
-                     {dense:.1} us"
+                    "varlen decode {what} keys, one query each (32kv8, d128, bf16, {heads}): \
+                     {auto:.1} us on {ran} (Auto, {splits} splits, {gbps:.0} GB/s of K+V), \
+                     {wmma:.1} us on wmma, {hopper:.1} us on cutlass-sm90, {cutlass:.1} us on \
+                     cutlass-sm80; dense batch of the longest under Auto {dense:.1} us"
                 );
-                varlen_decodes.push(json!({ "keys": keys, "kernel": ran, "splits": splits,
-                    "auto_us": auto, "wmma_us": wmma, "hopper_us": hopper, "dense_us": dense,
+                varlen_decodes.push(json!({ "keys": keys, "layout": format!("{layout:?}"),
+                    "kernel": ran, "splits": splits, "auto_us": auto, "wmma_us": wmma,
+                    "hopper_us": hopper, "cutlass_sm80_us": cutlass, "dense_us": dense,
                     "gbps": gbps }));
             }
             Err(e) => eprintln!("varlen decode {what}: {e}"),

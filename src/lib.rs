@@ -8,8 +8,8 @@
 //!   example 88's Hopper mainloop (`wgmma`, TMA) under flashcore's own kernel layer, which
 //!   [`Backend::Auto`] runs once a problem fills the GPU; flashcore's FlashAttention-2 kernel on
 //!   `nvcuda::wmma` tensor cores, which it runs for the other problems but decode; and CUTLASS's
-//!   fused multi-head attention (example 41, the Ampere/Ada kernel), which it runs for decode
-//!   ([`plan::auto_kernel`]).
+//!   fused multi-head attention (example 41, the Ampere/Ada kernel), which it runs for wide
+//!   decode batches, dense or variable-length ([`plan::auto_kernel`]).
 //! * **CPU**: an exact float64-accumulating reference, used on hosts without a GPU and by tests.
 //! * **C++**: the same kernels, validation and tile tables are a standalone C++17 library
 //!   (`cpp/include/flashcore/flashcore.h`), which this crate calls through its cxx bridge. Device

@@ -281,11 +281,14 @@ pub fn attention_varlen<T: AttentionElement>(
 /// device (`VarlenBatch::to_device`) and the work runs on `out`'s stream.
 ///
 /// Everything is validated before anything is launched, the offsets against the tensors
-/// included. On a GPU, variable-length batches run on the WMMA kernel
-/// ([`crate::plan::Kernel::Wmma`]) or, on compute capability 9.0, the Hopper kernel
-/// ([`crate::plan::Kernel::CutlassSm90`]), which Auto picks by [`crate::plan::auto_kernel`] for
-/// the longest sequence (its query blocks fill the SMs, or its two products take at least 2^30
-/// flops); forcing CUTLASS example 41 gives [`Error::BackendUnavailable`].
+/// included. On a GPU, variable-length batches run on every kernel family: Auto picks by
+/// [`crate::plan::auto_kernel`] for the longest sequence, as for a dense batch. Prefill: the
+/// Hopper kernel ([`crate::plan::Kernel::CutlassSm90`], compute capability 9.0) where its query
+/// blocks fill the SMs or its two products take at least 2^30 flops, else the WMMA kernel
+/// ([`crate::plan::Kernel::Wmma`]). Decode (at most 32 query rows per sequence): the Hopper
+/// kernel up to two units per SM, WMMA below two units per SM off Hopper, and CUTLASS example
+/// 41's decode row ([`crate::plan::Kernel::CutlassSm80`]) beyond. Example 41 applies no score
+/// modifier and splits no keys.
 pub fn attention_varlen_into<T: AttentionElement>(
     q: &Tensor<T>,
     k: &Tensor<T>,

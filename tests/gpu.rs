@@ -193,6 +193,14 @@ fn indexed_kernels_here() -> Vec<Kernel> {
         .collect()
 }
 
+/// The families that take variable-length batches and run on device 0: those of
+/// [`indexed_kernels_here`] and CUTLASS example 41 (which splits no keys and reads no pages).
+fn varlen_kernels_here() -> Vec<Kernel> {
+    let mut kernels = indexed_kernels_here();
+    kernels.push(Kernel::CutlassSm80);
+    kernels
+}
+
 /// Runs every case (on its pinned kernel, or on every kernel that runs here) and fails listing
 /// all cases over tolerance (NaN counts as infinite error).
 fn check_all<T: AttentionElement>(cases: &[Case]) {
@@ -1173,7 +1181,7 @@ fn varlen_batches_match_the_reference() {
             failures.push(format!("{what}: out {err:.3e}, lse {lse_err:.3e}"));
         }
     };
-    for kernel in indexed_kernels_here() {
+    for kernel in varlen_kernels_here() {
         for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
             for (d, heads, layout) in [
                 (64, (8, 2), Layout::Bshd),
@@ -1206,6 +1214,24 @@ fn varlen_batches_match_the_reference() {
                 format!("{kernel:?} f16 lengths {:?} {causal:?}", fixed.0),
                 varlen_case::<f16>(&s, kernel, fixed, (2, 1), 64, causal, Layout::Bshd),
                 2e-3,
+            );
+        }
+        // One query per sequence (or none) on up to 3000 keys, GQA 4:1 in packed BSHD tensors:
+        // the one-query heads run packed into rows (packs_varlen_heads), both dtypes.
+        for causal in [Causal::None, Causal::BottomRight] {
+            let lq: Vec<usize> = (0..37).map(|i| usize::from(i % 9 != 4)).collect();
+            let lk: Vec<usize> = (0..37).map(|i| 1 + i * 8191 % 3000).collect();
+            assert!(packs_varlen_heads(&lq, (8, 2), causal, Layout::Bshd));
+            let case = (lq, lk);
+            check(
+                format!("{kernel:?} f16 packed one-query heads {causal:?}"),
+                varlen_case::<f16>(&s, kernel, case.clone(), (8, 2), 128, causal, Layout::Bshd),
+                2e-3,
+            );
+            check(
+                format!("{kernel:?} bf16 packed one-query heads {causal:?}"),
+                varlen_case::<bf16>(&s, kernel, case, (8, 2), 64, causal, Layout::Bshd),
+                1e-2,
             );
         }
         // Many short sequences, one query each included (decode-like rows).
@@ -1425,11 +1451,6 @@ fn varlen_errors_launch_nothing() {
         ),
         "{err}"
     );
-    let on_device = batch.to_device(&s).unwrap();
-    // Example 41 reads no variable-length batch (the Hopper kernel does: the tests above).
-    refused_on(&[Kernel::CutlassSm80], |forced| {
-        attention_varlen_into(&q, &k, &k, &on_device, &mut out, None, forced)
-    });
     let short = VarlenBatch::from_offsets(vec![0, 3, 7], vec![0, 4, 10])
         .unwrap()
         .to_device(&s)
@@ -1500,13 +1521,22 @@ fn varlen_device_offsets_stay_inside_the_buffers() {
         // whole query blocks among them.
         (vec![0, 290, 295, 300], vec![0, 2, 3, 50]),
     ];
-    for kernel in indexed_kernels_here() {
+    for kernel in varlen_kernels_here() {
         let causal = AttentionOptions::default()
             .causal(Causal::BottomRight)
             .backend(Backend::Kernel(kernel))
             .with_lse();
+        // Example 41 applies no window.
+        let windows: &[_] = if kernel == Kernel::CutlassSm80 {
+            &[None]
+        } else {
+            &[None, Some((Some(1), Some(0)))]
+        };
         for (cu_q, cu_k) in &bad {
-            for opts in [causal.clone(), causal.window(Some(1), Some(0))] {
+            for opts in windows.iter().map(|w| match w {
+                Some((left, right)) => causal.window(*left, *right),
+                None => causal.clone(),
+            }) {
                 let batch = VarlenBatch::from_offsets(cu_q.clone(), cu_k.clone())
                     .unwrap()
                     .to_device(&s)

@@ -100,11 +100,9 @@ constexpr uint32_t kCompiled = compiled_mask();
 uint32_t compiled_kernels() noexcept { return kCompiled; }
 
 void launch(Kernel kernel, const FmhaArgs& args, cudaStream_t stream) {
-  const bool indexed = args.cu_seqlens_q != nullptr || args.block_table != nullptr;
-  if (kernel == Kernel::CutlassSm80 && (indexed || args.splits > 1)) {
+  if (kernel == Kernel::CutlassSm80 && (args.block_table != nullptr || args.splits > 1)) {
     throw detail::Failure(Code::Launch, "",  // the planner rules this out
-                          std::string(name(kernel)) +
-                              " takes no variable-length batch, paged cache or key splits");
+                          std::string(name(kernel)) + " takes no paged cache or key splits");
   }
   const Span s = family(kernel);
   for (const Instance* i = s.first; i != s.last; ++i) {

@@ -546,7 +546,7 @@ void variable_lengths() {
   expect(check(r).ok(), "a sequence without queries or keys");
 
   // Planning: Auto runs a small batch on WMMA; the Hopper kernel runs it where forced on
-  // compute capability 9.0; example 41 forced is refused.
+  // compute capability 9.0; example 41 runs it where forced.
   const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
   const flashcore::core::DeviceCaps l4{8, 9, 99 * 1024, ~0u, 58};
   r = varlen(q, k);
@@ -567,10 +567,17 @@ void variable_lengths() {
   expect(s.code == Code::BackendUnavailable && s.message.find("sm_90a") != std::string::npos,
          "the Hopper kernel forced on a variable-length batch off Hopper: " + s.message);
   r.options.backend = flashcore::Backend::CutlassSm80;
-  s = flashcore::core::plan(r, p, h200, &plan);
+  for (const auto& caps : {h200, l4}) {
+    s = flashcore::core::plan(r, p, caps, &plan);
+    expect(s.ok() && plan.kernel == Kernel::CutlassSm80 && plan.splits == 1,
+           "example 41 forced on a variable-length batch: " + s.message);
+  }
+  r.options.softcap = 30.0f;
+  s = flashcore::core::plan(r, p, l4, &plan);
   expect(s.code == Code::BackendUnavailable && s.values[0] == int(Kernel::CutlassSm80) &&
-             s.message.find("variable-length") != std::string::npos,
-         "example 41 forced on a variable-length batch: " + s.message);
+             s.message.find("softcap") != std::string::npos,
+         "example 41 forced on a variable-length batch with a softcap: " + s.message);
+  r.options.softcap.reset();
   // A batch whose longest sequence's 128-row blocks fill the SMs (16 x 3 sequences x 8 heads):
   // Auto runs the Hopper kernel on compute capability 9.0 and WMMA elsewhere.
   r = varlen(nullptr, nullptr);
@@ -638,8 +645,9 @@ void variable_lengths() {
   s = flashcore::core::plan(r, p, h200, &plan);
   expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 11,
          "WMMA splits an unpacked variable-length decode batch: " + std::to_string(plan.splits));
-  // 64 such sequences: 512 unpacked units, more than two per SM: WMMA, one split. Packed, 128
-  // units: the Hopper kernel, as for a dense decode batch of 128 units.
+  // 64 such sequences: 512 unpacked units, more than two per SM: CUTLASS's decode row, as for
+  // a dense decode batch, one split. Packed, 128 units: the Hopper kernel, as for a dense decode
+  // batch of 128 units; off Hopper (an L4's 58 SMs) WMMA below two units per SM, CUTLASS beyond.
   r.options.backend = flashcore::Backend::Auto;
   r.q.shape[1] = r.out.shape[1] = 64;
   r.cu_q.count = r.cu_k.count = 64;
@@ -647,8 +655,15 @@ void variable_lengths() {
   if (s.ok()) {
     s = flashcore::core::plan(r, p, h200, &plan);
   }
-  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 1,
-         "Auto runs a wide unpacked variable-length decode batch on WMMA: " + s.message);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm80 && plan.splits == 1 &&
+             plan.row->tile.queries_per_block == 32,
+         "Auto runs a wide unpacked variable-length decode batch on CUTLASS's decode row: " +
+             s.message);
+  r.options.softcap = 30.0f;
+  s = flashcore::core::plan(r, p, h200, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma,
+         "Auto runs it on WMMA with a softcap, which example 41 does not apply: " + s.message);
+  r.options.softcap.reset();
   r.q = bshd(1, 64, 8, 128);
   r.out = bshd(1, 64, 8, 128);
   s = flashcore::core::validate(r, &p);
@@ -658,6 +673,17 @@ void variable_lengths() {
   expect(s.ok() && p.batch_heads() == 128 && plan.kernel == Kernel::CutlassSm90,
          "Auto runs a packed variable-length decode batch of 128 units on the Hopper kernel: " +
              s.message);
+  s = flashcore::core::plan(r, p, l4, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm80,
+         "Auto runs it on CUTLASS's decode row on an L4: " + s.message);
+  r.q.shape[1] = r.out.shape[1] = 14;
+  r.cu_q.count = r.cu_k.count = 14;
+  s = flashcore::core::validate(r, &p);
+  if (s.ok()) {
+    s = flashcore::core::plan(r, p, l4, &plan);
+  }
+  expect(s.ok() && p.batch_heads() == 28 && plan.kernel == Kernel::Wmma,
+         "Auto runs 14 packed sequences on WMMA on an L4: " + s.message);
 }
 
 // Per-sequence key splits (core/splits.h): a decode batch whose key counts the host knows

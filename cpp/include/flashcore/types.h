@@ -81,7 +81,8 @@ inline void bhsd_strides(const int64_t shape[4], int64_t stride[4]) {
 // Without them the kernels cannot know the contents; they clamp every offset into
 // [0, token count] and never touch memory outside the tensors, but a breach then gives
 // unspecified (not NaN-free) rows: query tokens past max_seqlen_q rows of their sequence are
-// not written, and rows that see no key get output 0 and logsumexp -inf.
+// not written, and rows that see no key get logsumexp -inf and output 0 (NaN on CUTLASS
+// example 41).
 struct Sequences {
   int64_t batch = 0;                      // number of sequences
   const int32_t* cu_seqlens_q = nullptr;  // device: batch + 1 offsets into the query tokens

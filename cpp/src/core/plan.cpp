@@ -107,8 +107,8 @@ namespace {
 constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kU32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kGridYzMax = 65535;  // CUDA's gridDim.y / gridDim.z limit (heads, batch)
-// The family that takes every paged cache and variable-length batch, and the family that also
-// takes them where Auto or the caller chose it.
+// The family that takes every paged cache, and the family that also takes them where Auto or the
+// caller chose it (every family takes a variable-length batch).
 constexpr Kernel kIndexedKernel = Kernel::Wmma;
 constexpr Kernel kHopperIndexedKernel = Kernel::CutlassSm90;
 // The family that applies every score modifier (softcap, sliding window, ALiBi, an additive
@@ -282,24 +282,23 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     // p.seq_k). For prefill that bounds the batch's flops from above, so a tiny batch may run on
     // the Hopper kernel where WMMA would be a microsecond or two faster, and no batch runs on WMMA
     // where the Hopper kernel is 1.5-2.7x faster (docs/HOPPER.md, round 36). Decode: the Hopper
-    // kernel up to two units per SM, else WMMA (for the CUTLASS decode row, which reads no
-    // variable-length batch, below), on (sequence, kv head) units where its one-query heads pack
-    // (Problem::packs_heads), else on (sequence, query head) units. Measured unpacked on the H200
-    // (2026-11-25, one query per sequence, GQA 32:8, d = 128, bf16, both split): 32 units (1 x
-    // 32k keys) 103.4 us on the Hopper kernel against 124.8 on WMMA, 128 units (32k, 4k, 1000 and
-    // 300 keys) 370.9 against 372.5, 512 units (16 x 8k) 377.8 against 369.2 (there Auto runs
-    // WMMA).
-    if ((p.paged || p.varlen) && kernel != kHopperIndexedKernel) {
-      // Paged caches and variable-length batches run on the WMMA kernel, or on the Hopper kernel
-      // where Auto or the caller chose it (docs/SERVING.md). A paged cache follows the dense
-      // rule: on the H200 (2026-11-24, bf16, GQA 32:8, d = 128) the Hopper kernel read paged
-      // decodes of 1 x 32k and 16 x 8k keys in 59-62 and 179-186 us against 86 and 270 on WMMA;
-      // where CUTLASS's decode row would run (64 x 2k: 512 units), WMMA took 137 against 185-194.
+    // kernel up to two units per SM (on compute capability 9.0), else WMMA below two units per
+    // SM and CUTLASS's decode row beyond, as for a dense batch, on (sequence, kv head) units
+    // where its one-query heads pack (Problem::packs_heads), else on (sequence, query head)
+    // units. Measured unpacked on the H200 (2026-11-25, one query per sequence, GQA 32:8,
+    // d = 128, bf16, both split): 32 units (1 x 32k keys) 103.4 us on the Hopper kernel against
+    // 124.8 on WMMA, 128 units (32k, 4k, 1000 and 300 keys) 370.9 against 372.5, 512 units
+    // (16 x 8k) 377.8 against 369.2 (there Auto runs WMMA). Example 41 beyond two units per SM:
+    // docs/SERVING.md, "Variable-length batches on CUTLASS example 41".
+    if (p.paged && kernel != kHopperIndexedKernel) {
+      // Paged caches run on the WMMA kernel, or on the Hopper kernel where Auto or the caller
+      // chose it (docs/SERVING.md). A paged cache follows the dense rule: on the H200
+      // (2026-11-24, bf16, GQA 32:8, d = 128) the Hopper kernel read paged decodes of 1 x 32k
+      // and 16 x 8k keys in 59-62 and 179-186 us against 86 and 270 on WMMA; where CUTLASS's
+      // decode row would run (64 x 2k: 512 units), WMMA took 137 against 185-194.
       if (Status s = only_family(kIndexedKernel, forced,
-                                 p.paged ? "it reads no paged caches (the Hopper kernel does on "
-                                           "compute capability 9.0); "
-                                         : "it reads no variable-length batches (the Hopper "
-                                           "kernel does on compute capability 9.0); ");
+                                 "it reads no paged caches (the Hopper kernel does on compute "
+                                 "capability 9.0); ");
           !s.ok()) {
         return s;
       }
@@ -308,7 +307,7 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       // (2026-11-26, 64 x 2k keys, one query each, GQA 32:8, d = 128, bf16, shuffled pages):
       // pages of 64 138.8-141.3 us on the Hopper kernel against 144.6-146.8 on WMMA, pages of 16
       // 149.7-153.0 against 143.6-146.5 (docs/SERVING.md).
-      const bool wide_pages = p.paged && !forced && kernel == Kernel::CutlassSm80 &&
+      const bool wide_pages = !forced && kernel == Kernel::CutlassSm80 &&
                               hopper_runs(arch.value_or(ArchClass::Sm80), caps.kernels) &&
                               r.pages.page_size >= kSm90WideSlabKeys;
       kernel = wide_pages ? kHopperIndexedKernel : kIndexedKernel;
