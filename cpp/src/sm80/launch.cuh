@@ -104,7 +104,8 @@ __global__ void __launch_bounds__(AK::kNumThreads, AK::kMinBlocksPerSm)
 // A variable-length batch's logsumexps from the scratch ([batch, heads, lse_rows], as
 // fmha_sm80_kernel leaves them) to `lse` ([heads_q, total_q]): row r of (sequence b, head h) is
 // lse[h * lse_head + r * lse_row + its first query token]. One block per (sequence, head).
-__global__ void varlen_lse_kernel(const float* scratch, float* lse, Placement pl,
+// Internal linkage: every instance's translation unit has its own.
+static __global__ void varlen_lse_kernel(const float* scratch, float* lse, Placement pl,
                                   int64_t lse_head, int64_t lse_row) {
   const int64_t b = blockIdx.x;
   const int64_t h = blockIdx.y;
