@@ -647,7 +647,7 @@ void variable_lengths() {
          "WMMA splits an unpacked variable-length decode batch: " + std::to_string(plan.splits));
   // 64 such sequences: 512 unpacked units, more than two per SM: CUTLASS's decode row, as for
   // a dense decode batch, one split. Packed, 128 units: the Hopper kernel, as for a dense decode
-  // batch of 128 units; off Hopper (an L4's 58 SMs) WMMA below two units per SM, CUTLASS beyond.
+  // batch of 128 units; past two units per SM (an L4's 58 SMs) packed heads stay on WMMA.
   r.options.backend = flashcore::Backend::Auto;
   r.q.shape[1] = r.out.shape[1] = 64;
   r.cu_q.count = r.cu_k.count = 64;
@@ -674,8 +674,12 @@ void variable_lengths() {
          "Auto runs a packed variable-length decode batch of 128 units on the Hopper kernel: " +
              s.message);
   s = flashcore::core::plan(r, p, l4, &plan);
-  expect(s.ok() && plan.kernel == Kernel::CutlassSm80,
-         "Auto runs it on CUTLASS's decode row on an L4: " + s.message);
+  expect(s.ok() && plan.kernel == Kernel::Wmma,
+         "Auto runs it on WMMA on an L4 (packed heads): " + s.message);
+  const flashcore::core::DeviceCaps few_sms{9, 0, 227 * 1024, ~0u, 60};
+  s = flashcore::core::plan(r, p, few_sms, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.splits == 1,
+         "Auto runs packed heads past two units per SM on the Hopper kernel: " + s.message);
   r.q.shape[1] = r.out.shape[1] = 14;
   r.cu_q.count = r.cu_k.count = 14;
   s = flashcore::core::validate(r, &p);

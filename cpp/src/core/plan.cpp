@@ -283,13 +283,22 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     // the Hopper kernel where WMMA would be a microsecond or two faster, and no batch runs on WMMA
     // where the Hopper kernel is 1.5-2.7x faster (docs/HOPPER.md, round 36). Decode: the Hopper
     // kernel up to two units per SM (on compute capability 9.0), else WMMA below two units per
-    // SM and CUTLASS's decode row beyond, as for a dense batch, on (sequence, kv head) units
-    // where its one-query heads pack (Problem::packs_heads), else on (sequence, query head)
-    // units. Measured unpacked on the H200 (2026-11-25, one query per sequence, GQA 32:8,
-    // d = 128, bf16, both split): 32 units (1 x 32k keys) 103.4 us on the Hopper kernel against
-    // 124.8 on WMMA, 128 units (32k, 4k, 1000 and 300 keys) 370.9 against 372.5, 512 units
-    // (16 x 8k) 377.8 against 369.2 (there Auto runs WMMA). Example 41 beyond two units per SM:
-    // docs/SERVING.md, "Variable-length batches on CUTLASS example 41".
+    // SM, on (sequence, kv head) units where its one-query heads pack (Problem::packs_heads),
+    // else on (sequence, query head) units. Measured unpacked on the H200 (2026-11-25, one query
+    // per sequence, GQA 32:8, d = 128, bf16, both split): 32 units (1 x 32k keys) 103.4 us on the
+    // Hopper kernel against 124.8 on WMMA, 128 units (32k, 4k, 1000 and 300 keys) 370.9 against
+    // 372.5. Past two units per SM, where the dense rule runs CUTLASS's decode row: example 41
+    // where the heads do not pack; where they pack, the Hopper kernel on compute capability 9.0
+    // and WMMA elsewhere. Measured on an H100 (2026-11-26, bf16, GQA 32:8, d = 128, one query per
+    // sequence, us, two runs; docs/SERVING.md): packed, 64 x 2048 keys: Hopper 195.5, example 41
+    // 200.2, WMMA 200.3-200.6; 64 sequences of 1024-2991 keys: 206.0-206.3, 213.2-214.1,
+    // 207.0-207.5; unpacked (BHSD), 16 x 8192: example 41 391.5-400.4 against WMMA 428.4-428.5
+    // (the Hopper kernel 330.3-331.5); 64 sequences of 1024-2991 keys: 414.1-420.6 against
+    // 426.4-426.5 (Hopper 481.3-486.6).
+    if (p.varlen && !forced && kernel == Kernel::CutlassSm80 && p.packs_heads()) {
+      kernel = hopper_runs(arch.value_or(ArchClass::Sm80), caps.kernels) ? kHopperIndexedKernel
+                                                                         : kIndexedKernel;
+    }
     if (p.paged && kernel != kHopperIndexedKernel) {
       // Paged caches run on the WMMA kernel, or on the Hopper kernel where Auto or the caller
       // chose it (docs/SERVING.md). A paged cache follows the dense rule: on the H200

@@ -53,7 +53,9 @@ __device__ inline SequenceRows sequence_rows(const Placement& pl, int64_t b, int
   const TokenRange k = token_range(pl.cu_k, b, pl.total_k);
   const int32_t tokens = q.end - q.begin;
   const int32_t rows = pl.packed_rows > 0 ? (tokens > 0 ? pl.packed_rows : 0) : tokens;
-  return {::min(rows, max_rows), q.begin, k.begin, k.end - k.begin};
+  const int32_t keys = k.end - k.begin;
+  // A keyless sequence keeps an in-bounds base (it reads no key).
+  return {::min(rows, max_rows), q.begin, keys > 0 ? k.begin : 0, keys};
 }
 
 // `advance_to_block` adds `h * strideH` to K and V, `b * Sq * o_strideM + h * Dv` to the
