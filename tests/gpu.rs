@@ -1252,6 +1252,62 @@ fn varlen_batches_match_the_reference() {
     assert_none_failed(&failures);
 }
 
+/// Wide decode batches of unequal sequences (more (sequence, kv head) units than SMs, the host's
+/// key counts known): the Hopper kernel's blocks walk them longest first, dealt back and forth
+/// (sm90/scheduler.cuh; plan: core/splits.h `sequence_order`). Variable-length batches packed
+/// and unpacked and a paged cache (pages of 64), on every kernel that reads them here, against
+/// the f64 reference.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn wide_decode_batches_of_unequal_sequences_match() {
+    let s = stream();
+    let sms = Device::open(0).unwrap().sm_count();
+    let mut failures = Vec::new();
+    let mut rng = Rng::fresh();
+    // 2 x 160 packed units: more than any GPU here has SMs.
+    let n = 160;
+    let keys: Vec<usize> = (0..n)
+        .map(|_| 1 + (rng.uniform() * rng.uniform() * 3000.0) as usize)
+        .collect();
+    assert!(2 * n > sms, "{sms} SMs: the batch must outnumber them");
+    for kernel in indexed_kernels_here() {
+        for (layout, d) in [(Layout::Bshd, 128), (Layout::Bhsd, 64)] {
+            let lengths = (vec![1; n], keys.clone());
+            let ((err, lse_err), exec) =
+                varlen_run::<bf16>(&s, kernel, lengths, (8, 2), d, Causal::BottomRight, layout);
+            println!(
+                "wide varlen decode {kernel:?} {layout:?}: rel L2 {err:.2e} lse {lse_err:.2e}"
+            );
+            if !(err < 1e-2 && lse_err < 1e-4 && exec.splits == 1) {
+                failures.push(format!(
+                    "varlen {kernel:?} {layout:?}: out {err:.3e}, lse {lse_err:.3e}, {} splits",
+                    exec.splits
+                ));
+            }
+        }
+        let run = (Backend::Kernel(kernel), kernel);
+        let paged_keys: Vec<usize> = keys.iter().map(|k| k % 1200 + 1).collect();
+        let (err, lse_err, splits) = paged_case::<f16>(
+            &s,
+            run,
+            64,
+            &paged_keys,
+            1,
+            (8, 2),
+            128,
+            Causal::BottomRight,
+            Layout::Bshd,
+        );
+        println!("wide paged decode {kernel:?}: rel L2 {err:.2e} lse {lse_err:.2e}");
+        if !(err < 2e-3 && lse_err < 1e-4 && splits == 1) {
+            failures.push(format!(
+                "paged {kernel:?}: out {err:.3e}, lse {lse_err:.3e}, {splits} splits"
+            ));
+        }
+    }
+    assert_none_failed(&failures);
+}
+
 /// Whether a variable-length batch's one-query GQA heads run packed into the rows of (sequence,
 /// kv head) units: every sequence has at most one query, which sees every key (no top-left
 /// mask), and Q's token stride is a whole number of head strides (BSHD; BHSD with one token).

@@ -73,6 +73,9 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
     a.split_keys = plan.split_keys;
     a.split_first = plan.split_first.data();
   }
+  if (!plan.sequence_order.empty()) {
+    a.sequence_order = plan.sequence_order.data();
+  }
   if (p.varlen) {
     a.cu_seqlens_q = reinterpret_cast<const int32_t*>(r.cu_q.address);
     a.cu_seqlens_k = reinterpret_cast<const int32_t*>(r.cu_k.address);

@@ -3,6 +3,7 @@
 // the Rust API cannot express and so its tests cannot reach. No CUDA needed:
 //   g++ -std=c++17 -Icpp/include -Icpp/src cpp/src/core/*.cpp cpp/tests/core_test.cpp && ./a.out
 // (run by .ci/run). Exits non-zero, naming each failed check, if any fails.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -775,6 +776,64 @@ void sequence_key_splits() {
   st = flashcore::core::plan(r, p, h200, &plan);
   expect(st.ok() && plan.split_keys == 0 && plan.split_first.empty() && plan.splits == 4,
          "without host copies, by the longest: " + std::to_string(plan.splits));
+  expect(plan.sequence_order.empty(), "a split batch keeps its order");
+}
+
+// The Hopper kernel's walk over a wide decode batch of unequal sequences (core/splits.h
+// sequence_order): longest first, where the host knows the key counts and the unsplit units
+// outnumber the SMs.
+void sequence_walk_order() {
+  using flashcore::core::sequence_order;
+  const std::vector<int64_t> keys = {300, 4096, 1000, 4096, 0, 2048};
+  const uint16_t longest_first[] = {1, 3, 5, 2, 0, 4};
+  const std::vector<uint16_t> order = sequence_order(Kernel::CutlassSm90, 4, 1, 48, keys, 32);
+  expect(order.size() == 6 && std::equal(order.begin(), order.end(), longest_first),
+         "longest first, ties in batch order");
+  expect(sequence_order(Kernel::CutlassSm90, 4, 1, 32, keys, 32).empty(), "one wave");
+  expect(sequence_order(Kernel::CutlassSm90, 4, 2, 96, keys, 32).empty(), "split keys");
+  expect(sequence_order(Kernel::Wmma, 4, 1, 48, keys, 32).empty(), "WMMA");
+  expect(sequence_order(Kernel::CutlassSm90, 64, 1, 48, keys, 32).empty(), "prefill");
+  expect(sequence_order(Kernel::CutlassSm90, 4, 1, 48, {}, 32).empty(), "no host copies");
+  expect(sequence_order(Kernel::CutlassSm90, 4, 1, 2570, std::vector<int64_t>(257, 9), 32)
+             .empty(),
+         "more sequences than the table holds");
+
+  // The plan: 40 one-query sequences of unequal lengths, GQA 32:8 packed (320 units) on 132
+  // SMs: the Hopper kernel, no split, longest first; without host copies, batch order.
+  int32_t q[41], k[41];
+  for (int32_t b = 0; b <= 40; ++b) {
+    q[b] = b;
+    k[b] = b * 1000 + (b > 0 ? (b * 37) % 700 : 0);
+  }
+  Request r;
+  r.q = bshd(1, 40, 32, 128);
+  r.out = bshd(1, 40, 32, 128);
+  r.k = r.v = bshd(1, k[40], 8, 128);
+  r.varlen = true;
+  r.cu_q = {0x20000, 0, 40, q, 1};
+  int32_t longest = 0;
+  for (int b = 0; b < 40; ++b) {
+    longest = std::max(longest, k[b + 1] - k[b]);
+  }
+  r.cu_k = {0x30000, 0, 40, k, longest};
+  Problem p{};
+  flashcore::core::Plan plan{};
+  const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
+  Status st = flashcore::core::validate(r, &p);
+  if (st.ok()) {
+    st = flashcore::core::plan(r, p, h200, &plan);
+  }
+  bool descending = plan.sequence_order.size() == 40;
+  for (size_t i = 1; descending && i < 40; ++i) {
+    const int a = plan.sequence_order[i - 1], b = plan.sequence_order[i];
+    descending = k[a + 1] - k[a] >= k[b + 1] - k[b];
+  }
+  expect(st.ok() && p.batch_heads() == 320 && plan.kernel == Kernel::CutlassSm90 &&
+             plan.splits == 1 && descending,
+         "a wide packed decode batch walks longest first on the Hopper kernel: " + st.message);
+  r.cu_q.host = r.cu_k.host = nullptr;
+  st = flashcore::core::plan(r, p, h200, &plan);
+  expect(st.ok() && plan.sequence_order.empty(), "without host copies, batch order");
 }
 
 // Split-KV decoding: which problems split their keys, into how many blocks, and that the plan
@@ -1408,6 +1467,7 @@ int main() {
   variable_lengths();
   key_splits();
   sequence_key_splits();
+  sequence_walk_order();
   if (failures != 0) {
     std::printf("core_test: %d check(s) FAILED\n", failures);
     return 1;

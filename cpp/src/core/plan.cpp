@@ -364,9 +364,10 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     // A batch whose key counts the host knows splits each sequence by its own keys, else
     // every sequence by the longest's.
     Plan planned{kernel, row, 1};
+    const std::vector<int64_t> key_counts = host_key_counts(r);
     SequenceSplits by_sequence =
         sequence_splits(kernel, *row, p.query_rows(), p.batch_heads() / std::max<int64_t>(1, p.batch),
-                        host_key_counts(r), caps.multiprocessors);
+                        key_counts, caps.multiprocessors);
     if (by_sequence.keys > 0) {
       planned.splits = by_sequence.slots;
       planned.split_keys = by_sequence.keys;
@@ -375,6 +376,9 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       planned.splits = kv_splits(kernel, *row, p.query_rows(), p.batch_heads(), p.seq_k,
                                  caps.multiprocessors);
     }
+    // A wide decode batch of unequal sequences: the Hopper kernel's blocks walk it longest first.
+    planned.sequence_order = sequence_order(kernel, p.query_rows(), planned.splits,
+                                            p.batch_heads(), key_counts, caps.multiprocessors);
     *out = std::move(planned);
     return {};
   } catch (...) {

@@ -1,5 +1,6 @@
-// Split-KV planning: how many blocks share the keys of a decode problem's (sequence, head), and,
-// where the host knows every sequence's key count, how long each split is (called by plan.cpp).
+// Decode work planning: how many blocks share the keys of a decode problem's (sequence, head),
+// and, where the host knows every sequence's key count, how long each split is and in which order
+// the Hopper kernel walks the sequences (called by plan.cpp).
 #pragma once
 
 #include <cstdint>
@@ -32,5 +33,15 @@ std::vector<int64_t> host_key_counts(const Request& r);
 SequenceSplits sequence_splits(Kernel kernel, const TileRow& row, int64_t query_rows,
                                int64_t heads, const std::vector<int64_t>& key_counts,
                                int32_t multiprocessors);
+
+// The order in which the Hopper kernel's persistent blocks walk a decode batch (Plan::
+// sequence_order): its sequences by key count, longest first (ties in batch order), where
+// `kernel` is the Hopper kernel, the problem a decode of `query_rows` rows per head whose keys
+// are not split (`splits` 1), its `units` ((sequence, head) pairs, as packed) more than the
+// `multiprocessors` blocks, and the host knows every sequence's key count (`key_counts`, at most
+// kMaxSplitSequences of them); else empty (batch order).
+std::vector<uint16_t> sequence_order(Kernel kernel, int64_t query_rows, int32_t splits,
+                                     int64_t units, const std::vector<int64_t>& key_counts,
+                                     int32_t multiprocessors);
 
 }  // namespace flashcore::core

@@ -149,13 +149,16 @@ struct DeviceCaps {
 
 // The kernel and tile that will run a validated problem, and its key splits: `splits` per
 // (sequence, head) at most (kv_splits); with split_keys > 0, the per-sequence splits of
-// core/splits.h (split_first: the first unit of each sequence, and the unit count).
+// core/splits.h (split_first: the first unit of each sequence, and the unit count). A wide
+// decode batch of unequal sequences on the Hopper kernel: sequence_order (core/splits.h), its
+// sequences longest first; empty: batch order.
 struct Plan {
   Kernel kernel;
   const TileRow* row;
   int32_t splits = 1;
   int64_t split_keys = 0;
   std::vector<uint16_t> split_first{};
+  std::vector<uint16_t> sequence_order{};
 };
 
 // `kernel`'s row for `head_dim` and `query_rows` query rows per head on a device with `caps`,

@@ -140,7 +140,7 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                                  a.lse, packed > 0 ? packed * a.total_q : seq_q(problem),
                                  packed > 0 ? a.total_q : 1,
                                  static_cast<int>(packed > 0 ? a.token_rows : 1)},
-      Kern::Scheduler::make(work, Q, sm_count()),
+      Kern::Scheduler::make(work, Q, sm_count(), splits == 1 ? a.sequence_order : nullptr),
       typename Kern::Sequences{a.cu_seqlens_q, a.cu_seqlens_k, static_cast<int>(a.total_q),
                                static_cast<int>(a.total_k), band, static_cast<int>(packed),
                                static_cast<int>(a.token_rows)},

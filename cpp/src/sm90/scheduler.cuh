@@ -16,15 +16,31 @@
 // rotates the positions within every head by one and every block meets each position in turn
 // (round 23); a step of the grid then covers whole heads, so the rotation maps the step's units
 // onto themselves.
+//
+// A decode batch of unequal sequences (one query block per head; FmhaArgs::sequence_order, given
+// where the host knows every sequence's key count) with more units than blocks is walked longest
+// first instead: unit u is (rank u / heads, head u % heads), rank r being sequence order[r], and
+// the steps deal the units back and forth (step t gives block c unit t * grid + c, or
+// t * grid + grid - 1 - c when t is odd), so that the block that took one of a step's longest
+// units takes one of the next step's shortest.
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 
 #include "cute/tensor.hpp"
 #include "cutlass/fast_math.h"
+#include "flashcore/plan.h"
 #include "sm90/problem.cuh"
 
 namespace flashcore::sm90 {
+
+// The sequences of a decode batch, longest first (FmhaArgs::sequence_order; `sequences` 0: batch
+// order).
+struct SequenceOrder {
+  int32_t sequences = 0;
+  uint16_t rank[kMaxSplitSequences] = {};
+};
 
 template <bool kPersistent>
 struct TileScheduler {
@@ -37,9 +53,15 @@ struct TileScheduler {
     bool paired;                  // a unit is a pair of query blocks
     int per_head;                 // units per head
     bool rotate;                  // each step rotates the positions in a head (grid % per_head 0)
+    // Longest first, dealt back and forth (order.sequences > 0): unit -> (rank, head).
+    cutlass::FastDivmod h_div;
+    SequenceOrder order;
   };
 
-  static Params make(ProblemShape const& p, int block_rows, int sm_count) {
+  // `order`: the batch's sequences longest first (batch entries), or null; taken where the
+  // walk is a decode's (one query block per head) with more units than blocks.
+  static Params make(ProblemShape const& p, int block_rows, int sm_count,
+                     const uint16_t* order = nullptr) {
     const int heads = cute::size<1>(p);
     const int m_blocks = (seq_q(p) + block_rows - 1) / block_rows;
     // Pairs balance blocks that visit different numbers of key tiles: only where the causal
@@ -51,9 +73,17 @@ struct TileScheduler {
     const int per_head = paired ? (m_blocks + 1) / 2 : m_blocks;
     const int units = per_head * cute::get<0>(p) * heads;
     const int grid = kPersistent ? std::max(1, std::min(units, sm_count)) : units;
-    return Params{units, m_blocks, cutlass::FastDivmod(per_head),
+    Params params{units, m_blocks, cutlass::FastDivmod(per_head),
                   cutlass::FastDivmod(cute::get<0>(p)), grid, paired,
-                  per_head, kPersistent && per_head > 1 && grid % per_head == 0};
+                  per_head, kPersistent && per_head > 1 && grid % per_head == 0,
+                  cutlass::FastDivmod(heads), SequenceOrder{}};
+    const int batch = cute::get<0>(p);
+    if (kPersistent && order != nullptr && m_blocks == 1 && !paired && units > grid &&
+        batch <= kMaxSplitSequences) {
+      params.order.sequences = batch;
+      std::copy(order, order + batch, params.order.rank);
+    }
+    return params;
   }
 
   static dim3 grid_shape(Params const& params) { return dim3(params.grid, 1, 1); }
@@ -62,6 +92,7 @@ struct TileScheduler {
   int unit;
   int shift = 0;        // rotate: the positions' rotation at this step, (steps walked) % per_head
   bool second = false;  // paired: the pair's shorter query block
+  int step = 0;         // longest first: the steps walked
 
   CUTLASS_DEVICE explicit TileScheduler(Params const& p) : params(p), unit(blockIdx.x) {}
 
@@ -76,6 +107,11 @@ struct TileScheduler {
 
   // (query block, _0, (batch, head)), head being the flat index into (group, heads_kv).
   CUTLASS_DEVICE auto get_block_coord() const {
+    if (params.order.sequences > 0) {
+      int rank = 0, h = 0;
+      params.h_div(rank, h, unit);
+      return cute::make_coord(0, cute::_0{}, cute::make_coord(int(params.order.rank[rank]), h));
+    }
     int rest = 0, m = 0, b = 0, h = 0;
     params.m_div(rest, m, unit);
     params.b_div(h, b, rest);
@@ -86,6 +122,12 @@ struct TileScheduler {
 
   CUTLASS_DEVICE TileScheduler& operator++() {
     if constexpr (kPersistent) {
+      if (params.order.sequences > 0) {
+        ++step;
+        const int grid = int(gridDim.x), block = int(blockIdx.x);
+        unit = step * grid + ((step & 1) != 0 ? grid - 1 - block : block);
+        return *this;
+      }
       // The pair's second block, unless the pair is the middle block of an odd count.
       const int m = position(params.m_div.rem(unit));
       if (params.paired && !second && m != params.m_blocks - 1 - m) {
