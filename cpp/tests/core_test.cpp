@@ -831,9 +831,34 @@ void sequence_walk_order() {
   expect(st.ok() && p.batch_heads() == 320 && plan.kernel == Kernel::CutlassSm90 &&
              plan.splits == 1 && descending,
          "a wide packed decode batch walks longest first on the Hopper kernel: " + st.message);
+  const flashcore::core::DeviceCaps l4{8, 9, 99 * 1024, ~0u, 58};
+  st = flashcore::core::plan(r, p, l4, &plan);
+  expect(st.ok() && plan.kernel == Kernel::Wmma && plan.sequence_order.empty(),
+         "packed on an L4: WMMA, batch order: " + st.message);
   r.cu_q.host = r.cu_k.host = nullptr;
   st = flashcore::core::plan(r, p, h200, &plan);
-  expect(st.ok() && plan.sequence_order.empty(), "without host copies, batch order");
+  expect(st.ok() && plan.kernel == Kernel::CutlassSm90 && plan.sequence_order.empty(),
+         "without host copies, batch order: " + st.message);
+  // Unpacked (a token stride of 32 heads and a half): 1280 (sequence, query head) units. With
+  // the host copies the Hopper kernel walks them longest first; without them, or off Hopper,
+  // example 41's decode row.
+  r.q.stride[1] = r.out.stride[1] = 32 * 128 + 64;
+  r.q.stride[0] = r.out.stride[0] = 40 * r.q.stride[1];
+  r.cu_q.host = q;
+  r.cu_k.host = k;
+  st = flashcore::core::validate(r, &p);
+  if (st.ok()) {
+    st = flashcore::core::plan(r, p, h200, &plan);
+  }
+  expect(st.ok() && !p.packs_heads() && plan.kernel == Kernel::CutlassSm90 &&
+             plan.sequence_order.size() == 40,
+         "unpacked with host copies: the Hopper kernel, longest first: " + st.message);
+  st = flashcore::core::plan(r, p, l4, &plan);
+  expect(st.ok() && plan.kernel == Kernel::CutlassSm80, "unpacked on an L4: " + st.message);
+  r.cu_q.host = r.cu_k.host = nullptr;
+  st = flashcore::core::plan(r, p, h200, &plan);
+  expect(st.ok() && plan.kernel == Kernel::CutlassSm80,
+         "unpacked without host copies: example 41: " + st.message);
 }
 
 // Split-KV decoding: which problems split their keys, into how many blocks, and that the plan

@@ -287,17 +287,25 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     // else on (sequence, query head) units. Measured unpacked on the H200 (2026-11-25, one query
     // per sequence, GQA 32:8, d = 128, bf16, both split): 32 units (1 x 32k keys) 103.4 us on the
     // Hopper kernel against 124.8 on WMMA, 128 units (32k, 4k, 1000 and 300 keys) 370.9 against
-    // 372.5. Past two units per SM, where the dense rule runs CUTLASS's decode row: example 41
-    // where the heads do not pack; where they pack, the Hopper kernel on compute capability 9.0
-    // and WMMA elsewhere. Measured on an H100 (2026-11-26, bf16, GQA 32:8, d = 128, one query per
-    // sequence, us, two runs; docs/SERVING.md): packed, 64 x 2048 keys: Hopper 195.5, example 41
-    // 200.2, WMMA 200.3-200.6; 64 sequences of 1024-2991 keys: 206.0-206.3, 213.2-214.1,
-    // 207.0-207.5; unpacked (BHSD), 16 x 8192: example 41 391.5-400.4 against WMMA 428.4-428.5
-    // (the Hopper kernel 330.3-331.5); 64 sequences of 1024-2991 keys: 414.1-420.6 against
-    // 426.4-426.5 (Hopper 481.3-486.6).
-    if (p.varlen && !forced && kernel == Kernel::CutlassSm80 && p.packs_heads()) {
-      kernel = hopper_runs(arch.value_or(ArchClass::Sm80), caps.kernels) ? kHopperIndexedKernel
-                                                                         : kIndexedKernel;
+    // 372.5. Past two units per SM, where the dense rule runs CUTLASS's decode row: on compute
+    // capability 9.0 the Hopper kernel where its blocks walk the batch longest first (the host
+    // knows the key counts: core/splits.h sequence_order) or its heads pack; elsewhere, and
+    // there for unpacked heads without host copies, example 41 where the heads do not pack and
+    // WMMA where they do. Measured on an H100 (2026-11-26, bf16, GQA 32:8, d = 128, one query
+    // per sequence, us, same machine; docs/SERVING.md): packed, 64 x 2048 keys: Hopper 193.6-193.8
+    // (195.5 in batch order), example 41 199.7-200.2, WMMA 200.3-203.3; 64 sequences of
+    // 1024-2991 keys: 195.1-195.4 (206.0-206.5), 212.6-214.1, 207.0-207.5; unpacked (BHSD),
+    // 16 x 8192: 302.4-304.9 (328.4-335.2), 391.0-400.6, 427.7-429.6; 64 sequences of 1024-2991
+    // keys: 315.1-320.7 (481.3-490.0), 413.3-421.0, 426.2-426.6.
+    const std::vector<int64_t> key_counts = host_key_counts(r);
+    if (p.varlen && !forced && kernel == Kernel::CutlassSm80) {
+      const bool in_order = !key_counts.empty() && p.batch <= kMaxSplitSequences;
+      if (hopper_runs(arch.value_or(ArchClass::Sm80), caps.kernels) &&
+          (p.packs_heads() || in_order)) {
+        kernel = kHopperIndexedKernel;
+      } else if (p.packs_heads()) {
+        kernel = kIndexedKernel;
+      }
     }
     if (p.paged && kernel != kHopperIndexedKernel) {
       // Paged caches run on the WMMA kernel, or on the Hopper kernel where Auto or the caller
@@ -364,7 +372,6 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     // A batch whose key counts the host knows splits each sequence by its own keys, else
     // every sequence by the longest's.
     Plan planned{kernel, row, 1};
-    const std::vector<int64_t> key_counts = host_key_counts(r);
     SequenceSplits by_sequence =
         sequence_splits(kernel, *row, p.query_rows(), p.batch_heads() / std::max<int64_t>(1, p.batch),
                         key_counts, caps.multiprocessors);
