@@ -101,9 +101,10 @@ struct FmhaArgs {
   int32_t splits = 1;
   int64_t split_keys = 0;
   const uint16_t* split_first = nullptr;
-  // A decode batch of unequal sequences on the Hopper kernel (core::Plan::sequence_order): the
-  // batch's sequences longest first (host memory, batch entries, read by the launcher), which
-  // its persistent blocks walk in that order (sm90/scheduler.cuh). Null: batch order.
+  // A wide decode batch on the Hopper kernel (core::Plan::sequence_order): the order in which its
+  // persistent blocks walk the sequences, longest first where the host knew the key counts
+  // (host memory, batch entries, read by the launcher; sm90/scheduler.cuh). Null: the
+  // scheduler's own walk.
   const uint16_t* sequence_order = nullptr;
   // A paged KV cache (the WMMA and Hopper kernels): k and v are [num_pages, page_size, heads_kv,
   // head_dim] (k_stride[0] / v_stride[0]: the page stride). Sequence b has seqlens_k[b] keys,

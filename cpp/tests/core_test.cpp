@@ -785,16 +785,18 @@ void sequence_key_splits() {
 void sequence_walk_order() {
   using flashcore::core::sequence_order;
   const std::vector<int64_t> keys = {300, 4096, 1000, 4096, 0, 2048};
-  const uint16_t longest_first[] = {1, 3, 5, 2, 0, 4};
-  const std::vector<uint16_t> order = sequence_order(Kernel::CutlassSm90, 4, 1, 48, keys, 32);
+  const uint16_t longest_first[] = {1, 3, 5, 2, 0, 4}, batch_order[] = {0, 1, 2, 3, 4, 5};
+  std::vector<uint16_t> order = sequence_order(Kernel::CutlassSm90, 4, 1, 48, 6, keys, 32);
   expect(order.size() == 6 && std::equal(order.begin(), order.end(), longest_first),
          "longest first, ties in batch order");
-  expect(sequence_order(Kernel::CutlassSm90, 4, 1, 32, keys, 32).empty(), "one wave");
-  expect(sequence_order(Kernel::CutlassSm90, 4, 2, 96, keys, 32).empty(), "split keys");
-  expect(sequence_order(Kernel::Wmma, 4, 1, 48, keys, 32).empty(), "WMMA");
-  expect(sequence_order(Kernel::CutlassSm90, 64, 1, 48, keys, 32).empty(), "prefill");
-  expect(sequence_order(Kernel::CutlassSm90, 4, 1, 48, {}, 32).empty(), "no host copies");
-  expect(sequence_order(Kernel::CutlassSm90, 4, 1, 2570, std::vector<int64_t>(257, 9), 32)
+  order = sequence_order(Kernel::CutlassSm90, 4, 1, 48, 6, {}, 32);
+  expect(order.size() == 6 && std::equal(order.begin(), order.end(), batch_order),
+         "without key counts, batch order");
+  expect(sequence_order(Kernel::CutlassSm90, 4, 1, 32, 6, keys, 32).empty(), "one wave");
+  expect(sequence_order(Kernel::CutlassSm90, 4, 2, 96, 6, keys, 32).empty(), "split keys");
+  expect(sequence_order(Kernel::Wmma, 4, 1, 48, 6, keys, 32).empty(), "WMMA");
+  expect(sequence_order(Kernel::CutlassSm90, 64, 1, 48, 6, keys, 32).empty(), "prefill");
+  expect(sequence_order(Kernel::CutlassSm90, 4, 1, 2570, 257, std::vector<int64_t>(257, 9), 32)
              .empty(),
          "more sequences than the table holds");
 
@@ -837,7 +839,8 @@ void sequence_walk_order() {
          "packed on an L4: WMMA, batch order: " + st.message);
   r.cu_q.host = r.cu_k.host = nullptr;
   st = flashcore::core::plan(r, p, h200, &plan);
-  expect(st.ok() && plan.kernel == Kernel::CutlassSm90 && plan.sequence_order.empty(),
+  expect(st.ok() && plan.kernel == Kernel::CutlassSm90 && plan.sequence_order.size() == 40 &&
+             plan.sequence_order[39] == 39,
          "without host copies, batch order: " + st.message);
   // Unpacked (a token stride of 32 heads and a half): 1280 (sequence, query head) units. With
   // the host copies the Hopper kernel walks them longest first; without them, or off Hopper,
@@ -859,6 +862,21 @@ void sequence_walk_order() {
   st = flashcore::core::plan(r, p, h200, &plan);
   expect(st.ok() && plan.kernel == Kernel::CutlassSm80,
          "unpacked without host copies: example 41: " + st.message);
+
+  // A dense decode batch of 64 sequences (512 packed units) on the Hopper kernel: batch order,
+  // a sequence's heads side by side.
+  Request dense;
+  dense.q = bshd(64, 1, 32, 128);
+  dense.out = bshd(64, 1, 32, 128);
+  dense.k = dense.v = bshd(64, 2048, 8, 128);
+  dense.options.backend = flashcore::Backend::CutlassSm90;
+  st = flashcore::core::validate(dense, &p);
+  if (st.ok()) {
+    st = flashcore::core::plan(dense, p, h200, &plan);
+  }
+  expect(st.ok() && plan.splits == 1 && plan.sequence_order.size() == 64 &&
+             plan.sequence_order[63] == 63,
+         "a wide dense decode walks in batch order: " + st.message);
 }
 
 // Split-KV decoding: which problems split their keys, into how many blocks, and that the plan

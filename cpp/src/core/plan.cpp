@@ -383,9 +383,11 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       planned.splits = kv_splits(kernel, *row, p.query_rows(), p.batch_heads(), p.seq_k,
                                  caps.multiprocessors);
     }
-    // A wide decode batch of unequal sequences: the Hopper kernel's blocks walk it longest first.
-    planned.sequence_order = sequence_order(kernel, p.query_rows(), planned.splits,
-                                            p.batch_heads(), key_counts, caps.multiprocessors);
+    // A wide decode batch: the Hopper kernel's blocks walk it a sequence's heads side by side,
+    // longest sequence first where the host knows the key counts.
+    planned.sequence_order =
+        sequence_order(kernel, p.query_rows(), planned.splits, p.batch_heads(), p.batch,
+                       key_counts, caps.multiprocessors);
     *out = std::move(planned);
     return {};
   } catch (...) {

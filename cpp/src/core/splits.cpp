@@ -118,20 +118,22 @@ SequenceSplits sequence_splits(Kernel kernel, const TileRow& row, int64_t query_
 }
 
 std::vector<uint16_t> sequence_order(Kernel kernel, int64_t query_rows, int32_t splits,
-                                     int64_t units, const std::vector<int64_t>& key_counts,
+                                     int64_t units, int64_t batch,
+                                     const std::vector<int64_t>& key_counts,
                                      int32_t multiprocessors) {
-  const int64_t batch = static_cast<int64_t>(key_counts.size());
   if (kernel != Kernel::CutlassSm90 || !splits_decode(kernel, query_rows, multiprocessors) ||
-      splits > 1 || units <= multiprocessors || batch < 2 || batch > kMaxSplitSequences) {
+      splits > 1 || units <= multiprocessors || batch < 1 || batch > kMaxSplitSequences) {
     return {};
   }
   std::vector<uint16_t> order(static_cast<size_t>(batch));
   for (int64_t b = 0; b < batch; ++b) {
     order[static_cast<size_t>(b)] = static_cast<uint16_t>(b);
   }
-  std::stable_sort(order.begin(), order.end(), [&](uint16_t x, uint16_t y) {
-    return key_counts[x] > key_counts[y];
-  });
+  if (static_cast<int64_t>(key_counts.size()) == batch) {
+    std::stable_sort(order.begin(), order.end(), [&](uint16_t x, uint16_t y) {
+      return key_counts[x] > key_counts[y];
+    });
+  }
   return order;
 }
 

@@ -34,14 +34,16 @@ SequenceSplits sequence_splits(Kernel kernel, const TileRow& row, int64_t query_
                                int64_t heads, const std::vector<int64_t>& key_counts,
                                int32_t multiprocessors);
 
-// The order in which the Hopper kernel's persistent blocks walk a decode batch (Plan::
-// sequence_order): its sequences by key count, longest first (ties in batch order), where
-// `kernel` is the Hopper kernel, the problem a decode of `query_rows` rows per head whose keys
-// are not split (`splits` 1), its `units` ((sequence, head) pairs, as packed) more than the
-// `multiprocessors` blocks, and the host knows every sequence's key count (`key_counts`, at most
-// kMaxSplitSequences of them); else empty (batch order).
+// The order in which the Hopper kernel's persistent blocks walk a decode batch of `batch`
+// sequences (Plan::sequence_order; its scheduler then takes a sequence's heads side by side):
+// the sequences by key count, longest first (ties in batch order), where the host knows every
+// one's (`key_counts`), else in batch order; where `kernel` is the Hopper kernel, the problem a
+// decode of `query_rows` rows per head whose keys are not split (`splits` 1), its `units`
+// ((sequence, head) pairs, as packed) more than the `multiprocessors` blocks, and the batch at
+// most kMaxSplitSequences sequences. Else empty: the scheduler's own walk.
 std::vector<uint16_t> sequence_order(Kernel kernel, int64_t query_rows, int32_t splits,
-                                     int64_t units, const std::vector<int64_t>& key_counts,
+                                     int64_t units, int64_t batch,
+                                     const std::vector<int64_t>& key_counts,
                                      int32_t multiprocessors);
 
 }  // namespace flashcore::core

@@ -150,8 +150,8 @@ struct DeviceCaps {
 // The kernel and tile that will run a validated problem, and its key splits: `splits` per
 // (sequence, head) at most (kv_splits); with split_keys > 0, the per-sequence splits of
 // core/splits.h (split_first: the first unit of each sequence, and the unit count). A wide
-// decode batch of unequal sequences on the Hopper kernel: sequence_order (core/splits.h), its
-// sequences longest first; empty: batch order.
+// decode batch on the Hopper kernel: sequence_order (core/splits.h), the order its blocks walk
+// the sequences in; empty: the scheduler's own walk.
 struct Plan {
   Kernel kernel;
   const TileRow* row;

@@ -17,12 +17,13 @@
 // (round 23); a step of the grid then covers whole heads, so the rotation maps the step's units
 // onto themselves.
 //
-// A decode batch of unequal sequences (one query block per head; FmhaArgs::sequence_order, given
-// where the host knows every sequence's key count) with more units than blocks is walked longest
-// first instead: unit u is (rank u / heads, head u % heads), rank r being sequence order[r], and
-// the steps deal the units back and forth (step t gives block c unit t * grid + c, or
-// t * grid + grid - 1 - c when t is odd), so that the block that took one of a step's longest
-// units takes one of the next step's shortest.
+// A decode batch (one query block per head) with more units than blocks is walked in the order
+// of FmhaArgs::sequence_order instead (longest sequence first where the host knows the key
+// counts, else batch order): unit u is (rank u / heads, head u % heads), rank r being sequence
+// order[r], so a sequence's heads (whose K and V lie side by side, and whose query heads share
+// a kv head's) run at once; and the steps deal the units back and forth (step t gives block c
+// unit t * grid + c, or t * grid + grid - 1 - c when t is odd), so that the block that took one
+// of a step's longest units takes one of the next step's shortest.
 #pragma once
 
 #include <algorithm>
@@ -35,8 +36,8 @@
 
 namespace flashcore::sm90 {
 
-// The sequences of a decode batch, longest first (FmhaArgs::sequence_order; `sequences` 0: batch
-// order).
+// The order in which the blocks walk a decode batch's sequences (FmhaArgs::sequence_order;
+// `sequences` 0: the scheduler's own walk).
 struct SequenceOrder {
   int32_t sequences = 0;
   uint16_t rank[kMaxSplitSequences] = {};
@@ -53,12 +54,12 @@ struct TileScheduler {
     bool paired;                  // a unit is a pair of query blocks
     int per_head;                 // units per head
     bool rotate;                  // each step rotates the positions in a head (grid % per_head 0)
-    // Longest first, dealt back and forth (order.sequences > 0): unit -> (rank, head).
+    // In `order`, dealt back and forth (order.sequences > 0): unit -> (rank, head).
     cutlass::FastDivmod h_div;
     SequenceOrder order;
   };
 
-  // `order`: the batch's sequences longest first (batch entries), or null; taken where the
+  // `order`: the batch's sequences in walking order (batch entries), or null; taken where the
   // walk is a decode's (one query block per head) with more units than blocks.
   static Params make(ProblemShape const& p, int block_rows, int sm_count,
                      const uint16_t* order = nullptr) {
