@@ -287,10 +287,11 @@ pub fn attention_varlen<T: AttentionElement>(
 /// blocks fill the SMs or its two products take at least 2^30 flops, else the WMMA kernel
 /// ([`crate::plan::Kernel::Wmma`]). Decode (at most 32 query rows per sequence): the Hopper
 /// kernel on compute capability 9.0, whose blocks walk a batch with more units than SMs longest
-/// first (up to 256 sequences); elsewhere WMMA below two units per SM, and beyond CUTLASS
-/// example 41's decode row ([`crate::plan::Kernel::CutlassSm80`]) where the one-query heads do
-/// not pack into rows, else WMMA (as measured: docs/SERVING.md). Example 41 applies no score
-/// modifier and splits no keys.
+/// first (up to 256 sequences; past two units per SM a larger batch whose one-query heads do
+/// not pack into rows runs on CUTLASS example 41); elsewhere WMMA below two units per SM, and
+/// beyond example 41's decode row ([`crate::plan::Kernel::CutlassSm80`]) where the heads do not
+/// pack, else WMMA (as measured: docs/SERVING.md). Example 41 applies no score modifier and
+/// splits no keys.
 pub fn attention_varlen_into<T: AttentionElement>(
     q: &Tensor<T>,
     k: &Tensor<T>,
