@@ -18,6 +18,17 @@ __device__ inline TokenRange token_range(const int32_t* cu, int64_t b, int32_t t
   return {begin, ::min(::max(cu[b + 1], begin), total)};
 }
 
+// The query rows of a variable-length batch's sequence with query tokens `q`: its queries, or,
+// with one-query GQA heads packed into rows (`packed_rows` > 0, FmhaArgs::packed_group), that
+// many where it has its query token.
+__device__ inline int32_t sequence_rows(TokenRange q, int32_t packed_rows) {
+  return packed_rows == 0 ? q.end - q.begin : q.end > q.begin ? packed_rows : 0;
+}
+
+// The first key token of a sequence with key tokens `k`, 0 for a keyless one: an in-bounds base
+// for a sequence that reads no key.
+__device__ inline int32_t key_base(TokenRange k) { return k.end > k.begin ? k.begin : 0; }
+
 // The key count of sequence `b` of a paged cache: seqlens_k[b] clamped to [0, the keys its row
 // of `pages_per_seq` pages of 2^page_shift keys holds] (and to int32).
 __device__ inline int32_t paged_keys(const int32_t* seqlens_k, int64_t b, int64_t pages_per_seq,

@@ -43,19 +43,16 @@ struct Placement {
 };
 
 // The rows (queries, or packed heads) of sequence `b` of a variable-length batch, at most
-// `max_rows` (the longest sequence's, as planned: the scratch holds no more, and the rows of
+// accum_rows (the longest sequence's, as planned: the scratch holds no more, and the rows of
 // offsets that break the contract past it stay unwritten), and its first query and key tokens.
 struct SequenceRows {
   int32_t rows, q0, k0, keys;
 };
-__device__ inline SequenceRows sequence_rows(const Placement& pl, int64_t b, int32_t max_rows) {
+__device__ inline SequenceRows sequence_of(const Placement& pl, int64_t b) {
   const TokenRange q = token_range(pl.cu_q, b, pl.total_q);
   const TokenRange k = token_range(pl.cu_k, b, pl.total_k);
-  const int32_t tokens = q.end - q.begin;
-  const int32_t rows = pl.packed_rows > 0 ? (tokens > 0 ? pl.packed_rows : 0) : tokens;
-  const int32_t keys = k.end - k.begin;
-  // A keyless sequence keeps an in-bounds base (it reads no key).
-  return {::min(rows, max_rows), q.begin, keys > 0 ? k.begin : 0, keys};
+  return {::min(sequence_rows(q, pl.packed_rows), pl.accum_rows), q.begin, key_base(k),
+          k.end - k.begin};
 }
 
 // `advance_to_block` adds `h * strideH` to K and V, `b * Sq * o_strideM + h * Dv` to the
@@ -72,7 +69,7 @@ __global__ void __launch_bounds__(AK::kNumThreads, AK::kMinBlocksPerSm)
   const int64_t h = blockIdx.y;
   const int64_t kvh = h / pl.group;
   if (pl.cu_q != nullptr) {
-    const SequenceRows s = sequence_rows(pl, b, pl.accum_rows);
+    const SequenceRows s = sequence_of(pl, b);
     if (int64_t(blockIdx.x) * AK::kQueriesPerBlock >= s.rows) {
       return;
     }
@@ -111,7 +108,7 @@ static __global__ void varlen_lse_kernel(const float* scratch, float* lse, Place
                                   int64_t lse_head, int64_t lse_row) {
   const int64_t b = blockIdx.x;
   const int64_t h = blockIdx.y;
-  const SequenceRows s = sequence_rows(pl, b, pl.accum_rows);
+  const SequenceRows s = sequence_of(pl, b);
   const float* from = scratch + (b * gridDim.y + h) * pl.lse_rows;
   for (int32_t r = threadIdx.x; r < s.rows; r += blockDim.x) {
     lse[h * lse_head + r * lse_row + s.q0] = from[r];

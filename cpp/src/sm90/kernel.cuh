@@ -185,7 +185,7 @@ struct Kernel {
       const TokenRange k = token_range(s.cu_k, u.batch, s.total_k);
       // Packed: the query token's rows, from row q.begin * token_rows (below the descriptor's
       // row extent, (total_q - 1) * token_rows + packed_rows: validated to fit an int).
-      const int rows = s.packed_rows == 0 ? q.end - q.begin : q.end > q.begin ? s.packed_rows : 0;
+      const int rows = sequence_rows(q, s.packed_rows);
       const int first_row = s.packed_rows == 0 ? q.begin : rows > 0 ? q.begin * s.token_rows : 0;
       u.problem = make_problem(1, cute::get<1>(params.problem), rows, k.end - k.begin,
                                cute::get<4>(params.problem), s.band, first_row, k.begin);

@@ -150,20 +150,19 @@ __device__ inline Sequence sequence(const Params& p, int64_t b, int64_t heads) {
   } else {
     const TokenRange qs = token_range(p.cu_q, b, p.total_q);
     const TokenRange ks = token_range(p.cu_k, b, p.total_k);
-    const int32_t q0 = qs.begin, k0 = ks.begin;
-    s.seq_k = ks.end - k0;
-    const int64_t kt = s.seq_k > 0 ? k0 : 0;  // a keyless sequence keeps an in-bounds base
+    const int32_t q0 = qs.begin;
+    s.seq_k = ks.end - ks.begin;
+    const int64_t kt = key_base(ks);
     s.q = int64_t(q0) * p.q_token_stride;
     s.o = int64_t(q0) * p.o_token_stride;
     s.k = kt * p.k_stride[1];
     s.v = kt * p.v_stride[1];
     s.lse0 = q0;  // the logsumexp is [heads_q, total_q]
+    s.seq_q = sequence_rows(qs, p.packed_rows);
     if (p.packed_rows > 0) {  // row r: query head (kv head) * packed_rows + r of token q0
-      s.seq_q = qs.end > q0 ? p.packed_rows : 0;
       s.lse_head = int64_t(p.packed_rows) * p.total_q;
       s.lse_row = p.total_q;
     } else {
-      s.seq_q = qs.end - q0;
       s.lse_head = p.total_q;
     }
   }
