@@ -103,6 +103,12 @@ pub fn shapes() -> Vec<BenchShape> {
     v.push(s("decode", [64, 32, 8, 1, 2048, 128], false));
     // Half the H200's SMs' worth of units: where Auto's split-KV WMMA meets the Hopper kernel.
     v.push(s("decode", [8, 32, 8, 1, 8192, 128], false));
+    // Wider batches of the same bytes as 64 x 2k: where the Hopper kernel's walk (up to 256
+    // sequences) meets CUTLASS's decode row; and heads that do not pack (MHA).
+    v.push(s("decode", [128, 32, 8, 1, 1024, 128], false));
+    v.push(s("decode", [256, 32, 8, 1, 512, 128], false));
+    v.push(s("decode", [512, 32, 8, 1, 256, 128], false));
+    v.push(s("decode", [32, 32, 32, 1, 2048, 128], false));
     v
 }
 

@@ -877,6 +877,27 @@ void sequence_walk_order() {
   expect(st.ok() && plan.splits == 1 && plan.sequence_order.size() == 64 &&
              plan.sequence_order[63] == 63,
          "a wide dense decode walks in batch order: " + st.message);
+  // Auto: the Hopper kernel where its blocks walk the batch (at most kMaxSplitSequences
+  // sequences) on an H200; example 41 past that, on an L4 and without the Hopper kernels.
+  dense.options.backend = flashcore::Backend::Auto;
+  st = flashcore::core::plan(dense, p, h200, &plan);
+  expect(st.ok() && plan.kernel == Kernel::CutlassSm90 && plan.sequence_order.size() == 64,
+         "Auto walks a wide dense decode on the Hopper kernel: " + st.message);
+  st = flashcore::core::plan(dense, p, l4, &plan);
+  expect(st.ok() && plan.kernel == Kernel::CutlassSm80, "a wide dense decode on an L4");
+  flashcore::core::DeviceCaps no_sm90 = h200;
+  no_sm90.kernels &= ~(1u << uint32_t(Kernel::CutlassSm90));
+  st = flashcore::core::plan(dense, p, no_sm90, &plan);
+  expect(st.ok() && plan.kernel == Kernel::CutlassSm80, "a wide dense decode without sm_90");
+  dense.q = bshd(flashcore::kMaxSplitSequences + 1, 1, 32, 128);
+  dense.out = bshd(flashcore::kMaxSplitSequences + 1, 1, 32, 128);
+  dense.k = dense.v = bshd(flashcore::kMaxSplitSequences + 1, 512, 8, 128);
+  st = flashcore::core::validate(dense, &p);
+  if (st.ok()) {
+    st = flashcore::core::plan(dense, p, h200, &plan);
+  }
+  expect(st.ok() && plan.kernel == Kernel::CutlassSm80 && plan.sequence_order.empty(),
+         "a dense decode too wide to walk: example 41: " + st.message);
 }
 
 // Split-KV decoding: which problems split their keys, into how many blocks, and that the plan
@@ -947,12 +968,12 @@ void key_splits() {
   expect(s.ok() && plan.kernel == Kernel::Wmma && plan.splits == 14,
          "Auto splits 8 units on WMMA's decode row off Hopper: " + std::to_string(plan.splits));
   r.q = bshd(64, 1, 32, 128);
-  r.out = bshd(64, 1, 32, 128);  // 512 units: CUTLASS's decode row, unsplit
+  r.out = bshd(64, 1, 32, 128);  // 512 units: the Hopper kernel's walk, unsplit
   r.k = r.v = bshd(64, 2048, 8, 128);
   expect(flashcore::core::validate(r, &p).ok(), "a wide decode batch validates");
   s = flashcore::core::plan(r, p, h200, &plan);
-  expect(s.ok() && plan.kernel == Kernel::CutlassSm80 && plan.splits == 1,
-         "Auto runs 512 decode units on CUTLASS's decode row, unsplit");
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90 && plan.splits == 1,
+         "Auto walks 512 decode units on the Hopper kernel, unsplit");
 }
 
 // Outputs that share memory with themselves, each other or an input are refused; interleaved

@@ -211,7 +211,11 @@ pub fn wmma_smem_bytes(tile: Tile) -> usize {
 /// family. Measured, the reasons are beside `flashcore::auto_kernel` in `cpp/src/core/plan.cpp`.
 /// Decode (up to [`decode_max_query_rows`] query rows): on compute capability 9.0 the Hopper
 /// kernel (split-KV below one unit per SM) up to two units per SM; elsewhere WMMA (split where it
-/// helps) below two units per SM; CUTLASS's decode row beyond. Otherwise, on compute capability
+/// helps) below two units per SM; CUTLASS's decode row beyond. There the planner looks at the
+/// batch too: on compute capability 9.0 a batch of at most 256 sequences runs on the Hopper
+/// kernel, whose blocks walk it a sequence's heads side by side (what ran:
+/// [`crate::Execution`]; variable-length batches and paged caches: [`crate::attention_varlen_into`],
+/// [`crate::attention_paged_into`]). Otherwise, on compute capability
 /// 9.0 the Hopper kernel once its 128-row work units fill the SMs, or once the problem's two
 /// products take at least 2^30 flops (4 x `batch_heads` x `query_rows` x `seq_k` x `head_dim`);
 /// WMMA otherwise.
@@ -222,7 +226,8 @@ pub fn wmma_smem_bytes(tile: Tile) -> usize {
 /// assert_eq!(auto_kernel(h200, 4, 8, 32768, 128, 132), Kernel::CutlassSm90); // one long sequence
 /// assert_eq!(auto_kernel(l4, 4, 8, 32768, 128, 58), Kernel::Wmma); // the same on an L4
 /// assert_eq!(auto_kernel(h200, 4, 128, 8192, 128, 132), Kernel::CutlassSm90); // 16 sequences
-/// assert_eq!(auto_kernel(h200, 4, 512, 2048, 128, 132), Kernel::CutlassSm80); // 64 sequences
+/// // 64 sequences: the decode row by shape (the planner walks them on the Hopper kernel)
+/// assert_eq!(auto_kernel(h200, 4, 512, 2048, 128, 132), Kernel::CutlassSm80);
 /// assert_eq!(auto_kernel(h200, 4096, 64, 4096, 64, 132), Kernel::CutlassSm90); // 2048 units
 /// assert_eq!(auto_kernel(h200, 512, 8, 512, 64, 132), Kernel::Wmma); // 32 units, 2^29 flops
 /// assert_eq!(auto_kernel(h200, 1024, 16, 1024, 128, 132), Kernel::CutlassSm90); // 2^33 flops

@@ -135,7 +135,10 @@ constexpr int64_t kSm90WideSlabKeys = 64;
 // packing of one-query GQA problems) on `batch_heads` (batch x heads, as packed) heads, `seq_k`
 // keys and head dim `head_dim`, on a device of class `arch` with `multiprocessors` SMs, where
 // this build compiled `kernels` (one bit per Kernel value); measured, see its definition in
-// cpp/src/core/plan.cpp.
+// cpp/src/core/plan.cpp. Where it names CUTLASS's decode row (a decode past two units per SM),
+// the planner looks at the batch too: on compute capability 9.0 the Hopper kernel runs a batch
+// of at most kMaxSplitSequences sequences, whose blocks it walks a sequence's heads side by side
+// (variable-length and paged batches: their own rules, in the same file).
 Kernel auto_kernel(ArchClass arch, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
                    int64_t head_dim, int32_t multiprocessors, uint32_t kernels = ~0u) noexcept;
 

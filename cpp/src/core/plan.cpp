@@ -226,6 +226,36 @@ std::optional<ArchClass> class_for(const DeviceCaps& caps, std::optional<ArchCla
   return forced ? forced : arch_class(caps.major, caps.minor);
 }
 
+// Auto's family for a decode past two units per SM, where the dense rule (auto_kernel) gives
+// CUTLASS's decode row. `hopper`: the Hopper kernel runs here; `host_counts`: the host knows
+// every sequence's key count. Measured (one query per sequence, GQA 32:8, d = 128, bf16; us;
+// docs/SERVING.md and docs/PERFORMANCE.md):
+// - a paged cache: the Hopper kernel where its copies take whole 64-key slabs, else WMMA (the
+//   H200, 2026-11-26, 64 x 2k keys in shuffled pages: pages of 64 138.8-141.3 on the Hopper
+//   kernel against 144.6-146.8 on WMMA; pages of 16 149.7-153.0 against 143.6-146.5; example
+//   41 reads no pages);
+// - a variable-length batch: the Hopper kernel where its blocks walk the batch longest first
+//   (host copies of the offsets, core/splits.h sequence_order) or its heads pack; else example
+//   41 where the heads do not pack and WMMA where they do (an H100, 2026-11-26, same machine:
+//   packed, 64 x 2048 keys: Hopper 193.6-193.8, example 41 199.7-200.2, WMMA 200.3-203.3; 64
+//   sequences of 1024-2991 keys: 195.1-195.4, 212.6-214.1, 207.0-207.5; unpacked (BHSD), 16 x
+//   8192: 302.4-304.9, 391.0-400.6, 427.7-429.6; 64 of 1024-2991 keys: 315.1-320.7,
+//   413.3-421.0, 426.2-426.6);
+// - a dense batch: the Hopper kernel where its blocks walk the batch a sequence's heads side
+//   by side (at most kMaxSplitSequences sequences), else example 41 (the H200, 2026-11-26:
+//   64 x 2048 keys 135.8-136.0 on the Hopper kernel against 138.1-138.4 on example 41).
+Kernel wide_decode_kernel(const Request& r, const Problem& p, bool hopper, bool host_counts) {
+  if (p.paged) {
+    return hopper && r.pages.page_size >= kSm90WideSlabKeys ? kHopperIndexedKernel
+                                                            : kIndexedKernel;
+  }
+  const bool walks = p.batch <= kMaxSplitSequences && (host_counts || !p.varlen);
+  if (hopper && (walks || (p.varlen && p.packs_heads()))) {
+    return Kernel::CutlassSm90;
+  }
+  return p.varlen && p.packs_heads() ? kIndexedKernel : Kernel::CutlassSm80;
+}
+
 }  // namespace
 
 Status choose_row(Kernel kernel, int64_t head_dim, int64_t query_rows, const DeviceCaps& caps,
@@ -287,47 +317,24 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
     // else on (sequence, query head) units. Measured unpacked on the H200 (2026-11-25, one query
     // per sequence, GQA 32:8, d = 128, bf16, both split): 32 units (1 x 32k keys) 103.4 us on the
     // Hopper kernel against 124.8 on WMMA, 128 units (32k, 4k, 1000 and 300 keys) 370.9 against
-    // 372.5. Past two units per SM, where the dense rule runs CUTLASS's decode row: on compute
-    // capability 9.0 the Hopper kernel where its blocks walk the batch longest first (the host
-    // knows the key counts: core/splits.h sequence_order) or its heads pack; elsewhere, and
-    // there for unpacked heads without host copies, example 41 where the heads do not pack and
-    // WMMA where they do. Measured on an H100 (2026-11-26, bf16, GQA 32:8, d = 128, one query
-    // per sequence, us, same machine; docs/SERVING.md): packed, 64 x 2048 keys: Hopper 193.6-193.8
-    // (195.5 in batch order), example 41 199.7-200.2, WMMA 200.3-203.3; 64 sequences of
-    // 1024-2991 keys: 195.1-195.4 (206.0-206.5), 212.6-214.1, 207.0-207.5; unpacked (BHSD),
-    // 16 x 8192: 302.4-304.9 (328.4-335.2), 391.0-400.6, 427.7-429.6; 64 sequences of 1024-2991
-    // keys: 315.1-320.7 (481.3-490.0), 413.3-421.0, 426.2-426.6.
+    // 372.5.
     const std::vector<int64_t> key_counts = host_key_counts(r);
-    if (p.varlen && !forced && kernel == Kernel::CutlassSm80) {
-      const bool in_order = !key_counts.empty() && p.batch <= kMaxSplitSequences;
-      if (hopper_runs(arch.value_or(ArchClass::Sm80), caps.kernels) &&
-          (p.packs_heads() || in_order)) {
-        kernel = kHopperIndexedKernel;
-      } else if (p.packs_heads()) {
-        kernel = kIndexedKernel;
-      }
+    if (!forced && kernel == Kernel::CutlassSm80) {  // a decode past two units per SM
+      kernel = wide_decode_kernel(r, p, hopper_runs(arch.value_or(ArchClass::Sm80), caps.kernels),
+                                  !key_counts.empty());
     }
     if (p.paged && kernel != kHopperIndexedKernel) {
       // Paged caches run on the WMMA kernel, or on the Hopper kernel where Auto or the caller
       // chose it (docs/SERVING.md). A paged cache follows the dense rule: on the H200
       // (2026-11-24, bf16, GQA 32:8, d = 128) the Hopper kernel read paged decodes of 1 x 32k
-      // and 16 x 8k keys in 59-62 and 179-186 us against 86 and 270 on WMMA; where CUTLASS's
-      // decode row would run (64 x 2k: 512 units), WMMA took 137 against 185-194.
+      // and 16 x 8k keys in 59-62 and 179-186 us against 86 and 270 on WMMA.
       if (Status s = only_family(kIndexedKernel, forced,
                                  "it reads no paged caches (the Hopper kernel does on compute "
                                  "capability 9.0); ");
           !s.ok()) {
         return s;
       }
-      // A paged decode past two units per SM, where the dense rule runs CUTLASS's decode row:
-      // the Hopper kernel where its copies take whole 64-key slabs, else WMMA. On the H200
-      // (2026-11-26, 64 x 2k keys, one query each, GQA 32:8, d = 128, bf16, shuffled pages):
-      // pages of 64 138.8-141.3 us on the Hopper kernel against 144.6-146.8 on WMMA, pages of 16
-      // 149.7-153.0 against 143.6-146.5 (docs/SERVING.md).
-      const bool wide_pages = !forced && kernel == Kernel::CutlassSm80 &&
-                              hopper_runs(arch.value_or(ArchClass::Sm80), caps.kernels) &&
-                              r.pages.page_size >= kSm90WideSlabKeys;
-      kernel = wide_pages ? kHopperIndexedKernel : kIndexedKernel;
+      kernel = kIndexedKernel;
     }
     // Score modifiers run on the WMMA kernel, or on the Hopper kernel where Auto or the caller
     // chose it.
