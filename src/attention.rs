@@ -1,11 +1,10 @@
 //! The public attention entry points.
 
-use crate::dispatch::{self, Execution, ScoreTensors};
+use crate::dispatch::{self, Batching, Execution};
 use crate::element::{AttentionElement, Element};
 use crate::error::Result;
 use crate::options::AttentionOptions;
 use crate::tensor::{Layout, Location, Tensor};
-use crate::validate::request;
 
 /// The result of [`attention`].
 #[derive(Debug)]
@@ -104,16 +103,5 @@ pub fn attention_into<T: AttentionElement>(
     lse: Option<&mut Tensor<f32>>,
     opts: &AttentionOptions,
 ) -> Result<Execution> {
-    let request = request(q, k, v, out, lse.as_deref(), opts)?;
-    let call = dispatch::Call {
-        q,
-        k,
-        v,
-        out,
-        lse,
-        seqs: None,
-        pages: None,
-        scores: ScoreTensors::of(opts),
-    };
-    dispatch::run(&request, opts, call)
+    dispatch::attention_into([q, k, v], Batching::Dense, out, lse, opts)
 }

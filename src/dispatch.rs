@@ -91,16 +91,69 @@ pub(crate) fn locations<'a, T: AttentionElement>(
         .chain(lse.map(Tensor::location))
 }
 
-/// The tensors of one attention call: a dense batch, a variable-length one with `seqs`, or a
-/// paged KV cache with `pages`.
+/// A call's batch composition: dense, a variable-length batch's offsets, or a paged KV cache's
+/// table.
+#[derive(Clone, Copy)]
+pub(crate) enum Batching<'a> {
+    Dense,
+    Varlen(&'a VarlenBatch),
+    Paged(&'a PageTable),
+}
+
+impl<'a> Batching<'a> {
+    /// Where the offsets or the page table live (none for a dense call).
+    pub fn location(self) -> Option<Location> {
+        match self {
+            Batching::Dense => None,
+            Batching::Varlen(b) => Some(b.location()),
+            Batching::Paged(p) => Some(p.location()),
+        }
+    }
+
+    /// The host arrays validation checks: a variable-length batch's offsets, or a page table's
+    /// block table and key counts (empty for a dense call).
+    pub fn hosts(self) -> Hosts<'a> {
+        match self {
+            Batching::Dense => DENSE,
+            Batching::Varlen(b) => b.host(),
+            Batching::Paged(p) => p.host(),
+        }
+    }
+
+    /// The C++ library's description of the call these operands make with this batching.
+    pub fn request<T: AttentionElement>(
+        self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        out: &Tensor<T>,
+        lse: Option<&Tensor<f32>>,
+        opts: &AttentionOptions,
+    ) -> Result<RequestFfi> {
+        let mut request = crate::validate::request(q, k, v, out, lse, opts)?;
+        match self {
+            Batching::Dense => {}
+            Batching::Varlen(b) => {
+                request.varlen = true;
+                (request.cu_q, request.cu_k) = b.ffi();
+            }
+            Batching::Paged(p) => {
+                request.paged = true;
+                request.pages = p.ffi();
+            }
+        }
+        Ok(request)
+    }
+}
+
+/// The tensors of one attention call and its batching.
 pub(crate) struct Call<'a, T: AttentionElement> {
     pub q: &'a Tensor<T>,
     pub k: &'a Tensor<T>,
     pub v: &'a Tensor<T>,
     pub out: &'a mut Tensor<T>,
     pub lse: Option<&'a mut Tensor<f32>>,
-    pub seqs: Option<&'a VarlenBatch>,
-    pub pages: Option<&'a PageTable>,
+    pub batch: Batching<'a>,
     pub scores: ScoreTensors<'a>,
 }
 
@@ -128,40 +181,49 @@ impl<'a> ScoreTensors<'a> {
     }
 }
 
-impl<T: AttentionElement> Call<'_, T> {
+impl<'a, T: AttentionElement> Call<'a, T> {
+    /// The call these operands make with `batch` and `opts`, and the C++ library's description
+    /// of it.
+    pub fn new(
+        [q, k, v]: [&'a Tensor<T>; 3],
+        batch: Batching<'a>,
+        out: &'a mut Tensor<T>,
+        lse: Option<&'a mut Tensor<f32>>,
+        opts: &'a AttentionOptions,
+    ) -> Result<(RequestFfi, Self)> {
+        let request = batch.request(q, k, v, out, lse.as_deref(), opts)?;
+        let scores = ScoreTensors::of(opts);
+        let call = Call {
+            q,
+            k,
+            v,
+            out,
+            lse,
+            batch,
+            scores,
+        };
+        Ok((request, call))
+    }
+
     /// The operands' locations, q's first (a variable-length batch's offsets or a page table,
     /// then the score modifiers' tensors, last).
     fn locations(&self) -> impl Iterator<Item = Location> + '_ {
         locations(self.q, self.k, self.v, self.out, self.lse.as_deref())
-            .chain(batch_location(self.seqs, self.pages))
+            .chain(self.batch.location())
             .chain(self.scores.locations())
     }
-
-    fn hosts(&self) -> Hosts<'_> {
-        batch_hosts(self.seqs, self.pages)
-    }
 }
 
-/// Where a variable-length batch's offsets or a page table live (none for a dense call).
-pub(crate) fn batch_location(
-    seqs: Option<&VarlenBatch>,
-    pages: Option<&PageTable>,
-) -> Option<Location> {
-    seqs.map(VarlenBatch::location)
-        .or_else(|| pages.map(PageTable::location))
-}
-
-/// The host arrays validation checks: a variable-length batch's offsets, or a page table's
-/// block table and key counts (empty for a dense call).
-pub(crate) fn batch_hosts<'a>(
-    seqs: Option<&'a VarlenBatch>,
-    pages: Option<&'a PageTable>,
-) -> Hosts<'a> {
-    match (seqs, pages) {
-        (Some(b), _) => b.host(),
-        (None, Some(p)) => p.host(),
-        (None, None) => DENSE,
-    }
+/// Validates, plans and runs attention on these operands (the public `*_into` calls).
+pub(crate) fn attention_into<T: AttentionElement>(
+    qkv: [&Tensor<T>; 3],
+    batch: Batching<'_>,
+    out: &mut Tensor<T>,
+    lse: Option<&mut Tensor<f32>>,
+    opts: &AttentionOptions,
+) -> Result<Execution> {
+    let (request, call) = Call::new(qkv, batch, out, lse, opts)?;
+    run(&request, opts, call)
 }
 
 /// What the CPU reference runs.
@@ -177,7 +239,7 @@ pub(crate) fn run<T: AttentionElement>(
     opts: &AttentionOptions,
     call: Call<'_, T>,
 ) -> Result<Execution> {
-    match route(request, call.hosts(), opts.backend, call.locations())? {
+    match route(request, call.batch.hosts(), opts.backend, call.locations())? {
         Route::Gpu => run_gpu(request, call),
         Route::Cpu(problem) => run_cpu(&problem, call),
     }
@@ -195,8 +257,7 @@ pub(crate) fn run_cpu<T: AttentionElement>(
             v,
             out,
             lse,
-            seqs,
-            pages,
+            batch,
             scores,
         } = call;
         let problem = &Problem {
@@ -204,10 +265,10 @@ pub(crate) fn run_cpu<T: AttentionElement>(
             bias: scores.bias.cloned(),
             ..problem.clone()
         };
-        match (seqs, pages) {
-            (Some(batch), _) => crate::cpu::attention_varlen(problem, batch, q, k, v, out, lse)?,
-            (None, Some(pages)) => crate::cpu::attention_paged(problem, pages, q, k, v, out, lse)?,
-            (None, None) => crate::cpu::attention(problem, q, k, v, out, lse)?,
+        match batch {
+            Batching::Varlen(b) => crate::cpu::attention_varlen(problem, b, q, k, v, out, lse)?,
+            Batching::Paged(p) => crate::cpu::attention_paged(problem, p, q, k, v, out, lse)?,
+            Batching::Dense => crate::cpu::attention(problem, q, k, v, out, lse)?,
         }
     }
     Ok(CPU)

@@ -1,7 +1,7 @@
 //! A paged KV cache: K and V in pages of `page_size` keys, each sequence's pages named by a block
 //! table (vLLM's paged attention; FlashAttention's `block_table`).
 
-use crate::dispatch::{self, Execution, ScoreTensors};
+use crate::dispatch::{self, Batching, Execution};
 use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
 use crate::ffi::PagesFfi;
@@ -177,7 +177,7 @@ impl PageTable {
     }
 
     /// The bridge's view.
-    fn ffi(&self) -> PagesFfi {
+    pub(crate) fn ffi(&self) -> PagesFfi {
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         let location = match self.location() {
             Location::Host => -1,
@@ -200,22 +200,6 @@ impl PageTable {
     pub(crate) fn host(&self) -> (&[i32], &[i32]) {
         (&self.table, &self.seqlens)
     }
-}
-
-/// The C++ library's description of a paged call.
-pub(crate) fn request<T: AttentionElement>(
-    q: &Tensor<T>,
-    k_cache: &Tensor<T>,
-    v_cache: &Tensor<T>,
-    pages: &PageTable,
-    out: &Tensor<T>,
-    lse: Option<&Tensor<f32>>,
-    opts: &AttentionOptions,
-) -> Result<crate::ffi::RequestFfi> {
-    let mut request = crate::validate::request(q, k_cache, v_cache, out, lse, opts)?;
-    request.paged = true;
-    request.pages = pages.ffi();
-    Ok(request)
 }
 
 /// Attention over a paged KV cache, output allocated where the queries live.
@@ -289,16 +273,6 @@ pub fn attention_paged_into<T: AttentionElement>(
     lse: Option<&mut Tensor<f32>>,
     opts: &AttentionOptions,
 ) -> Result<Execution> {
-    let request = request(q, k_cache, v_cache, pages, out, lse.as_deref(), opts)?;
-    let call = dispatch::Call {
-        q,
-        k: k_cache,
-        v: v_cache,
-        out,
-        lse,
-        seqs: None,
-        pages: Some(pages),
-        scores: ScoreTensors::of(opts),
-    };
-    dispatch::run(&request, opts, call)
+    let batch = Batching::Paged(pages);
+    dispatch::attention_into([q, k_cache, v_cache], batch, out, lse, opts)
 }

@@ -5,14 +5,14 @@
 
 use std::marker::PhantomData;
 
-use crate::dispatch::{route, Call, Execution, Route, ScoreTensors, CPU};
+use crate::dispatch::{route, Batching, Call, Execution, Route, ScoreTensors, CPU};
 use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
 use crate::ffi::{DescFfi, RequestFfi};
 use crate::options::AttentionOptions;
 use crate::paged::PageTable;
-use crate::tensor::{Location, Tensor};
-use crate::validate::{request, Problem};
+use crate::tensor::Tensor;
+use crate::validate::Problem;
 use crate::varlen::VarlenBatch;
 
 /// The batch composition a plan was made for, which every run reuses: none (dense), a
@@ -26,26 +26,22 @@ enum Batch {
 }
 
 impl Batch {
-    fn seqs(&self) -> Option<&VarlenBatch> {
-        match self {
-            Batch::Varlen(b) => Some(b),
-            _ => None,
+    /// The plan's own copy of a call's batching (the batch or table by reference count).
+    fn of(batching: Batching<'_>) -> Self {
+        match batching {
+            Batching::Dense => Batch::Dense,
+            Batching::Varlen(b) => Batch::Varlen(b.clone()),
+            Batching::Paged(p) => Batch::Paged(p.clone()),
         }
     }
 
-    fn pages(&self) -> Option<&PageTable> {
+    /// Borrowed, for a run.
+    fn as_batching(&self) -> Batching<'_> {
         match self {
-            Batch::Paged(p) => Some(p),
-            _ => None,
+            Batch::Dense => Batching::Dense,
+            Batch::Varlen(b) => Batching::Varlen(b),
+            Batch::Paged(p) => Batching::Paged(p),
         }
-    }
-
-    fn hosts(&self) -> crate::validate::Hosts<'_> {
-        crate::dispatch::batch_hosts(self.seqs(), self.pages())
-    }
-
-    fn location(&self) -> Option<Location> {
-        crate::dispatch::batch_location(self.seqs(), self.pages())
     }
 }
 
@@ -108,8 +104,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
         lse: Option<&Tensor<f32>>,
         opts: &AttentionOptions,
     ) -> Result<Self> {
-        let request = request(q, k, v, out, lse, opts)?;
-        Self::plan(request, Batch::Dense, [q, k, v, out], lse, opts)
+        Self::plan(Batching::Dense, [q, k, v, out], lse, opts)
     }
 
     /// [`AttentionPlan::new`] for a variable-length batch: validates and plans what
@@ -125,14 +120,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
         lse: Option<&Tensor<f32>>,
         opts: &AttentionOptions,
     ) -> Result<Self> {
-        let request = crate::varlen::request(q, k, v, batch, out, lse, opts)?;
-        Self::plan(
-            request,
-            Batch::Varlen(batch.clone()),
-            [q, k, v, out],
-            lse,
-            opts,
-        )
+        Self::plan(Batching::Varlen(batch), [q, k, v, out], lse, opts)
     }
 
     /// [`AttentionPlan::new`] for a paged KV cache: validates `pages` against the caches and
@@ -164,24 +152,24 @@ impl<T: AttentionElement> AttentionPlan<T> {
         lse: Option<&Tensor<f32>>,
         opts: &AttentionOptions,
     ) -> Result<Self> {
-        let request = crate::paged::request(q, k_cache, v_cache, pages, out, lse, opts)?;
         let operands = [q, k_cache, v_cache, out];
-        Self::plan(request, Batch::Paged(pages.clone()), operands, lse, opts)
+        Self::plan(Batching::Paged(pages), operands, lse, opts)
     }
 
-    /// Validates `request` (with the batch's host arrays) and plans it where the operands live.
+    /// Validates the call (with the batch's host arrays) and plans it where the operands live.
     fn plan(
-        request: RequestFfi,
-        batch: Batch,
+        batching: Batching<'_>,
         [q, k, v, out]: [&Tensor<T>; 4],
         lse: Option<&Tensor<f32>>,
         opts: &AttentionOptions,
     ) -> Result<Self> {
+        let request = batching.request(q, k, v, out, lse, opts)?;
         let locations = crate::dispatch::locations(q, k, v, out, lse)
-            .chain(batch.location())
+            .chain(batching.location())
             .chain(ScoreTensors::of(opts).locations());
-        let opts = opts.clone();
-        match route(&request, batch.hosts(), opts.backend, locations)? {
+        let route = route(&request, batching.hosts(), opts.backend, locations)?;
+        let (batch, opts) = (Batch::of(batching), opts.clone());
+        match route {
             Route::Gpu => Self::plan_gpu(request, batch, opts, out),
             Route::Cpu(problem) => Ok(AttentionPlan {
                 request,
@@ -202,7 +190,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
         out: &Tensor<T>,
     ) -> Result<Self> {
         let stream = out.stream().ok_or(Error::CudaNotBuilt)?;
-        let (host_q, host_k) = batch.hosts();
+        let (host_q, host_k) = batch.as_batching().hosts();
         let (execution, planned) = crate::ffi::cuda::Planned::new(
             &request,
             host_q,
@@ -260,8 +248,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
             v,
             out,
             lse,
-            seqs: self.batch.seqs(),
-            pages: self.batch.pages(),
+            batch: self.batch.as_batching(),
             scores: ScoreTensors::of(&self.opts),
         };
         match &self.target {

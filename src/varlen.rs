@@ -1,7 +1,7 @@
 //! Variable-length batches: sequences of different lengths packed along the token axis, each
 //! attended on its own (FlashAttention's `cu_seqlens`).
 
-use crate::dispatch::{self, Execution, ScoreTensors};
+use crate::dispatch::{self, Batching, Execution};
 use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
 use crate::ffi::OffsetsFfi;
@@ -211,25 +211,9 @@ impl VarlenBatch {
         Some((self.q.device.as_deref()?, self.k.device.as_deref()?))
     }
 
-    fn ffi(&self) -> (OffsetsFfi, OffsetsFfi) {
+    pub(crate) fn ffi(&self) -> (OffsetsFfi, OffsetsFfi) {
         (self.q.ffi(), self.k.ffi())
     }
-}
-
-/// The C++ library's description of a variable-length call.
-pub(crate) fn request<T: AttentionElement>(
-    q: &Tensor<T>,
-    k: &Tensor<T>,
-    v: &Tensor<T>,
-    batch: &VarlenBatch,
-    out: &Tensor<T>,
-    lse: Option<&Tensor<f32>>,
-    opts: &AttentionOptions,
-) -> Result<crate::ffi::RequestFfi> {
-    let mut request = crate::validate::request(q, k, v, out, lse, opts)?;
-    request.varlen = true;
-    (request.cu_q, request.cu_k) = batch.ffi();
-    Ok(request)
 }
 
 /// Attention over a variable-length batch, output allocated where the inputs live.
@@ -301,16 +285,5 @@ pub fn attention_varlen_into<T: AttentionElement>(
     lse: Option<&mut Tensor<f32>>,
     opts: &AttentionOptions,
 ) -> Result<Execution> {
-    let request = request(q, k, v, batch, out, lse.as_deref(), opts)?;
-    let call = dispatch::Call {
-        q,
-        k,
-        v,
-        out,
-        lse,
-        seqs: Some(batch),
-        pages: None,
-        scores: ScoreTensors::of(opts),
-    };
-    dispatch::run(&request, opts, call)
+    dispatch::attention_into([q, k, v], Batching::Varlen(batch), out, lse, opts)
 }

@@ -4,7 +4,7 @@
 //! [`crate::Tensor::from_raw_device`] and [`crate::Stream::from_raw`] for foreign memory.
 
 use super::launch::{run, Entry};
-use crate::dispatch::{Call, Execution, ScoreTensors};
+use crate::dispatch::{Batching, Call, Execution};
 use crate::element::AttentionElement;
 use crate::error::Result;
 use crate::options::AttentionOptions;
@@ -26,19 +26,8 @@ pub fn cpp_attention_forward<T: AttentionElement>(
     lse: Option<&mut Tensor<f32>>,
     opts: &AttentionOptions,
 ) -> Result<Execution> {
-    let request = crate::validate::request(q, k, v, out, lse.as_deref(), opts)?;
-    let entry = Entry::PublicCpp { host_copies: false };
-    let call = Call {
-        q,
-        k,
-        v,
-        out,
-        lse,
-        seqs: None,
-        pages: None,
-        scores: ScoreTensors::of(opts),
-    };
-    run(entry, &request, call)
+    let (request, call) = Call::new([q, k, v], Batching::Dense, out, lse, opts)?;
+    run(Entry::PublicCpp { host_copies: false }, &request, call)
 }
 
 /// [`cpp_attention_forward`] for a variable-length batch (`flashcore::Sequences`), whose device
@@ -55,19 +44,9 @@ pub fn cpp_attention_varlen<T: AttentionElement>(
     opts: &AttentionOptions,
     host_offsets: bool,
 ) -> Result<Execution> {
-    let request = crate::varlen::request(q, k, v, batch, out, lse.as_deref(), opts)?;
+    let (request, call) = Call::new([q, k, v], Batching::Varlen(batch), out, lse, opts)?;
     let entry = Entry::PublicCpp {
         host_copies: host_offsets,
-    };
-    let call = Call {
-        q,
-        k,
-        v,
-        out,
-        lse,
-        seqs: Some(batch),
-        pages: None,
-        scores: ScoreTensors::of(opts),
     };
     run(entry, &request, call)
 }
@@ -87,16 +66,7 @@ pub fn cpp_attention_paged<T: AttentionElement>(
     opts: &AttentionOptions,
     host_copies: bool,
 ) -> Result<Execution> {
-    let request = crate::paged::request(q, k_cache, v_cache, pages, out, lse.as_deref(), opts)?;
-    let call = Call {
-        q,
-        k: k_cache,
-        v: v_cache,
-        out,
-        lse,
-        seqs: None,
-        pages: Some(pages),
-        scores: ScoreTensors::of(opts),
-    };
+    let qkv = [q, k_cache, v_cache];
+    let (request, call) = Call::new(qkv, Batching::Paged(pages), out, lse, opts)?;
     run(Entry::PublicCpp { host_copies }, &request, call)
 }

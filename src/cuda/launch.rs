@@ -4,7 +4,7 @@
 use super::stream::Stream;
 use crate::alibi::AlibiSlopes;
 use crate::bias::Bias;
-use crate::dispatch::{Call, Execution};
+use crate::dispatch::{Batching, Call, Execution};
 use crate::element::{AttentionElement, Element};
 use crate::error::{Error, Result};
 use crate::ffi::cuda::{self as ffi, IndexBuffers, MergeOperands, Operands, RawBuffer, RawEvent};
@@ -61,8 +61,7 @@ pub(crate) fn run<T: AttentionElement>(
         v,
         out,
         lse,
-        seqs,
-        pages,
+        batch,
         scores,
     } = call;
     // Borrowed, not cloned (a clone costs atomic reference counts on every planned run); only
@@ -78,10 +77,10 @@ pub(crate) fn run<T: AttentionElement>(
     let (qs, ks, vs) = (device_stream(q)?, device_stream(k)?, device_stream(v)?);
     // The index arrays (offsets or a page table) with their host copies. Arrays not on the
     // device reach C++ without buffers, which refuses them by location.
-    let indices = match (seqs, pages) {
-        (Some(b), _) => b.device().map(|(q, k)| (false, q, k, b.host())),
-        (None, Some(p)) => p.device().map(|(t, n)| (true, t, n, p.host())),
-        (None, None) => None,
+    let indices = match batch {
+        Batching::Varlen(b) => b.device().map(|(q, k)| (false, q, k, b.host())),
+        Batching::Paged(p) => p.device().map(|(t, n)| (true, t, n, p.host())),
+        Batching::Dense => None,
     };
     let indices_stream = indices.map(|(_, first, _, _)| first.stream());
     // ALiBi slopes or a bias not on the device reach C++ with their host address, refused by
