@@ -3,8 +3,9 @@
 //! that `scripts/torch_sdpa.py` also writes, for `scripts/merge_bench.py`.
 //!
 //! `cargo run --release --example bench -- [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X]`
-//! `--shapes-json PATH` writes the shape list and exits. After the shape list come fixed rows
-//! (variable-length, paged, score modifiers, bias, host cost, small prefills): `--rows varlen,host` runs only
+//! `--shapes-json PATH` writes the shape list (the shapes `--filter` keeps) and exits. After the
+//! shape list come fixed rows (variable-length, paged, score modifiers, bias, host cost, small
+//! prefills): `--rows varlen,host` runs only
 //! those groups, `--rows none` none of them. Each measurement is taken as triton's `do_bench`
 //! takes torch's: 25 ms of warm-up calls, then at least `--iters` calls (default 50) and enough to
 //! fill 100 ms, each after an L2 flush (benches/common/mod.rs `time_fn`).
@@ -183,10 +184,12 @@ fn cpu<T: AttentionElement>(shape: &BenchShape, iters: usize) -> flashcore::Resu
         .collect()
 }
 
-/// Writes the shape list (for scripts/torch_sdpa.py, so both sides time the same problems).
-fn write_shapes(path: &str) {
+/// Writes the shape list, those whose names contain `filter` (for scripts/torch_sdpa.py, so both
+/// sides time the same problems).
+fn write_shapes(path: &str, filter: &str) {
     let list: Vec<_> = shapes()
         .iter()
+        .filter(|s| s.name().contains(filter))
         .map(|s| {
             json!({"name": s.name(), "group": s.group, "b": s.b, "h": s.h, "hk": s.hk,
                         "sq": s.sq, "sk": s.sk, "d": s.d, "causal": s.causal, "flops": s.flops(),
@@ -644,7 +647,7 @@ fn bias_rows(stream: &Stream, iters: usize) -> flashcore::Result<(String, [f64; 
 fn main() {
     let args = parse();
     if let Some(path) = &args.shapes_json {
-        write_shapes(path);
+        write_shapes(path, &args.filter);
         return;
     }
     let device = Device::open(0).unwrap_or_else(|e| {
