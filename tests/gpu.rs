@@ -327,6 +327,56 @@ fn hopper_causal_pairs_cover_every_query_block() {
 
 #[test]
 #[ignore = "needs a CUDA device"]
+fn hopper_last_wave_in_pieces_matches_the_reference() {
+    // Without a mask the Hopper kernel's persistent blocks walk equal units; where the last wave
+    // would leave blocks idle for at least 4 key tiles each (plan.h sm90_tail_units), its units
+    // are cut into key tiles dealt evenly to every block, and each unit's pieces are merged
+    // (scheduler.cuh's Tail). On an H100 or H200 (132 SMs) these shapes take that path at every
+    // tile of the table: 144-168 units, 12-36 of them cut into 8-24 key tiles each; partial
+    // query and key tiles, GQA and MQA, a head dim below its tile's, both layouts, the lse.
+    let mut cases = Vec::new();
+    for (b, hq, hk, sq, sk, d, layout) in [
+        (1, 28, 4, 700, 1000, 128, Layout::Bshd),
+        (2, 16, 16, 600, 1500, 128, Layout::Bhsd),
+        (1, 33, 1, 520, 2049, 128, Layout::Bshd),
+        (1, 28, 28, 700, 1000, 96, Layout::Bshd),
+        (1, 40, 8, 700, 1300, 64, Layout::Bhsd),
+        (2, 24, 8, 300, 1500, 256, Layout::Bshd),
+    ] {
+        cases.push(Case {
+            b,
+            sq,
+            sk,
+            hq,
+            hk,
+            d,
+            layout,
+            lse: true,
+            backend: Some(Kernel::CutlassSm90),
+            ..case(0, 0, 0, 0)
+        });
+    }
+    both_dtypes(&cases);
+    // The modifier kernel's pieces: a softcap with ALiBi (distances from each piece's own
+    // keys), at d = 128.
+    if runs_here(Kernel::CutlassSm90) {
+        let s = stream();
+        let mut checks = Checks::new("hopper last wave");
+        let mods = common::Mods {
+            softcap: Some(20.0),
+            alibi: Some(AlibiSlopes::geometric(28).unwrap().values().to_vec()),
+            ..common::Mods::default()
+        };
+        let hopper = Kernel::CutlassSm90;
+        let problem = ((1, 700, 1000), (28, 4, 128), Causal::None);
+        checks.both_dtypes_on(&s, hopper, Some(hopper), "softcap 20 ALiBi", problem, mods);
+        assert_eq!(checks.count, 2);
+        assert_none_failed(&checks.failures);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
 fn head_dims() {
     let cases: Vec<Case> = [8, 64, 72, 96, 128, 160, 256]
         .into_iter()
