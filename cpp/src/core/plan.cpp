@@ -243,7 +243,10 @@ std::optional<ArchClass> class_for(const DeviceCaps& caps, std::optional<ArchCla
 //   413.3-421.0, 426.2-426.6);
 // - a dense batch: the Hopper kernel where its blocks walk the batch a sequence's heads side
 //   by side (at most kMaxSplitSequences sequences), else example 41 (the H200, 2026-11-26:
-//   64 x 2048 keys 135.8-136.0 on the Hopper kernel against 138.1-138.4 on example 41).
+//   64 x 2048 keys 135.8-136.0 on the Hopper kernel against 138.1-138.4 on example 41; an
+//   H100, same run: 64 x 2048 193.4 / 197.8, 128 x 1024 194.9 / 197.6, 256 x 512 196.8 /
+//   197.7, MHA 32 x 32 heads x 2048 (1024 unpacked units) 367.9 / 374.0; past the walk,
+//   512 x 256 203.3 / 197.5).
 Kernel wide_decode_kernel(const Request& r, const Problem& p, bool hopper, bool host_counts) {
   if (p.paged) {
     return hopper && r.pages.page_size >= kSm90WideSlabKeys ? kHopperIndexedKernel
