@@ -145,7 +145,8 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
       typename Kern::Sequences{a.cu_seqlens_q, a.cu_seqlens_k, static_cast<int>(a.total_q),
                                static_cast<int>(a.total_k), band, static_cast<int>(packed),
                                static_cast<int>(a.token_rows)},
-      typename Kern::Splits{}};
+      typename Kern::Splits{},
+      typename Kern::Parts{}};
   // Example 88 derives the scale from the head dim; ours is the caller's. With a softcap the
   // scores reach the softmax as tanh(scale * s / cap), and the cap is its scale.
   constexpr double kLog2e = 1.4426950408889634;

@@ -120,7 +120,7 @@ struct TileScheduler {
     Params params{units, m_blocks, cutlass::FastDivmod(per_head),
                   cutlass::FastDivmod(cute::get<0>(p)), grid, paired,
                   per_head, kPersistent && per_head > 1 && grid % per_head == 0,
-                  cutlass::FastDivmod(heads), SequenceOrder{}};
+                  cutlass::FastDivmod(heads), SequenceOrder{}, Tail{}};
     const int batch = cute::get<0>(p);
     if (kPersistent && order != nullptr && m_blocks == 1 && !paired && units > grid &&
         batch <= kMaxSplitSequences) {
