@@ -298,31 +298,39 @@ fn hopper_causal_pairs_cover_every_query_block() {
     // Without a mask a unit is one block. Where the grid is a multiple of a head's units the
     // walk rotates them each step (the d = 64 cases: 3 and 2 pairs of 192-row blocks per head,
     // and 4 single blocks without a mask).
-    let mut cases = Vec::new();
-    for (b, hq, hk, sq, sk, d, causal) in [
-        (1, 36, 4, 520, 520, 128, Causal::TopLeft),
-        (1, 36, 12, 400, 650, 128, Causal::BottomRight),
-        (2, 24, 8, 300, 300, 256, Causal::BottomRight),
-        (2, 24, 24, 383, 250, 256, Causal::TopLeft),
-        (1, 48, 8, 800, 800, 64, Causal::TopLeft),
-        (1, 48, 16, 700, 900, 64, Causal::BottomRight),
-        (1, 40, 8, 700, 650, 64, Causal::None),
-        (1, 36, 4, 520, 700, 128, Causal::None),
-    ] {
-        cases.push(Case {
-            b,
-            sq,
-            sk,
-            hq,
-            hk,
-            d,
-            causal,
-            lse: true,
-            backend: Some(Kernel::CutlassSm90),
-            ..case(0, 0, 0, 0)
-        });
-    }
+    let cases: Vec<Case> = [
+        ((1, 36, 4, 520, 520, 128), Causal::TopLeft),
+        ((1, 36, 12, 400, 650, 128), Causal::BottomRight),
+        ((2, 24, 8, 300, 300, 256), Causal::BottomRight),
+        ((2, 24, 24, 383, 250, 256), Causal::TopLeft),
+        ((1, 48, 8, 800, 800, 64), Causal::TopLeft),
+        ((1, 48, 16, 700, 900, 64), Causal::BottomRight),
+        ((1, 40, 8, 700, 650, 64), Causal::None),
+        ((1, 36, 4, 520, 700, 128), Causal::None),
+    ]
+    .into_iter()
+    .map(|(dims, causal)| Case {
+        causal,
+        ..hopper_case(dims)
+    })
+    .collect();
     both_dtypes(&cases);
+}
+
+/// A case pinned to the Hopper kernel, with the lse: (batch, query heads, kv heads, seq_q,
+/// seq_k, head dim).
+fn hopper_case((b, hq, hk, sq, sk, d): (usize, usize, usize, usize, usize, usize)) -> Case {
+    Case {
+        b,
+        sq,
+        sk,
+        hq,
+        hk,
+        d,
+        lse: true,
+        backend: Some(Kernel::CutlassSm90),
+        ..case(0, 0, 0, 0)
+    }
 }
 
 #[test]
@@ -334,28 +342,20 @@ fn hopper_last_wave_in_pieces_matches_the_reference() {
     // (scheduler.cuh's Tail). On an H100 or H200 (132 SMs) these shapes take that path at every
     // tile of the table: 144-168 units, 12-36 of them cut into 8-24 key tiles each; partial
     // query and key tiles, GQA and MQA, a head dim below its tile's, both layouts, the lse.
-    let mut cases = Vec::new();
-    for (b, hq, hk, sq, sk, d, layout) in [
-        (1, 28, 4, 700, 1000, 128, Layout::Bshd),
-        (2, 16, 16, 600, 1500, 128, Layout::Bhsd),
-        (1, 33, 1, 520, 2049, 128, Layout::Bshd),
-        (1, 28, 28, 700, 1000, 96, Layout::Bshd),
-        (1, 40, 8, 700, 1300, 64, Layout::Bhsd),
-        (2, 24, 8, 300, 1500, 256, Layout::Bshd),
-    ] {
-        cases.push(Case {
-            b,
-            sq,
-            sk,
-            hq,
-            hk,
-            d,
-            layout,
-            lse: true,
-            backend: Some(Kernel::CutlassSm90),
-            ..case(0, 0, 0, 0)
-        });
-    }
+    let cases: Vec<Case> = [
+        ((1, 28, 4, 700, 1000, 128), Layout::Bshd),
+        ((2, 16, 16, 600, 1500, 128), Layout::Bhsd),
+        ((1, 33, 1, 520, 2049, 128), Layout::Bshd),
+        ((1, 28, 28, 700, 1000, 96), Layout::Bshd),
+        ((1, 40, 8, 700, 1300, 64), Layout::Bhsd),
+        ((2, 24, 8, 300, 1500, 256), Layout::Bshd),
+    ]
+    .into_iter()
+    .map(|(dims, layout)| Case {
+        layout,
+        ..hopper_case(dims)
+    })
+    .collect();
     both_dtypes(&cases);
     // The modifier kernel's pieces: a softcap with ALiBi (distances from each piece's own
     // keys), at d = 128.
