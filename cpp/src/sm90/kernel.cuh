@@ -54,11 +54,15 @@ enum ScheduleFlags : int {
   // With kFlagModifiers: an additive bias too (bias.cuh). Its own kernel, so that the registers
   // its loads hold cost the softcap and ALiBi nothing; the other kernels refuse a bias.
   kFlagBias = 512,
+  // With kFlagPersistent: the last wave of a walk of equal units in pieces where it would leave
+  // blocks idle (scheduler.cuh's Tail; 1024 is retired: docs/HOPPER.md, round 28).
+  kFlagTailPieces = 2048,
 };
 
 template <class Element, int kBlockQ, int kBlockK, int kHeadDim, int kFlags>
 struct Kernel {
   static constexpr bool kPersistent = (kFlags & kFlagPersistent) != 0;
+  static constexpr bool kTailPieces = kPersistent && (kFlags & kFlagTailPieces) != 0;
   static constexpr bool kOrderedEpilogue = (kFlags & kFlagFreeEpilogue) == 0;
   // Each consumer warpgroup computes 64 query rows (one wgmma row block): 128 rows take two,
   // 192 rows three.

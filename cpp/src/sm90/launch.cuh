@@ -141,7 +141,8 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                                  packed > 0 ? a.total_q : 1,
                                  static_cast<int>(packed > 0 ? a.token_rows : 1)},
       Kern::Scheduler::make(work, Q, K, sm_count(), splits == 1 ? a.sequence_order : nullptr,
-                            /*equal_units=*/!varlen && !paged && splits == 1 && packed == 0),
+                            /*tail_pieces=*/Kern::kTailPieces && !varlen && !paged &&
+                                splits == 1 && packed == 0),
       typename Kern::Sequences{a.cu_seqlens_q, a.cu_seqlens_k, static_cast<int>(a.total_q),
                                static_cast<int>(a.total_k), band, static_cast<int>(packed),
                                static_cast<int>(a.token_rows)},

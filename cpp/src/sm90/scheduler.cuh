@@ -101,11 +101,12 @@ struct TileScheduler {
   };
 
   // `order`: the batch's sequences in walking order (batch entries), or null; taken where the
-  // walk is a decode's (one query block per head) with more units than blocks. `equal_units`:
-  // every (batch, head) has the problem's lengths (a dense batch without key splits), so the
-  // last wave may go in pieces of `block_keys`-key tiles.
+  // walk is a decode's (one query block per head) with more units than blocks. `tail_pieces`:
+  // the kernel cuts a last wave into pieces (kFlagTailPieces) and every (batch, head) has the
+  // problem's lengths (a dense batch without key splits), so the last wave may go in pieces of
+  // `block_keys`-key tiles.
   static Params make(ProblemShape const& p, int block_rows, int block_keys, int sm_count,
-                     const uint16_t* order = nullptr, bool equal_units = false) {
+                     const uint16_t* order = nullptr, bool tail_pieces = false) {
     const int heads = cute::size<1>(p);
     const int m_blocks = (seq_q(p) + block_rows - 1) / block_rows;
     // Pairs balance blocks that visit different numbers of key tiles: only where the causal
@@ -129,7 +130,7 @@ struct TileScheduler {
     }
     // Every unit the same work: one query block each, no band (no mask, no window), no order.
     const bool banded = causal_offset(p) < seq_k(p) || window_offset(p) > -seq_q(p);
-    if (kPersistent && equal_units && !paired && !banded && params.order.sequences == 0) {
+    if (kPersistent && tail_pieces && !paired && !banded && params.order.sequences == 0) {
       const int unit_tiles = (seq_k(p) + block_keys - 1) / block_keys;
       const int64_t cut = sm90_tail_units(units, grid, unit_tiles);
       const Tail tail = cut > 0 ? Tail::make(units - int(cut), int(cut), unit_tiles, grid) : Tail{};
