@@ -120,17 +120,8 @@ impl<'a> Batching<'a> {
         }
     }
 
-    /// The C++ library's description of the call these operands make with this batching.
-    pub fn request<T: AttentionElement>(
-        self,
-        q: &Tensor<T>,
-        k: &Tensor<T>,
-        v: &Tensor<T>,
-        out: &Tensor<T>,
-        lse: Option<&Tensor<f32>>,
-        opts: &AttentionOptions,
-    ) -> Result<RequestFfi> {
-        let mut request = crate::validate::request(q, k, v, out, lse, opts)?;
+    /// Adds the offsets or the page table to the C++ library's description of a call.
+    pub fn describe(self, request: &mut RequestFfi) {
         match self {
             Batching::Dense => {}
             Batching::Varlen(b) => {
@@ -142,7 +133,6 @@ impl<'a> Batching<'a> {
                 request.pages = p.ffi();
             }
         }
-        Ok(request)
     }
 }
 
@@ -191,7 +181,8 @@ impl<'a, T: AttentionElement> Call<'a, T> {
         lse: Option<&'a mut Tensor<f32>>,
         opts: &'a AttentionOptions,
     ) -> Result<(RequestFfi, Self)> {
-        let request = batch.request(q, k, v, out, lse.as_deref(), opts)?;
+        let mut request = crate::validate::request(q, k, v, out, lse.as_deref(), opts)?;
+        batch.describe(&mut request);
         let scores = ScoreTensors::of(opts);
         let call = Call {
             q,

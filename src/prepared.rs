@@ -163,7 +163,8 @@ impl<T: AttentionElement> AttentionPlan<T> {
         lse: Option<&Tensor<f32>>,
         opts: &AttentionOptions,
     ) -> Result<Self> {
-        let request = batching.request(q, k, v, out, lse, opts)?;
+        let mut request = crate::validate::request(q, k, v, out, lse, opts)?;
+        batching.describe(&mut request);
         let locations = crate::dispatch::locations(q, k, v, out, lse)
             .chain(batching.location())
             .chain(ScoreTensors::of(opts).locations());
