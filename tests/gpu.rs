@@ -335,33 +335,6 @@ fn hopper_case((b, hq, hk, sq, sk, d): (usize, usize, usize, usize, usize, usize
 
 #[test]
 #[ignore = "needs a CUDA device"]
-fn hopper_last_wave_in_pieces_matches_the_reference() {
-    // Without a mask the Hopper kernel's persistent blocks walk equal units; where the last wave
-    // would leave blocks idle for at least 4 key tiles each (plan.h sm90_tail_units), the d = 128
-    // row (schedule flag 2048, instances.inc) cuts its units into key tiles dealt evenly to every
-    // block and merges each unit's pieces (scheduler.cuh's Tail). On an H100 or H200 (132 SMs)
-    // its cases here take that path: 160-168 units, 28-36 of them cut into 8-17 key tiles each;
-    // partial query and key tiles, GQA and MQA, a head dim below the tile's, both layouts, the
-    // lse. The d = 64 and d = 256 cases (rows without the flag) walk the same counts whole.
-    let cases: Vec<Case> = [
-        ((1, 28, 4, 700, 1000, 128), Layout::Bshd),
-        ((2, 16, 16, 600, 1500, 128), Layout::Bhsd),
-        ((1, 33, 1, 520, 2049, 128), Layout::Bshd),
-        ((1, 28, 28, 700, 1000, 96), Layout::Bshd),
-        ((1, 40, 8, 700, 1300, 64), Layout::Bhsd),
-        ((2, 24, 8, 300, 1500, 256), Layout::Bshd),
-    ]
-    .into_iter()
-    .map(|(dims, layout)| Case {
-        layout,
-        ..hopper_case(dims)
-    })
-    .collect();
-    both_dtypes(&cases);
-}
-
-#[test]
-#[ignore = "needs a CUDA device"]
 fn head_dims() {
     let cases: Vec<Case> = [8, 64, 72, 96, 128, 160, 256]
         .into_iter()

@@ -45,7 +45,6 @@ std::string schedule(int flags) {
   if (flags & 488) s += flags & 8 ? ", our loop overlapped" : ", our loop serial";
   if (flags & 32) s += ", lazy rescale";
   if (flags & 64) s += ", issue turns";
-  if (flags & 2048) s += ", last wave in pieces";
   return s;
 }
 

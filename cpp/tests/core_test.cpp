@@ -1512,24 +1512,6 @@ void additive_bias() {
          "Auto applies a bias that fills the chip with the Hopper kernel: " + s.message);
 }
 
-// The Hopper kernel's last wave in pieces: which walks cut their last wave's units (the idle
-// tail must hold kSm90TailIdleTiles key tiles per block), and how many.
-void last_wave_in_pieces() {
-  using flashcore::sm90_tail_units;
-  // 8 x 16 heads x 2048 tokens at d = 128: 2048 units of 16 key tiles, 132 blocks, 68 left over.
-  expect(sm90_tail_units(2048, 132, 16) == 68, "8x16x2048x128: 68 units in pieces");
-  // 4 x 16 x 2048, d = 128 (the bias row): 1024 units, 100 left over, 32 idle blocks x 16 tiles
-  // are below 4 tiles per block.
-  expect(sm90_tail_units(1024, 132, 16) == 0, "a short idle tail stays whole");
-  expect(sm90_tail_units(1024, 132, 64) == 100, "4x8x4096x256: 100 units in pieces");
-  expect(sm90_tail_units(1980, 132, 16) == 0, "whole waves: nothing to cut");
-  expect(sm90_tail_units(100, 132, 64) == 0, "fewer units than blocks: one wave");
-  expect(sm90_tail_units(133, 132, 1000) == 1, "one unit left over");
-  expect(sm90_tail_units(133, 132, 200) == 0, "fewer than two key tiles per block: whole");
-  expect(sm90_tail_units(2048, 0, 16) == 0 && sm90_tail_units(2048, 132, 0) == 0,
-         "no blocks or no key tiles: nothing");
-}
-
 int main() {
   valid_call_passes();
   negative_sizes_and_strides();
@@ -1550,7 +1532,6 @@ int main() {
   key_splits();
   sequence_key_splits();
   sequence_walk_order();
-  last_wave_in_pieces();
   if (failures != 0) {
     std::printf("core_test: %d check(s) FAILED\n", failures);
     return 1;
