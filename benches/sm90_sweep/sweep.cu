@@ -8,8 +8,12 @@
 //
 // Usage: sm90-sweep [ITERS [SHAPE [flush] [trace]]]: SHAPE times only the shape of that name
 // (e.g. 2x16x8192x128-causal); `flush` clears the L2 before each timed call by writing a 256 MiB
-// buffer, as triton's do_bench does, instead of back-to-back calls; `trace` prints every call's
-// time and the SM clock (MHz, from the clock counter over the global timer) after each row.
+// buffer, as triton's do_bench does; `trace` prints every call's time and the SM clock (MHz, from
+// the clock counter over the global timer) after each row. The timed calls (and their flushes)
+// are enqueued back to back, each between its own two events, and read once all have run, as
+// do_bench enqueues them: under the power cap, a protocol that waits for each call lets the GPU
+// idle between calls and can favour another kernel (docs/HOPPER.md, round 37). Only `trace`
+// waits for each call, to read the clock after it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -144,6 +148,11 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "event");
   check(cudaEventCreate(&e1), "event");
+  std::vector<cudaEvent_t> starts(kMaxTimed), ends(kMaxTimed);  // one pair per timed call
+  for (int i = 0; i < kMaxTimed; ++i) {
+    check(cudaEventCreate(&starts[size_t(i)]), "event");
+    check(cudaEventCreate(&ends[size_t(i)]), "event");
+  }
   float* diff = nullptr;
   check(cudaMalloc(&diff, sizeof(float)), "malloc");
   float* slopes = nullptr;  // ALiBi: the paper's slopes for each shape's heads
@@ -231,28 +240,29 @@ int main(int argc, char** argv) {
             check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
             warm += t;
           }
-          const int timed = std::max(
-              iters, std::min(kMaxTimed, int(std::ceil(kTimedMs / (warm / float(done))))));
+          const int timed = std::min(
+              kMaxTimed,
+              std::max(iters, int(std::ceil(kTimedMs / (warm / float(done))))));
           for (int i = 0; i < timed; ++i) {
             if (flush) {
               check(cudaMemsetAsync(scrub, 0, kScrubBytes, stream), "flush");
             }
-            check(cudaEventRecord(e0, stream), "record");
+            check(cudaEventRecord(starts[size_t(i)], stream), "record");
             c.run(args_for(i % sets), stream);
-            check(cudaEventRecord(e1, stream), "record");
+            check(cudaEventRecord(ends[size_t(i)], stream), "record");
             if (trace) {
               sm_clock<<<1, 1, 0, stream>>>(khz);
-            }
-            check(cudaEventSynchronize(e1), "sync");
-            float t = 0;
-            check(cudaEventElapsedTime(&t, e0, e1), "elapsed");
-            ms.push_back(t);
-            if (trace) {
               unsigned long long k = 0;
               check(cudaMemcpyAsync(&k, khz, sizeof k, cudaMemcpyDeviceToHost, stream), "clock");
               check(cudaStreamSynchronize(stream), "clock");
               clocks.push_back(k);
             }
+          }
+          check(cudaStreamSynchronize(stream), "timed calls");
+          for (int i = 0; i < timed; ++i) {
+            float t = 0;
+            check(cudaEventElapsedTime(&t, starts[size_t(i)], ends[size_t(i)]), "elapsed");
+            ms.push_back(t);
           }
           c.run(args_for(0), stream);
         } catch (const std::exception& e) {
