@@ -77,18 +77,33 @@ pub(crate) fn route(
     }
 }
 
-/// The operands' locations, q's first.
+/// The C++ library's description of the call that these operands (q, k, v, out) make with
+/// `batch` and `opts`.
+pub(crate) fn request<T: AttentionElement>(
+    [q, k, v, out]: [&Tensor<T>; 4],
+    lse: Option<&Tensor<f32>>,
+    batch: Batching<'_>,
+    opts: &AttentionOptions,
+) -> Result<RequestFfi> {
+    let mut request = crate::validate::request(q, k, v, out, lse, opts)?;
+    batch.describe(&mut request);
+    Ok(request)
+}
+
+/// The locations of a call's operands (q, k, v, out) and logsumexp, q's first, then those of a
+/// variable-length batch's offsets or a page table, then the score modifiers' tensors.
 pub(crate) fn locations<'a, T: AttentionElement>(
-    q: &'a Tensor<T>,
-    k: &'a Tensor<T>,
-    v: &'a Tensor<T>,
-    out: &'a Tensor<T>,
+    operands: [&'a Tensor<T>; 4],
     lse: Option<&'a Tensor<f32>>,
+    batch: Batching<'a>,
+    scores: ScoreTensors<'a>,
 ) -> impl Iterator<Item = Location> + 'a {
-    [q, k, v, out]
+    operands
         .into_iter()
         .map(Tensor::location)
         .chain(lse.map(Tensor::location))
+        .chain(batch.location())
+        .chain(scores.locations())
 }
 
 /// A call's batch composition: dense, a variable-length batch's offsets, or a paged KV cache's
@@ -121,7 +136,7 @@ impl<'a> Batching<'a> {
     }
 
     /// Adds the offsets or the page table to the C++ library's description of a call.
-    pub fn describe(self, request: &mut RequestFfi) {
+    fn describe(self, request: &mut RequestFfi) {
         match self {
             Batching::Dense => {}
             Batching::Varlen(b) => {
@@ -181,8 +196,7 @@ impl<'a, T: AttentionElement> Call<'a, T> {
         lse: Option<&'a mut Tensor<f32>>,
         opts: &'a AttentionOptions,
     ) -> Result<(RequestFfi, Self)> {
-        let mut request = crate::validate::request(q, k, v, out, lse.as_deref(), opts)?;
-        batch.describe(&mut request);
+        let request = request([q, k, v, out], lse.as_deref(), batch, opts)?;
         let scores = ScoreTensors::of(opts);
         let call = Call {
             q,
@@ -196,12 +210,10 @@ impl<'a, T: AttentionElement> Call<'a, T> {
         Ok((request, call))
     }
 
-    /// The operands' locations, q's first (a variable-length batch's offsets or a page table,
-    /// then the score modifiers' tensors, last).
+    /// The operands' locations ([`locations`]).
     fn locations(&self) -> impl Iterator<Item = Location> + '_ {
-        locations(self.q, self.k, self.v, self.out, self.lse.as_deref())
-            .chain(self.batch.location())
-            .chain(self.scores.locations())
+        let operands = [self.q, self.k, self.v, &*self.out];
+        locations(operands, self.lse.as_deref(), self.batch, self.scores)
     }
 }
 

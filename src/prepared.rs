@@ -163,11 +163,9 @@ impl<T: AttentionElement> AttentionPlan<T> {
         lse: Option<&Tensor<f32>>,
         opts: &AttentionOptions,
     ) -> Result<Self> {
-        let mut request = crate::validate::request(q, k, v, out, lse, opts)?;
-        batching.describe(&mut request);
-        let locations = crate::dispatch::locations(q, k, v, out, lse)
-            .chain(batching.location())
-            .chain(ScoreTensors::of(opts).locations());
+        let operands = [q, k, v, out];
+        let request = crate::dispatch::request(operands, lse, batching, opts)?;
+        let locations = crate::dispatch::locations(operands, lse, batching, ScoreTensors::of(opts));
         let route = route(&request, batching.hosts(), opts.backend, locations)?;
         let (batch, opts) = (Batch::of(batching), opts.clone());
         match route {
