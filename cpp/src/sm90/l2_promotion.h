@@ -3,9 +3,10 @@
 // reading half of every 256-byte key row, so with 128-byte requests DRAM sees each row in two
 // halves issued a box apart. Measured (docs/PERFORMANCE.md, session 41, an H100): decode 0.4-0.9%
 // faster (1 x 32k keys 65.7-65.8 us against 66.3-66.4), prefill and paged caches unchanged within
-// their noise. CuTe builds its descriptors through CUTLASS's driver-call macro;
-// this header, included before any CuTe header of a Hopper translation unit (launch.cuh), points
-// that macro at a wrapper that changes only the promotion.
+// their noise. CuTe builds its descriptors through CUTLASS's driver-call macro; this header,
+// included before any CuTe header of a Hopper translation unit (first in launch.cuh, which every
+// instance and sweep unit includes first), points that macro at a wrapper that changes only the
+// promotion.
 #pragma once
 
 #include "cutlass/cuda_host_adapter.hpp"
