@@ -309,28 +309,20 @@ fn hopper_causal_pairs_cover_every_query_block() {
         ((1, 36, 4, 520, 700, 128), Causal::None),
     ]
     .into_iter()
-    .map(|(dims, causal)| Case {
-        causal,
-        ..hopper_case(dims)
-    })
-    .collect();
-    both_dtypes(&cases);
-}
-
-/// A case pinned to the Hopper kernel, with the lse: (batch, query heads, kv heads, seq_q,
-/// seq_k, head dim).
-fn hopper_case((b, hq, hk, sq, sk, d): (usize, usize, usize, usize, usize, usize)) -> Case {
-    Case {
+    .map(|((b, hq, hk, sq, sk, d), causal)| Case {
         b,
         sq,
         sk,
         hq,
         hk,
         d,
+        causal,
         lse: true,
         backend: Some(Kernel::CutlassSm90),
         ..case(0, 0, 0, 0)
-    }
+    })
+    .collect();
+    both_dtypes(&cases);
 }
 
 #[test]

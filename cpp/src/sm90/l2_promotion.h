@@ -6,7 +6,8 @@
 // their noise. CuTe builds its descriptors through CUTLASS's driver-call macro; this header,
 // included before any CuTe header of a Hopper translation unit (first in launch.cuh, which every
 // instance and sweep unit includes first), points that macro at a wrapper that changes only the
-// promotion.
+// promotion. The macro's other use, CuTe's im2col descriptors, is in no Hopper unit: a unit that
+// included it would fail to compile here rather than build descriptors unchanged.
 #pragma once
 
 #include "cutlass/cuda_host_adapter.hpp"
@@ -22,12 +23,6 @@ CUresult call_cuTensorMapEncodeTiled(Map map, Type type, Rank rank, Address addr
   return cutlass::call_cuTensorMapEncodeTiled(map, type, rank, address, dims, strides, box,
                                               element_strides, interleave, swizzle,
                                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, fill);
-}
-
-// The macro's other driver call, unchanged.
-template <class... Args>
-CUresult call_cuTensorMapEncodeIm2col(Args... args) {
-  return cutlass::call_cuTensorMapEncodeIm2col(args...);
 }
 
 }  // namespace flashcore::sm90::driver
