@@ -9,9 +9,6 @@
 // schedules.h); a Hopper kernel takes about a minute and 2.5 GB to compile.
 #pragma once
 
-// First: CuTe's TMA descriptors are built through the macro this header redefines.
-#include "sm90/l2_promotion.h"
-
 #include <cuda_runtime.h>
 
 #include <atomic>
