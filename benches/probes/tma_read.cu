@@ -1,0 +1,433 @@
+// Probe: how fast a decode's K and V stream into shared memory, by the copy mechanism, the TMA
+// descriptors' L2 promotion and the blocks per SM, with nothing else in the kernel: the floor of
+// the decode rows (issue 12; docs/PERFORMANCE.md, "A decode's K and V read alone").
+//
+// The pattern is the Hopper kernel's decode: work units of `tiles` K tiles and as many V tiles
+// (128 keys x 128 dims, bf16: 32 KB each, read K, V, K, V, ...), walked by blocks with a stride
+// of the grid; K and V in BHSD order, so a unit's keys are contiguous rows of 256 bytes. Each
+// block's copies land in a ring of `stages` 32 KB buffers that its consumers release once they
+// have read one word of each. The mechanisms:
+//   boxes64   two TMA boxes of 64 columns x 128 rows, 128-byte swizzle (the Hopper kernel's)
+//   box128    one TMA box of 128 columns x 128 rows, no swizzle
+//   bulk      one 1D bulk copy of the tile's 32 contiguous KB
+//   cp.async  every thread 16-byte cp.async copies, a commit group per tile (cuDNN's sm80 way)
+// TMA descriptors with 128- or 256-byte L2 promotion or none. Times with CUDA events (5 warm-up
+// calls, median of 50): back to back with the inputs rotated over three copies; after a 128 MiB
+// device-to-device copy, as the bench flushes the L2 (its dirty lines are written back while the
+// read runs), waiting for each call; and under the bench's whole protocol (do_bench_us).
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90a -cudart static -o tma_read benches/probes/tma_read.cu
+//   ./tma_read
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "check.h"
+
+constexpr int kTileKeys = 128;
+constexpr int kRowBytes = 256;  // 128 dims x 2 bytes
+constexpr int kTileBytes = kTileKeys * kRowBytes;
+constexpr int kConsumerWarps = 4;
+
+enum Copy { kBoxes64, kBox128, kBulk };
+
+__device__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ void mbar_init(uint64_t* b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count));
+}
+__device__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(b)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
+}
+__device__ void mbar_wait(uint64_t* b, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT;\n}\n" ::"r"(smem_addr(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ void tma_2d(void* dst, const CUtensorMap* map, int col, int row, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ void bulk_1d(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// Tile i of unit u (K on even i, V on odd): its first key row.
+__device__ int tile_row(int u, int i, int tiles) { return (u * tiles + i / 2) * kTileKeys; }
+
+// One producer warp (lane 0 issues the copies) and kConsumerWarps consumer warps.
+template <Copy kCopy>
+__global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
+    tma_read(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
+             const char* k, const char* v, int units, int tiles, int stages, unsigned* sink) {
+  extern __shared__ __align__(1024) char smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(stages) * kTileBytes);
+  uint64_t* empty = full + stages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int s = 0;
+  uint32_t phase = 0;
+  unsigned acc = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    for (int i = 0; i < 2 * tiles; ++i) {
+      char* buf = smem + size_t(s) * kTileBytes;
+      if (warp == kConsumerWarps) {
+        if (lane == 0) {
+          mbar_wait(&empty[s], phase ^ 1);
+          mbar_expect_tx(&full[s], kTileBytes);
+          const int row = tile_row(u, i, tiles);
+          const CUtensorMap* map = (i & 1) ? &v_map : &k_map;
+          if (kCopy == kBoxes64) {
+            tma_2d(buf, map, 0, row, &full[s]);
+            tma_2d(buf + kTileBytes / 2, map, 64, row, &full[s]);
+          } else if (kCopy == kBox128) {
+            tma_2d(buf, map, 0, row, &full[s]);
+          } else {
+            bulk_1d(buf, ((i & 1) ? v : k) + size_t(row) * kRowBytes, kTileBytes, &full[s]);
+          }
+        }
+      } else {
+        mbar_wait(&full[s], phase);
+        acc ^= reinterpret_cast<const unsigned*>(buf)[threadIdx.x * 16];
+        __syncwarp();
+        if (lane == 0) {
+          mbar_arrive(&empty[s]);
+        }
+      }
+      if (++s == stages) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+  }
+  if (acc == 0x9e3779b9u) {  // practically never: keeps the reads
+    sink[blockIdx.x] = acc;
+  }
+}
+
+// cuDNN's sm80 way: 128 threads, every thread copying 16-byte chunks with cp.async, one commit
+// group per tile, `kStages` tiles in flight.
+template <int kStages>
+__global__ void __launch_bounds__(128)
+    cp_async_read(const char* k, const char* v, int units, int tiles, unsigned* sink) {
+  extern __shared__ __align__(1024) char smem[];
+  const int mine = (units - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
+  const int total = mine * 2 * tiles;
+  auto issue = [&](int n) {
+    if (n < total) {
+      const int u = blockIdx.x + (n / (2 * tiles)) * gridDim.x, i = n % (2 * tiles);
+      const char* src = ((i & 1) ? v : k) + size_t(tile_row(u, i, tiles)) * kRowBytes;
+      const uint32_t dst = smem_addr(smem + (n % kStages) * kTileBytes);
+      for (int c = threadIdx.x; c < kTileBytes / 16; c += blockDim.x) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + c * 16),
+                     "l"(src + c * 16)
+                     : "memory");
+      }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  for (int n = 0; n < kStages - 1; ++n) {
+    issue(n);
+  }
+  unsigned acc = 0;
+  for (int n = 0; n < total; ++n) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 2) : "memory");
+    __syncthreads();
+    acc ^= reinterpret_cast<const unsigned*>(smem + (n % kStages) * kTileBytes)[threadIdx.x * 16];
+    issue(n + kStages - 1);
+  }
+  if (acc == 0x9e3779b9u) {
+    sink[blockIdx.x] = acc;
+  }
+}
+
+// `before` (when given) runs ahead of each timed call, outside the events.
+static float median_us(const std::function<void(int)>& call, cudaStream_t s,
+                       const std::function<void()>& before = {}) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 5; ++i) {
+    call(i);
+  }
+  std::vector<float> t;
+  for (int i = 0; i < 50; ++i) {
+    if (before) {
+      before();
+    }
+    CHECK(cudaEventRecord(a, s));
+    call(i);
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e3f);
+  }
+  CHECK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  return t[t.size() / 2];
+}
+
+// The bench's protocol (benches/common time_fn, as triton's do_bench times torch): calls back to
+// back for at least 25 ms, then calls filling at least 100 ms, each after `flush`, all enqueued
+// before any is read.
+static float do_bench_us(const std::function<void(int)>& call, cudaStream_t s,
+                         const std::function<void()>& flush) {
+  std::vector<cudaEvent_t> ev(2 * 2000);
+  for (auto& e : ev) {
+    CHECK(cudaEventCreate(&e));
+  }
+  int done = 0, chunk = 1;
+  float spent = 0;
+  while (done < 1 || spent < 25.0f) {
+    CHECK(cudaEventRecord(ev[0], s));
+    for (int i = 0; i < chunk; ++i) {
+      call(done++);
+    }
+    CHECK(cudaEventRecord(ev[1], s));
+    CHECK(cudaEventSynchronize(ev[1]));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+    spent += ms;
+    chunk = std::min(chunk * 2, 4096);
+  }
+  const int timed = std::min(2000, std::max(50, int(std::ceil(100.0f / (spent / done)))));
+  for (int i = 0; i < timed; ++i) {
+    flush();
+    CHECK(cudaEventRecord(ev[2 * i], s));
+    call(done + i);
+    CHECK(cudaEventRecord(ev[2 * i + 1], s));
+  }
+  std::vector<float> t(timed);
+  for (int i = 0; i < timed; ++i) {
+    CHECK(cudaEventSynchronize(ev[2 * i + 1]));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+    t[i] = ms * 1e3f;
+  }
+  CHECK(cudaGetLastError());
+  for (auto& e : ev) {
+    CHECK(cudaEventDestroy(e));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult got{};
+  CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &got));
+  if (got != cudaDriverEntryPointSuccess || fn == nullptr) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled not found\n");
+    std::exit(1);
+  }
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+}
+
+// A 2D map over `rows` key rows of 128 bf16 columns.
+static CUtensorMap make_map(const void* base, uint64_t rows, Copy copy,
+                            CUtensorMapL2promotion promotion) {
+  static const auto encode = encode_fn();
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {128, rows};
+  const cuuint64_t strides[1] = {kRowBytes};
+  const cuuint32_t box[2] = {copy == kBox128 ? 128u : 64u, kTileKeys};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base),
+                            dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            copy == kBox128 ? CU_TENSOR_MAP_SWIZZLE_NONE
+                                            : CU_TENSOR_MAP_SWIZZLE_128B,
+                            promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", int(r));
+    std::exit(1);
+  }
+  return map;
+}
+
+struct Shape {
+  const char* name;
+  int units, tiles;
+};
+
+int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %d SMs\n", prop.name, sms);
+  // Units of the Hopper kernel's decode rows (bf16, 8 kv heads, d = 128).
+  const Shape shapes[] = {
+      {"64 x 2048 keys (512 units of 16 tile pairs)", 64 * 8, 16},
+      {"16 x 8192 keys (128 units of 64)", 16 * 8, 64},
+      {"1 x 32768 keys, 16 splits (128 units of 16)", 8 * 16, 16},
+  };
+  size_t most = 0;
+  for (const Shape& sh : shapes) {
+    most = std::max(most, size_t(sh.units) * sh.tiles * kTileBytes);
+  }
+  constexpr int kCopies = 3;
+  std::vector<char*> k(kCopies), v(kCopies);
+  for (int c = 0; c < kCopies; ++c) {
+    CHECK(cudaMalloc(&k[c], most));
+    CHECK(cudaMalloc(&v[c], most));
+    CHECK(cudaMemset(k[c], 1, most));
+    CHECK(cudaMemset(v[c], 2, most));
+  }
+  unsigned* sink = nullptr;
+  CHECK(cudaMalloc(&sink, sizeof(unsigned) * 64 * sms));
+  cudaStream_t st;
+  CHECK(cudaStreamCreate(&st));
+  char* flush_src = nullptr;
+  char* flush_dst = nullptr;
+  constexpr size_t kFlush = size_t{128} << 20;
+  CHECK(cudaMalloc(&flush_src, kFlush));
+  CHECK(cudaMalloc(&flush_dst, kFlush));
+  CHECK(cudaMemset(flush_src, 3, kFlush));
+  auto flush = [&] {
+    CHECK(cudaMemcpyAsync(flush_dst, flush_src, kFlush, cudaMemcpyDeviceToDevice, st));
+  };
+  // The copy bandwidth as torch_sdpa.py measures the roofline's (read + write of 1 GiB here).
+  {
+    const size_t bytes = size_t{1} << 30;
+    char *a = nullptr, *b = nullptr;
+    CHECK(cudaMalloc(&a, bytes));
+    CHECK(cudaMalloc(&b, bytes));
+    const float us = median_us(
+        [&](int) { CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st)); }, st);
+    std::printf("device-to-device copy of 1 GiB: %.1f us, %.1f GB/s (read + write)\n", us,
+                2 * bytes / (us * 1e-6) / 1e9);
+    CHECK(cudaFree(a));
+    CHECK(cudaFree(b));
+  }
+
+  struct Variant {
+    std::string name;
+    std::function<void(const Shape&, int copy)> launch;
+  };
+  std::vector<Variant> variants;
+  auto blocks = [](int per_sm, bool one_block_per_unit) {
+    return one_block_per_unit ? std::string("a block per unit")
+                              : std::to_string(per_sm) + " block(s)/SM";
+  };
+  auto tma = [&](Copy copy, CUtensorMapL2promotion promo, int per_sm, int stages,
+                 bool one_block_per_unit) {
+    const char* cname = copy == kBoxes64 ? "boxes64" : copy == kBox128 ? "box128" : "bulk";
+    const char* promo_name = copy == kBulk                                 ? "   -"
+                             : promo == CU_TENSOR_MAP_L2_PROMOTION_L2_256B ? " 256"
+                             : promo == CU_TENSOR_MAP_L2_PROMOTION_L2_128B ? " 128"
+                                                                           : "none";
+    char name[128];
+    std::snprintf(name, sizeof name, "%-8s L2 %s, %s, %d stages", cname, promo_name,
+                  blocks(per_sm, one_block_per_unit).c_str(), stages);
+    const int smem = stages * kTileBytes + 2 * stages * 8;
+    auto kernel = copy == kBoxes64 ? tma_read<kBoxes64>
+                  : copy == kBox128 ? tma_read<kBox128>
+                                    : tma_read<kBulk>;
+    // The cap, not this variant's size: variants of one kernel share the attribute.
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(prop.sharedMemPerBlockOptin)));
+    // Descriptors built up front, one per input copy and shape, so no host work is timed.
+    auto maps = std::make_shared<std::vector<std::pair<CUtensorMap, CUtensorMap>>>();
+    for (const Shape& sh : shapes) {
+      const uint64_t rows = uint64_t(sh.units) * sh.tiles * kTileKeys;
+      for (int c = 0; c < kCopies; ++c) {
+        maps->push_back({make_map(k[c], rows, copy, promo), make_map(v[c], rows, copy, promo)});
+      }
+    }
+    variants.push_back({name, [=, &k, &v, &st, &shapes](const Shape& sh, int c) {
+      const auto& m = (*maps)[int(&sh - shapes) * kCopies + c];
+      const int grid = one_block_per_unit ? sh.units : std::min(sh.units, per_sm * sms);
+      kernel<<<grid, 32 * (kConsumerWarps + 1), smem, st>>>(m.first, m.second, k[c], v[c],
+                                                            sh.units, sh.tiles, stages, sink);
+    }});
+  };
+  const auto p256 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B, p128 = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+  tma(kBoxes64, p128, 1, 5, false);  // the Hopper kernel's (CuTe's promotion)
+  tma(kBoxes64, p256, 1, 5, false);  // session 41's promotion (reverted: slower on the H200)
+  tma(kBoxes64, CU_TENSOR_MAP_L2_PROMOTION_NONE, 1, 5, false);
+  for (int stages : {2, 3, 4, 6}) {
+    tma(kBoxes64, p128, 1, stages, false);
+  }
+  tma(kBoxes64, p128, 2, 3, false);
+  tma(kBoxes64, p128, 2, 2, false);
+  tma(kBoxes64, p128, 3, 2, false);
+  tma(kBoxes64, p128, 1, 3, true);
+  tma(kBox128, p128, 1, 5, false);
+  tma(kBox128, p256, 1, 5, false);
+  tma(kBox128, p128, 2, 3, false);
+  tma(kBulk, p128, 1, 5, false);  // no descriptor: the promotion does not apply
+  tma(kBulk, p128, 2, 3, false);
+  auto cp_async = [&](int per_sm, auto stages_c, bool one_block_per_unit) {
+    constexpr int kStages = decltype(stages_c)::value;
+    char name[128];
+    std::snprintf(name, sizeof name, "cp.async 128 threads, %s, %d stages",
+                  blocks(per_sm, one_block_per_unit).c_str(), kStages);
+    const int smem = kStages * kTileBytes;
+    CHECK(cudaFuncSetAttribute(cp_async_read<kStages>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(prop.sharedMemPerBlockOptin)));
+    variants.push_back({name, [=, &k, &v, &st](const Shape& sh, int c) {
+      const int grid = one_block_per_unit ? sh.units : std::min(sh.units, per_sm * sms);
+      cp_async_read<kStages><<<grid, 128, smem, st>>>(k[c], v[c], sh.units, sh.tiles, sink);
+    }});
+  };
+  cp_async(1, std::integral_constant<int, 4>{}, false);
+  cp_async(2, std::integral_constant<int, 3>{}, false);
+  cp_async(2, std::integral_constant<int, 2>{}, false);
+  cp_async(3, std::integral_constant<int, 2>{}, false);
+  cp_async(1, std::integral_constant<int, 3>{}, true);
+
+  for (const Shape& sh : shapes) {
+    const size_t bytes = size_t(sh.units) * sh.tiles * kTileBytes * 2;
+    std::printf("\n%s: %.1f MB of K and V\n", sh.name, bytes / 1e6);
+    std::printf("%-52s %10s %7s %10s %7s %10s %7s\n", "", "rotated us", "GB/s", "flushed us",
+                "GB/s", "do_bench", "GB/s");
+    for (const Variant& var : variants) {
+      const float rotated = median_us([&](int i) { var.launch(sh, i % kCopies); }, st);
+      const float flushed = median_us([&](int) { var.launch(sh, 0); }, st, flush);
+      const float bench = do_bench_us([&](int) { var.launch(sh, 0); }, st, flush);
+      auto gbps = [&](float us) { return bytes / (us * 1e-6) / 1e9; };
+      std::printf("%-52s %10.1f %7.1f %10.1f %7.1f %10.1f %7.1f\n", var.name.c_str(), rotated,
+                  gbps(rotated), flushed, gbps(flushed), bench, gbps(bench));
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
