@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "check.h"
+#include "timing.h"
 
 __global__ void empty_kernel() {}
 
@@ -58,35 +59,6 @@ __global__ void read_kernel(const uint4* __restrict__ src, size_t vectors, unsig
   if (acc == 0x9e3779b9u) {  // practically never: keeps the loads
     sink[blockIdx.x] = acc;
   }
-}
-
-// `before` (when given) runs ahead of each timed call, outside the events: the bench's L2 flush.
-static float median_us(const std::function<void(int)>& call, cudaStream_t s,
-                       const std::function<void()>& before = {}) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) {
-    call(i);
-  }
-  std::vector<float> t;
-  for (int i = 0; i < 50; ++i) {
-    if (before) {
-      before();
-    }
-    CHECK(cudaEventRecord(a, s));
-    call(i);
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e3f);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
-  return t[t.size() / 2];
 }
 
 int main(int argc, char** argv) {
@@ -151,18 +123,8 @@ int main(int argc, char** argv) {
                },
                s));
   }
-  // The bench's protocol (benches/common time_fn, as triton's do_bench): before each timed
-  // call, a 128 MiB device-to-device copy flushes the L2, leaving its written lines dirty, so
-  // that their write-back competes with the timed reads.
-  uint4* flush_src = nullptr;
-  uint4* flush_dst = nullptr;
-  constexpr size_t kFlush = size_t{128} << 20;
-  CHECK(cudaMalloc(&flush_src, kFlush));
-  CHECK(cudaMalloc(&flush_dst, kFlush));
-  CHECK(cudaMemset(flush_src, 2, kFlush));
-  auto flush = [&] {
-    CHECK(cudaMemcpyAsync(flush_dst, flush_src, kFlush, cudaMemcpyDeviceToDevice, s));
-  };
+  // The bench's protocol: its L2 flush before each timed call (timing.h).
+  const Flush flush(s);
   for (int threads : {512, 1024}) {
     char name[64];
     std::snprintf(name, sizeof name, "read, 1 block/SM x %d threads, flushed", threads);

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "check.h"
+#include "timing.h"
 
 constexpr int kTileKeys = 128;
 constexpr int kRowBytes = 256;  // 128 dims x 2 bytes
@@ -173,80 +174,6 @@ __global__ void __launch_bounds__(128)
   }
 }
 
-// `before` (when given) runs ahead of each timed call, outside the events.
-static float median_us(const std::function<void(int)>& call, cudaStream_t s,
-                       const std::function<void()>& before = {}) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) {
-    call(i);
-  }
-  std::vector<float> t;
-  for (int i = 0; i < 50; ++i) {
-    if (before) {
-      before();
-    }
-    CHECK(cudaEventRecord(a, s));
-    call(i);
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e3f);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
-  return t[t.size() / 2];
-}
-
-// The bench's protocol (benches/common time_fn, as triton's do_bench times torch): calls back to
-// back for at least 25 ms, then calls filling at least 100 ms, each after `flush`, all enqueued
-// before any is read.
-static float do_bench_us(const std::function<void(int)>& call, cudaStream_t s,
-                         const std::function<void()>& flush) {
-  std::vector<cudaEvent_t> ev(2 * 2000);
-  for (auto& e : ev) {
-    CHECK(cudaEventCreate(&e));
-  }
-  int done = 0, chunk = 1;
-  float spent = 0;
-  while (done < 1 || spent < 25.0f) {
-    CHECK(cudaEventRecord(ev[0], s));
-    for (int i = 0; i < chunk; ++i) {
-      call(done++);
-    }
-    CHECK(cudaEventRecord(ev[1], s));
-    CHECK(cudaEventSynchronize(ev[1]));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-    spent += ms;
-    chunk = std::min(chunk * 2, 4096);
-  }
-  const int timed = std::min(2000, std::max(50, int(std::ceil(100.0f / (spent / done)))));
-  for (int i = 0; i < timed; ++i) {
-    flush();
-    CHECK(cudaEventRecord(ev[2 * i], s));
-    call(done + i);
-    CHECK(cudaEventRecord(ev[2 * i + 1], s));
-  }
-  std::vector<float> t(timed);
-  for (int i = 0; i < timed; ++i) {
-    CHECK(cudaEventSynchronize(ev[2 * i + 1]));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-    t[i] = ms * 1e3f;
-  }
-  CHECK(cudaGetLastError());
-  for (auto& e : ev) {
-    CHECK(cudaEventDestroy(e));
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult got{};
@@ -314,15 +241,7 @@ int main() {
   CHECK(cudaMalloc(&sink, sizeof(unsigned) * 64 * sms));
   cudaStream_t st;
   CHECK(cudaStreamCreate(&st));
-  char* flush_src = nullptr;
-  char* flush_dst = nullptr;
-  constexpr size_t kFlush = size_t{128} << 20;
-  CHECK(cudaMalloc(&flush_src, kFlush));
-  CHECK(cudaMalloc(&flush_dst, kFlush));
-  CHECK(cudaMemset(flush_src, 3, kFlush));
-  auto flush = [&] {
-    CHECK(cudaMemcpyAsync(flush_dst, flush_src, kFlush, cudaMemcpyDeviceToDevice, st));
-  };
+  const Flush flush(st);
   // The copy bandwidth as torch_sdpa.py measures the roofline's (read + write of 1 GiB here).
   {
     const size_t bytes = size_t{1} << 30;
