@@ -11,10 +11,8 @@
 //   ./decode_floor [MiB]        # default: 128 MiB, the K and V of 32768 keys x 8 heads x 128 (bf16)
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <vector>
 
 #include "check.h"

@@ -23,10 +23,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -213,7 +213,7 @@ struct Shape {
 };
 
 int main() {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row as it is measured
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaDeviceProp prop{};
@@ -256,17 +256,22 @@ int main() {
     CHECK(cudaFree(b));
   }
 
+  // A variant launches shape `shape` (an index into `shapes`) on input copy `copy`.
   struct Variant {
     std::string name;
-    std::function<void(const Shape&, int copy)> launch;
+    std::function<void(int shape, int copy)> launch;
   };
   std::vector<Variant> variants;
-  auto blocks = [](int per_sm, bool one_block_per_unit) {
-    return one_block_per_unit ? std::string("a block per unit")
-                              : std::to_string(per_sm) + " block(s)/SM";
+  // Blocks per SM of a persistent grid, or 0: a block per unit.
+  constexpr int kBlockPerUnit = 0;
+  auto blocks = [](int per_sm) {
+    return per_sm == kBlockPerUnit ? std::string("a block per unit")
+                                   : std::to_string(per_sm) + " block(s)/SM";
   };
-  auto tma = [&](Copy copy, CUtensorMapL2promotion promo, int per_sm, int stages,
-                 bool one_block_per_unit) {
+  auto grid = [&](const Shape& sh, int per_sm) {
+    return per_sm == kBlockPerUnit ? sh.units : std::min(sh.units, per_sm * sms);
+  };
+  auto tma = [&](Copy copy, CUtensorMapL2promotion promo, int per_sm, int stages) {
     const char* cname = copy == kBoxes64 ? "boxes64" : copy == kBox128 ? "box128" : "bulk";
     const char* promo_name = copy == kBulk                                 ? "   -"
                              : promo == CU_TENSOR_MAP_L2_PROMOTION_L2_256B ? " 256"
@@ -274,7 +279,7 @@ int main() {
                                                                            : "none";
     char name[128];
     std::snprintf(name, sizeof name, "%-8s L2 %s, %s, %d stages", cname, promo_name,
-                  blocks(per_sm, one_block_per_unit).c_str(), stages);
+                  blocks(per_sm).c_str(), stages);
     const int smem = stages * kTileBytes + 2 * stages * 8;
     auto kernel = copy == kBoxes64 ? tma_read<kBoxes64>
                   : copy == kBox128 ? tma_read<kBox128>
@@ -290,62 +295,63 @@ int main() {
         maps->push_back({make_map(k[c], rows, copy, promo), make_map(v[c], rows, copy, promo)});
       }
     }
-    variants.push_back({name, [=, &k, &v, &st, &shapes](const Shape& sh, int c) {
-      const auto& m = (*maps)[int(&sh - shapes) * kCopies + c];
-      const int grid = one_block_per_unit ? sh.units : std::min(sh.units, per_sm * sms);
-      kernel<<<grid, 32 * (kConsumerWarps + 1), smem, st>>>(m.first, m.second, k[c], v[c],
-                                                            sh.units, sh.tiles, stages, sink);
+    variants.push_back({name, [=, &k, &v, &st, &shapes](int shape, int c) {
+      const Shape& sh = shapes[shape];
+      const auto& m = (*maps)[shape * kCopies + c];
+      kernel<<<grid(sh, per_sm), 32 * (kConsumerWarps + 1), smem, st>>>(
+          m.first, m.second, k[c], v[c], sh.units, sh.tiles, stages, sink);
     }});
   };
   const auto p256 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B, p128 = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-  tma(kBoxes64, p128, 1, 5, false);  // the Hopper kernel's (CuTe's promotion)
-  tma(kBoxes64, p256, 1, 5, false);  // session 41's promotion (reverted: slower on the H200)
-  tma(kBoxes64, CU_TENSOR_MAP_L2_PROMOTION_NONE, 1, 5, false);
+  tma(kBoxes64, p128, 1, 5);  // the Hopper kernel's (CuTe's promotion)
+  tma(kBoxes64, p256, 1, 5);  // session 41's promotion (reverted: slower on the H200)
+  tma(kBoxes64, CU_TENSOR_MAP_L2_PROMOTION_NONE, 1, 5);
   for (int stages : {2, 3, 4, 6}) {
-    tma(kBoxes64, p128, 1, stages, false);
+    tma(kBoxes64, p128, 1, stages);
   }
-  tma(kBoxes64, p128, 2, 3, false);
-  tma(kBoxes64, p128, 2, 2, false);
-  tma(kBoxes64, p128, 3, 2, false);
-  tma(kBoxes64, p128, 1, 3, true);
-  tma(kBox128, p128, 1, 5, false);
-  tma(kBox128, p256, 1, 5, false);
-  tma(kBox128, p128, 2, 3, false);
-  tma(kBulk, p128, 1, 5, false);  // no descriptor: the promotion does not apply
-  tma(kBulk, p128, 2, 3, false);
-  auto cp_async = [&](int per_sm, auto stages_c, bool one_block_per_unit) {
+  tma(kBoxes64, p128, 2, 3);
+  tma(kBoxes64, p128, 2, 2);
+  tma(kBoxes64, p128, 3, 2);
+  tma(kBoxes64, p128, kBlockPerUnit, 3);
+  tma(kBox128, p128, 1, 5);
+  tma(kBox128, p256, 1, 5);
+  tma(kBox128, p128, 2, 3);
+  tma(kBulk, p128, 1, 5);  // no descriptor: the promotion does not apply
+  tma(kBulk, p128, 2, 3);
+  auto cp_async = [&](int per_sm, auto stages_c) {
     constexpr int kStages = decltype(stages_c)::value;
     char name[128];
     std::snprintf(name, sizeof name, "cp.async 128 threads, %s, %d stages",
-                  blocks(per_sm, one_block_per_unit).c_str(), kStages);
+                  blocks(per_sm).c_str(), kStages);
     const int smem = kStages * kTileBytes;
     CHECK(cudaFuncSetAttribute(cp_async_read<kStages>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(prop.sharedMemPerBlockOptin)));
-    variants.push_back({name, [=, &k, &v, &st](const Shape& sh, int c) {
-      const int grid = one_block_per_unit ? sh.units : std::min(sh.units, per_sm * sms);
-      cp_async_read<kStages><<<grid, 128, smem, st>>>(k[c], v[c], sh.units, sh.tiles, sink);
+    variants.push_back({name, [=, &k, &v, &st, &shapes](int shape, int c) {
+      const Shape& sh = shapes[shape];
+      cp_async_read<kStages><<<grid(sh, per_sm), 128, smem, st>>>(k[c], v[c], sh.units,
+                                                                  sh.tiles, sink);
     }});
   };
-  cp_async(1, std::integral_constant<int, 4>{}, false);
-  cp_async(2, std::integral_constant<int, 3>{}, false);
-  cp_async(2, std::integral_constant<int, 2>{}, false);
-  cp_async(3, std::integral_constant<int, 2>{}, false);
-  cp_async(1, std::integral_constant<int, 3>{}, true);
+  cp_async(1, std::integral_constant<int, 4>{});
+  cp_async(2, std::integral_constant<int, 3>{});
+  cp_async(2, std::integral_constant<int, 2>{});
+  cp_async(3, std::integral_constant<int, 2>{});
+  cp_async(kBlockPerUnit, std::integral_constant<int, 3>{});
 
-  for (const Shape& sh : shapes) {
+  for (int shape = 0; shape < int(std::size(shapes)); ++shape) {
+    const Shape& sh = shapes[shape];
     const size_t bytes = size_t(sh.units) * sh.tiles * kTileBytes * 2;
     std::printf("\n%s: %.1f MB of K and V\n", sh.name, bytes / 1e6);
     std::printf("%-52s %10s %7s %10s %7s %10s %7s\n", "", "rotated us", "GB/s", "flushed us",
                 "GB/s", "do_bench", "GB/s");
     for (const Variant& var : variants) {
-      const float rotated = median_us([&](int i) { var.launch(sh, i % kCopies); }, st);
-      const float flushed = median_us([&](int) { var.launch(sh, 0); }, st, flush);
-      const float bench = do_bench_us([&](int) { var.launch(sh, 0); }, st, flush);
+      const float rotated = median_us([&](int i) { var.launch(shape, i % kCopies); }, st);
+      const float flushed = median_us([&](int) { var.launch(shape, 0); }, st, flush);
+      const float bench = do_bench_us([&](int) { var.launch(shape, 0); }, st, flush);
       auto gbps = [&](float us) { return bytes / (us * 1e-6) / 1e9; };
       std::printf("%-52s %10.1f %7.1f %10.1f %7.1f %10.1f %7.1f\n", var.name.c_str(), rotated,
                   gbps(rotated), flushed, gbps(flushed), bench, gbps(bench));
-      std::fflush(stdout);
     }
   }
   return 0;
