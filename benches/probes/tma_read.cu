@@ -11,13 +11,15 @@
 //   box128    one TMA box of 128 columns x 128 rows, no swizzle
 //   bulk      one 1D bulk copy of the tile's 32 contiguous KB
 //   cp.async  every thread 16-byte cp.async copies, a commit group per tile (cuDNN's sm80 way)
-// TMA descriptors with 128- or 256-byte L2 promotion or none. Times with CUDA events (5 warm-up
+// TMA descriptors with 128- or 256-byte L2 promotion or none. And the kernel's parameter size:
+// the Hopper kernel's are about 3.6 KB, which every launch carries, where the probe's are 300
+// bytes; a padded variant carries as many, and its first copy waits for a word at their end. Times with CUDA events (5 warm-up
 // calls, median of 50): back to back with the inputs rotated over three copies; after a 128 MiB
 // device-to-device copy, as the bench flushes the L2 (its dirty lines are written back while the
 // read runs), waiting for each call; and under the bench's whole protocol (do_bench_us).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -cudart static -o tma_read benches/probes/tma_read.cu
-//   ./tma_read
+//   ./tma_read [SUBSTRING]   (only the variants whose names contain it)
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -81,11 +83,21 @@ __device__ void bulk_1d(void* dst, const void* src, uint32_t bytes, uint64_t* ba
 // Tile i of unit u (K on even i, V on odd): its first key row.
 __device__ int tile_row(int u, int i, int tiles) { return (u * tiles + i / 2) * kTileKeys; }
 
-// One producer warp (lane 0 issues the copies) and kConsumerWarps consumer warps.
-template <Copy kCopy>
+// Parameter bytes that a launch carries beside the probe's own (0: none).
+template <int kBytes>
+struct Pad {
+  int words[kBytes / 4];
+};
+template <>
+struct Pad<0> {};
+
+// One producer warp (lane 0 issues the copies) and kConsumerWarps consumer warps. With kPad
+// bytes of padding, the producer's first copy waits for the padding's last word.
+template <Copy kCopy, int kPad = 0>
 __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
     tma_read(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
-             const char* k, const char* v, int units, int tiles, int stages, unsigned* sink) {
+             const char* k, const char* v, int units, int tiles, int stages, unsigned* sink,
+             const __grid_constant__ Pad<kPad> pad) {
   extern __shared__ __align__(1024) char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(stages) * kTileBytes);
   uint64_t* empty = full + stages;
@@ -108,7 +120,10 @@ __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
         if (lane == 0) {
           mbar_wait(&empty[s], phase ^ 1);
           mbar_expect_tx(&full[s], kTileBytes);
-          const int row = tile_row(u, i, tiles);
+          int row = tile_row(u, i, tiles);
+          if constexpr (kPad > 0) {
+            row += pad.words[kPad / 4 - 1];  // 0, read from the padding's last line
+          }
           const CUtensorMap* map = (i & 1) ? &v_map : &k_map;
           if (kCopy == kBoxes64) {
             tma_2d(buf, map, 0, row, &full[s]);
@@ -212,7 +227,8 @@ struct Shape {
   int units, tiles;
 };
 
-int main() {
+int main(int argc, char** argv) {
+  const std::string only = argc > 1 ? argv[1] : "";
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row as it is measured
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -271,19 +287,22 @@ int main() {
   auto grid = [&](const Shape& sh, int per_sm) {
     return per_sm == kBlockPerUnit ? sh.units : std::min(sh.units, per_sm * sms);
   };
-  auto tma = [&](Copy copy, CUtensorMapL2promotion promo, int per_sm, int stages) {
+  auto tma = [&](Copy copy, CUtensorMapL2promotion promo, int per_sm, int stages,
+                 auto pad_c) {
+    constexpr int kPad = decltype(pad_c)::value;
     const char* cname = copy == kBoxes64 ? "boxes64" : copy == kBox128 ? "box128" : "bulk";
     const char* promo_name = copy == kBulk                                 ? "   -"
                              : promo == CU_TENSOR_MAP_L2_PROMOTION_L2_256B ? " 256"
                              : promo == CU_TENSOR_MAP_L2_PROMOTION_L2_128B ? " 128"
                                                                            : "none";
     char name[128];
-    std::snprintf(name, sizeof name, "%-8s L2 %s, %s, %d stages", cname, promo_name,
-                  blocks(per_sm).c_str(), stages);
+    std::snprintf(name, sizeof name, "%-8s L2 %s, %s, %d stages%s", cname, promo_name,
+                  blocks(per_sm).c_str(), stages,
+                  kPad == 0 ? "" : (", +" + std::to_string(kPad) + " B params").c_str());
     const int smem = stages * kTileBytes + 2 * stages * 8;
-    auto kernel = copy == kBoxes64 ? tma_read<kBoxes64>
-                  : copy == kBox128 ? tma_read<kBox128>
-                                    : tma_read<kBulk>;
+    auto kernel = copy == kBoxes64 ? tma_read<kBoxes64, kPad>
+                  : copy == kBox128 ? tma_read<kBox128, kPad>
+                                    : tma_read<kBulk, kPad>;
     // The cap, not this variant's size: variants of one kernel share the attribute.
     CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(prop.sharedMemPerBlockOptin)));
@@ -299,25 +318,29 @@ int main() {
       const Shape& sh = shapes[shape];
       const auto& m = (*maps)[shape * kCopies + c];
       kernel<<<grid(sh, per_sm), 32 * (kConsumerWarps + 1), smem, st>>>(
-          m.first, m.second, k[c], v[c], sh.units, sh.tiles, stages, sink);
+          m.first, m.second, k[c], v[c], sh.units, sh.tiles, stages, sink, Pad<kPad>{});
     }});
   };
   const auto p256 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B, p128 = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-  tma(kBoxes64, p128, 1, 5);  // the Hopper kernel's (CuTe's promotion)
-  tma(kBoxes64, p256, 1, 5);  // session 41's promotion (reverted: slower on the H200)
-  tma(kBoxes64, CU_TENSOR_MAP_L2_PROMOTION_NONE, 1, 5);
+  const std::integral_constant<int, 0> none;
+  tma(kBoxes64, p128, 1, 5, none);  // the Hopper kernel's (CuTe's promotion)
+  // With the Hopper kernel's parameter size, and with a quarter of it.
+  tma(kBoxes64, p128, 1, 5, std::integral_constant<int, 1024>{});
+  tma(kBoxes64, p128, 1, 5, std::integral_constant<int, 3328>{});
+  tma(kBoxes64, p256, 1, 5, none);  // session 41's promotion (reverted: slower on the H200)
+  tma(kBoxes64, CU_TENSOR_MAP_L2_PROMOTION_NONE, 1, 5, none);
   for (int stages : {2, 3, 4, 6}) {
-    tma(kBoxes64, p128, 1, stages);
+    tma(kBoxes64, p128, 1, stages, none);
   }
-  tma(kBoxes64, p128, 2, 3);
-  tma(kBoxes64, p128, 2, 2);
-  tma(kBoxes64, p128, 3, 2);
-  tma(kBoxes64, p128, kBlockPerUnit, 3);
-  tma(kBox128, p128, 1, 5);
-  tma(kBox128, p256, 1, 5);
-  tma(kBox128, p128, 2, 3);
-  tma(kBulk, p128, 1, 5);  // no descriptor: the promotion does not apply
-  tma(kBulk, p128, 2, 3);
+  tma(kBoxes64, p128, 2, 3, none);
+  tma(kBoxes64, p128, 2, 2, none);
+  tma(kBoxes64, p128, 3, 2, none);
+  tma(kBoxes64, p128, kBlockPerUnit, 3, none);
+  tma(kBox128, p128, 1, 5, none);
+  tma(kBox128, p256, 1, 5, none);
+  tma(kBox128, p128, 2, 3, none);
+  tma(kBulk, p128, 1, 5, none);  // no descriptor: the promotion does not apply
+  tma(kBulk, p128, 2, 3, none);
   auto cp_async = [&](int per_sm, auto stages_c) {
     constexpr int kStages = decltype(stages_c)::value;
     char name[128];
@@ -346,6 +369,9 @@ int main() {
     std::printf("%-52s %10s %7s %10s %7s %10s %7s\n", "", "rotated us", "GB/s", "flushed us",
                 "GB/s", "do_bench", "GB/s");
     for (const Variant& var : variants) {
+      if (var.name.find(only) == std::string::npos) {
+        continue;
+      }
       const float rotated = median_us([&](int i) { var.launch(shape, i % kCopies); }, st);
       const float flushed = median_us([&](int) { var.launch(shape, 0); }, st, flush);
       const float bench = do_bench_us([&](int) { var.launch(shape, 0); }, st, flush);
