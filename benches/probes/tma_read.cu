@@ -11,12 +11,13 @@
 //   box128    one TMA box of 128 columns x 128 rows, no swizzle
 //   bulk      one 1D bulk copy of the tile's 32 contiguous KB
 //   cp.async  every thread 16-byte cp.async copies, a commit group per tile (cuDNN's sm80 way)
-// TMA descriptors with 128- or 256-byte L2 promotion or none. And the kernel's parameter size:
-// the Hopper kernel's are about 3.6 KB, which every launch carries, where the probe's are 300
-// bytes; a padded variant carries as many, and its first copy waits for a word at their end. Times with CUDA events (5 warm-up
-// calls, median of 50): back to back with the inputs rotated over three copies; after a 128 MiB
-// device-to-device copy, as the bench flushes the L2 (its dirty lines are written back while the
-// read runs), waiting for each call; and under the bench's whole protocol (do_bench_us).
+// TMA descriptors with 128- or 256-byte L2 promotion or none. And the parameters' size: every
+// launch of the Hopper kernel carries about 3.6 KB of them, the probe's about 300 bytes; a padded
+// variant carries more, its copies waiting for a word at their end. Times with CUDA events (5
+// warm-up calls, median of 50): back to back with the inputs rotated over three copies; after a
+// 128 MiB device-to-device copy, as the bench flushes the L2 (its dirty lines are written back
+// while the read runs), waiting for each call; and under the bench's whole protocol
+// (do_bench_us).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -cudart static -o tma_read benches/probes/tma_read.cu
 //   ./tma_read [SUBSTRING]   (only the variants whose names contain it)
@@ -324,7 +325,7 @@ int main(int argc, char** argv) {
   const auto p256 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B, p128 = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
   const std::integral_constant<int, 0> none;
   tma(kBoxes64, p128, 1, 5, none);  // the Hopper kernel's (CuTe's promotion)
-  // With the Hopper kernel's parameter size, and with a quarter of it.
+  // With 1 KB more parameters, and with as many as the Hopper kernel's.
   tma(kBoxes64, p128, 1, 5, std::integral_constant<int, 1024>{});
   tma(kBoxes64, p128, 1, 5, std::integral_constant<int, 3328>{});
   tma(kBoxes64, p256, 1, 5, none);  // session 41's promotion (reverted: slower on the H200)
@@ -366,7 +367,7 @@ int main(int argc, char** argv) {
     const Shape& sh = shapes[shape];
     const size_t bytes = size_t(sh.units) * sh.tiles * kTileBytes * 2;
     std::printf("\n%s: %.1f MB of K and V\n", sh.name, bytes / 1e6);
-    std::printf("%-52s %10s %7s %10s %7s %10s %7s\n", "", "rotated us", "GB/s", "flushed us",
+    std::printf("%-64s %10s %7s %10s %7s %10s %7s\n", "", "rotated us", "GB/s", "flushed us",
                 "GB/s", "do_bench", "GB/s");
     for (const Variant& var : variants) {
       if (var.name.find(only) == std::string::npos) {
@@ -376,7 +377,7 @@ int main(int argc, char** argv) {
       const float flushed = median_us([&](int) { var.launch(shape, 0); }, st, flush);
       const float bench = do_bench_us([&](int) { var.launch(shape, 0); }, st, flush);
       auto gbps = [&](float us) { return bytes / (us * 1e-6) / 1e9; };
-      std::printf("%-52s %10.1f %7.1f %10.1f %7.1f %10.1f %7.1f\n", var.name.c_str(), rotated,
+      std::printf("%-64s %10.1f %7.1f %10.1f %7.1f %10.1f %7.1f\n", var.name.c_str(), rotated,
                   gbps(rotated), flushed, gbps(flushed), bench, gbps(bench));
     }
   }
