@@ -93,7 +93,7 @@ template <>
 struct Pad<0> {};
 
 // One producer warp (lane 0 issues the copies) and kConsumerWarps consumer warps. With kPad
-// bytes of padding, the producer's first copy waits for the padding's last word.
+// bytes of padding, each copy's row adds the padding's last word (0), so the copies wait for it.
 template <Copy kCopy, int kPad = 0>
 __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
     tma_read(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
@@ -288,8 +288,9 @@ int main(int argc, char** argv) {
   auto grid = [&](const Shape& sh, int per_sm) {
     return per_sm == kBlockPerUnit ? sh.units : std::min(sh.units, per_sm * sms);
   };
-  auto tma = [&](Copy copy, CUtensorMapL2promotion promo, int per_sm, int stages,
-                 auto pad_c) {
+  // pad_c: a std::integral_constant, the bytes of padding (Pad) its launches carry.
+  auto tma_padded = [&](Copy copy, CUtensorMapL2promotion promo, int per_sm, int stages,
+                        auto pad_c) {
     constexpr int kPad = decltype(pad_c)::value;
     const char* cname = copy == kBoxes64 ? "boxes64" : copy == kBox128 ? "box128" : "bulk";
     const char* promo_name = copy == kBulk                                 ? "   -"
@@ -322,26 +323,28 @@ int main(int argc, char** argv) {
           m.first, m.second, k[c], v[c], sh.units, sh.tiles, stages, sink, Pad<kPad>{});
     }});
   };
+  auto tma = [&](Copy copy, CUtensorMapL2promotion promo, int per_sm, int stages) {
+    tma_padded(copy, promo, per_sm, stages, std::integral_constant<int, 0>{});
+  };
   const auto p256 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B, p128 = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-  const std::integral_constant<int, 0> none;
-  tma(kBoxes64, p128, 1, 5, none);  // the Hopper kernel's (CuTe's promotion)
+  tma(kBoxes64, p128, 1, 5);  // the Hopper kernel's (CuTe's promotion)
   // With 1 KB more parameters, and with as many as the Hopper kernel's.
-  tma(kBoxes64, p128, 1, 5, std::integral_constant<int, 1024>{});
-  tma(kBoxes64, p128, 1, 5, std::integral_constant<int, 3328>{});
-  tma(kBoxes64, p256, 1, 5, none);  // session 41's promotion (reverted: slower on the H200)
-  tma(kBoxes64, CU_TENSOR_MAP_L2_PROMOTION_NONE, 1, 5, none);
+  tma_padded(kBoxes64, p128, 1, 5, std::integral_constant<int, 1024>{});
+  tma_padded(kBoxes64, p128, 1, 5, std::integral_constant<int, 3328>{});
+  tma(kBoxes64, p256, 1, 5);  // session 41's promotion (reverted: slower on the H200)
+  tma(kBoxes64, CU_TENSOR_MAP_L2_PROMOTION_NONE, 1, 5);
   for (int stages : {2, 3, 4, 6}) {
-    tma(kBoxes64, p128, 1, stages, none);
+    tma(kBoxes64, p128, 1, stages);
   }
-  tma(kBoxes64, p128, 2, 3, none);
-  tma(kBoxes64, p128, 2, 2, none);
-  tma(kBoxes64, p128, 3, 2, none);
-  tma(kBoxes64, p128, kBlockPerUnit, 3, none);
-  tma(kBox128, p128, 1, 5, none);
-  tma(kBox128, p256, 1, 5, none);
-  tma(kBox128, p128, 2, 3, none);
-  tma(kBulk, p128, 1, 5, none);  // no descriptor: the promotion does not apply
-  tma(kBulk, p128, 2, 3, none);
+  tma(kBoxes64, p128, 2, 3);
+  tma(kBoxes64, p128, 2, 2);
+  tma(kBoxes64, p128, 3, 2);
+  tma(kBoxes64, p128, kBlockPerUnit, 3);
+  tma(kBox128, p128, 1, 5);
+  tma(kBox128, p256, 1, 5);
+  tma(kBox128, p128, 2, 3);
+  tma(kBulk, p128, 1, 5);  // no descriptor: the promotion does not apply
+  tma(kBulk, p128, 2, 3);
   auto cp_async = [&](int per_sm, auto stages_c) {
     constexpr int kStages = decltype(stages_c)::value;
     char name[128];
