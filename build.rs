@@ -105,6 +105,9 @@ fn main() {
     if kernels::builds_hopper(&archs) {
         bridge.define("FLASHCORE_WITH_SM90", "1");
     }
+    for define in kernels::optional_defines(&archs) {
+        bridge.define(define, "1");
+    }
     bridge
         .file(cpp.join("src/bridge.cpp"))
         .file(cpp.join("src/attention.cpp"))

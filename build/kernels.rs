@@ -24,6 +24,29 @@ pub struct Family {
     ampere_as_sm80: bool,
     /// Our own kernel must not spill at any tile of its table: make a spill a build error.
     no_spills: bool,
+    /// Kernels in a subfolder of `instances/` that only a cargo feature builds.
+    optional: Option<Optional>,
+}
+
+/// A family's kernels that a build may go without (they cost minutes of a clean build): the
+/// files of `instances/<dir>/`, built when cargo feature `feature` is on, which then defines
+/// `define` for the bridge (dispatch.cpp calls them only then).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Optional {
+    dir: &'static str,
+    feature: &'static str,
+    define: &'static str,
+}
+
+impl Optional {
+    /// Whether cargo builds this crate with the feature.
+    fn enabled(self) -> bool {
+        let var = format!(
+            "CARGO_FEATURE_{}",
+            self.feature.to_uppercase().replace('-', "_")
+        );
+        std::env::var_os(var).is_some()
+    }
 }
 
 pub const FAMILIES: [Family; 4] = [
@@ -34,6 +57,7 @@ pub const FAMILIES: [Family; 4] = [
         hopper: false,
         ampere_as_sm80: true,
         no_spills: false,
+        optional: None,
     },
     // flashcore's WMMA kernel.
     Family {
@@ -42,6 +66,7 @@ pub const FAMILIES: [Family; 4] = [
         hopper: false,
         ampere_as_sm80: false,
         no_spills: true,
+        optional: None,
     },
     // CUTLASS example 88's Hopper mainloop under flashcore's kernel layer.
     Family {
@@ -50,6 +75,12 @@ pub const FAMILIES: [Family; 4] = [
         hopper: true,
         ampere_as_sm80: false,
         no_spills: false,
+        // The bias schedules (docs/HOPPER.md, round 43): six kernels.
+        optional: Some(Optional {
+            dir: "bias",
+            feature: "sm90-bias",
+            define: "FLASHCORE_WITH_SM90_BIAS",
+        }),
     },
     // flashcore's merge of attention states (not an attention kernel: no tile table).
     Family {
@@ -58,12 +89,29 @@ pub const FAMILIES: [Family; 4] = [
         hopper: false,
         ampere_as_sm80: false,
         no_spills: true,
+        optional: None,
     },
 ];
 
 /// Whether `archs` (as in FLASHCORE_CUDA_ARCHS) includes Hopper, so the sm90 family is built.
 pub fn builds_hopper(archs: &[String]) -> bool {
     archs.iter().any(|a| a == "90" || a == "90a")
+}
+
+/// Whether `family` is built for `archs`.
+fn built(family: Family, archs: &[String]) -> bool {
+    !family.hopper || builds_hopper(archs)
+}
+
+/// The bridge's defines for the optional kernels this build compiles (see [`Optional`]).
+pub fn optional_defines(archs: &[String]) -> Vec<&'static str> {
+    FAMILIES
+        .iter()
+        .filter(|f| built(**f, archs))
+        .filter_map(|f| f.optional)
+        .filter(|o| o.enabled())
+        .map(|o| o.define)
+        .collect()
 }
 
 /// The archs `family` gets SASS for among the target `archs` (in order, without repeats).
@@ -89,15 +137,20 @@ pub struct Unit {
 }
 
 /// Every kernel translation unit of the families built for `archs`:
-/// `cpp/src/<family>/instances/*.cu` (one per dtype x tile of the family's `instances.inc`).
+/// `cpp/src/<family>/instances/*.cu` (one per dtype x tile of the family's `instances.inc`), and
+/// those of its optional subfolder where its feature is on.
 pub fn units(cpp: &Path, archs: &[String]) -> Vec<Unit> {
     let mut units = Vec::new();
     for family in FAMILIES {
-        if family.hopper && !builds_hopper(archs) {
+        if !built(family, archs) {
             continue;
         }
         let dir = cpp.join("src").join(family.dir).join("instances");
-        for source in files_with_extension(&dir, "cu") {
+        let mut sources = files_with_extension(&dir, "cu");
+        if let Some(optional) = family.optional.filter(|o| o.enabled()) {
+            sources.extend(files_with_extension(&dir.join(optional.dir), "cu"));
+        }
+        for source in sources {
             let stem = source.file_stem().unwrap().to_string_lossy();
             units.push(Unit {
                 name: format!("fmha_{}_{stem}", family.dir),

@@ -6,7 +6,8 @@
 //! `--shapes-json PATH` writes the shape list (the shapes `--filter` keeps) and exits. After the
 //! shape list come fixed rows (variable-length, paged, score modifiers, bias, host cost, small
 //! prefills): `--rows varlen,host` runs only
-//! those groups, `--rows none` none of them. Each measurement is taken as triton's `do_bench`
+//! those groups, `--rows none` none of them. `--kernels cutlass-sm90,wmma` times only those
+//! families on the shape list (default: every one). Each measurement is taken as triton's `do_bench`
 //! takes torch's: 25 ms of warm-up calls, then at least `--iters` calls (default 50) and enough to
 //! fill 100 ms, each after an L2 flush (benches/common/mod.rs `time_fn`).
 
@@ -34,6 +35,8 @@ struct Args {
     force: Option<ArchClass>,
     /// The groups of fixed rows to run (`--rows`): all when empty.
     rows: Vec<String>,
+    /// The kernel families the shape list times (`--kernels`): every one by default.
+    kernels: Vec<Kernel>,
 }
 
 /// The groups of fixed rows after the shape list, by `--rows` name.
@@ -63,6 +66,7 @@ fn parse() -> Args {
         shapes_json: None,
         force: None,
         rows: Vec::new(),
+        kernels: Kernel::ALL.to_vec(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -92,6 +96,17 @@ fn parse() -> Args {
                     ));
                 }
             }
+            "--kernels" => {
+                a.kernels = val()
+                    .split(',')
+                    .map(|n| {
+                        Kernel::ALL
+                            .into_iter()
+                            .find(|k| k.name() == n)
+                            .unwrap_or_else(|| usage(&format!("--kernels: no kernel named {n}")))
+                    })
+                    .collect()
+            }
             "--peak-tflops" => {
                 a.peak = Some(val().parse().unwrap_or_else(|_| usage("bad --peak-tflops")))
             }
@@ -102,7 +117,7 @@ fn parse() -> Args {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("{msg}\nusage: bench [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X] [--shapes-json PATH] [--force-class sm80|sm89|sm90] [--rows varlen,paged,modifiers,bias,host,small|none]");
+    eprintln!("{msg}\nusage: bench [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X] [--shapes-json PATH] [--force-class sm80|sm89|sm90] [--rows varlen,paged,modifiers,bias,host,small|none] [--kernels cutlass-sm80,wmma,cutlass-sm90]");
     std::process::exit(2)
 }
 
@@ -113,24 +128,20 @@ struct Record {
     times_us: Vec<f64>,
 }
 
-/// Times every GPU kernel on one set of inputs (generating them dominates the bench's host
-/// time). Returns (backend name, per-call times or the error) in [`Kernel::ALL`] order.
+/// Times each of `kernels` on one set of inputs (generating them dominates the bench's host
+/// time). Returns (backend name, per-call times or the error) in the order of `kernels`.
 fn gpu<T: AttentionElement>(
     stream: &Stream,
     shape: &BenchShape,
     iters: usize,
     force: Option<ArchClass>,
+    kernels: &[Kernel],
 ) -> Vec<(&'static str, flashcore::Result<Vec<f64>>)> {
     let mut inputs = match Inputs::<T>::new(stream, shape, Kernel::CutlassSm80.into(), force) {
         Ok(i) => i,
-        Err(e) => {
-            return Kernel::ALL
-                .iter()
-                .map(|k| (k.name(), Err(e.clone())))
-                .collect()
-        }
+        Err(e) => return kernels.iter().map(|k| (k.name(), Err(e.clone()))).collect(),
     };
-    let runs = Kernel::ALL
+    let runs = kernels
         .iter()
         .map(|&kernel| {
             inputs.set_backend(kernel.into());
@@ -671,8 +682,8 @@ fn main() {
         let mut records = Vec::new();
         for dtype in ["f16", "bf16"] {
             let runs = match dtype {
-                "f16" => gpu::<f16>(&stream, shape, args.iters, args.force),
-                _ => gpu::<bf16>(&stream, shape, args.iters, args.force),
+                "f16" => gpu::<f16>(&stream, shape, args.iters, args.force, &args.kernels),
+                _ => gpu::<bf16>(&stream, shape, args.iters, args.force, &args.kernels),
             };
             for (name, run) in runs {
                 match run {

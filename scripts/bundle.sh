@@ -7,7 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf bundle && mkdir -p bundle
-json=$(cargo build --release --features cudarc --tests --examples --benches --message-format=json "$@")
+# With the Hopper bias kernels (feature sm90-bias), so that the GPU suite runs them.
+json=$(cargo build --release --features cudarc,sm90-bias --tests --examples --benches \
+  --message-format=json "$@")
 # Copy each test / bench / example executable under its target name.
 python3 - "$json" <<'PY'
 import json, os, shutil, sys

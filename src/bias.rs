@@ -32,9 +32,12 @@ use crate::tensor::{Location, Shape, Tensor};
 /// [`crate::Operand::Bias`]); a bias that shares memory with an output is
 /// [`crate::Error::OverlappingOutput`].
 ///
-/// The CPU reference, the WMMA kernel and the Hopper kernel apply it (`Backend::Auto` picks the
-/// Hopper kernel on compute capability 9.0 where it picks it for the call without the bias, else
-/// WMMA; forcing CUTLASS example 41 is [`crate::Error::BackendUnavailable`]). The Hopper kernel
+/// The CPU reference, the WMMA kernel and, in a build with the `sm90-bias` feature, the Hopper
+/// kernel apply it (`Backend::Auto` then picks the Hopper kernel on compute capability 9.0 where
+/// it picks it for the call without the bias, else WMMA; forcing CUTLASS example 41, or the
+/// Hopper kernel without the feature, is [`crate::Error::BackendUnavailable`]). The feature adds
+/// six kernels, about four minutes of a clean build on 2 cores; without it a bias on an H200
+/// takes about 3.6 times as long (docs/PERFORMANCE.md). The Hopper kernel
 /// reads an `f16` or `bf16` bias with contiguous keys and even row offsets two keys per load,
 /// ahead of the tile that needs them, and any other bias key by key. Making a bias moves the
 /// tensor in, without a copy; clones share it, so one bias can serve every layer of a step.

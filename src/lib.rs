@@ -17,6 +17,10 @@
 //!   `Tensor::from_raw_device`, and with feature `cudarc` `Stream::from_cudarc` and
 //!   `Tensor::from_cudarc`.
 //!
+//! Cargo features: `cuda` (on by default) builds the GPU backends; `cudarc` adds the cudarc
+//! interop; `sm90-bias` adds the Hopper kernel's bias schedules (six kernels, minutes of build
+//! time; see [`Bias`]).
+//!
 //! The same call runs on either: put the tensors where you want the work done.
 //!
 //! ```

@@ -180,9 +180,9 @@ impl AttentionOptions {
     /// key `j` of sequence `b` and query head `h`, after the scale, any softcap and ALiBi. See
     /// [`Bias`] for its dims, broadcasting and element types; `-inf` masks, and a row whose
     /// every key is masked gets output 0 and logsumexp `-inf`. A GPU call needs it on the
-    /// device (else [`crate::Error::DeviceMismatch`]). The CPU reference and the WMMA kernel
-    /// apply it (`Backend::Auto` picks WMMA on a GPU; forcing another kernel is
-    /// [`crate::Error::BackendUnavailable`]).
+    /// device (else [`crate::Error::DeviceMismatch`]). The CPU reference, the WMMA kernel and,
+    /// with the `sm90-bias` feature, the Hopper kernel apply it (`Backend::Auto` picks as
+    /// [`Bias`] says; forcing another kernel is [`crate::Error::BackendUnavailable`]).
     pub fn bias(&self, bias: Bias) -> Self {
         Self {
             bias: Some(bias),

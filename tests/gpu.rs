@@ -3032,7 +3032,8 @@ fn bias_matches_the_reference() {
 /// the last whole one); -inf masks with whole rows masked (output 0, lse -inf); with ALiBi, a
 /// softcap and a window; a tiny scale (the bias added in exp2 units); one-query decode split
 /// over 20k keys under Auto. Auto runs the Hopper kernel for a biased call that fills the chip.
-/// Off compute capability 9.0, forcing it is refused.
+/// Off compute capability 9.0, or in a build without the `sm90-bias` feature, forcing it is
+/// refused; in such a build Auto applies the bias with WMMA on compute capability 9.0 too.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn hopper_bias_matches_the_reference() {
@@ -3040,7 +3041,7 @@ fn hopper_bias_matches_the_reference() {
     let s = stream();
     let hopper = Kernel::CutlassSm90;
     let mut rng = Rng::fresh();
-    if !runs_here(hopper) {
+    if !runs_here(hopper) || !cfg!(feature = "sm90-bias") {
         let x = Tensor::full(f16::ONE, &[1, 64, 4, 64], Layout::Bshd)
             .unwrap()
             .to_device(&s)
@@ -3051,6 +3052,11 @@ fn hopper_bias_matches_the_reference() {
             .backend(Backend::Kernel(hopper));
         let err = attention(&x, &x, &x, &opts).unwrap_err();
         assert!(matches!(err, Error::BackendUnavailable { .. }), "{err}");
+        if runs_here(hopper) {
+            assert!(err.to_string().contains("sm90-bias"), "{err}");
+            let wmma = BackendKind::Kernel(Kernel::Wmma);
+            assert_eq!(auto_biased_backend(&mut rng, &s), wmma);
+        }
         return;
     }
     let mut checks = Checks::new("hopper bias");
@@ -3175,24 +3181,26 @@ fn hopper_bias_matches_the_reference() {
     assert_none_failed(&checks.failures);
 
     // Auto chooses the Hopper kernel for a biased call that fills the chip.
+    assert_eq!(
+        auto_biased_backend(&mut rng, &s),
+        BackendKind::Kernel(hopper)
+    );
+}
+
+/// The backend Auto runs a biased call on that fills an H200 (4 x 2048 queries, GQA 32:8,
+/// d = 128, bf16).
+fn auto_biased_backend(rng: &mut Rng, s: &Stream) -> BackendKind {
     let q = Tensor::full(bf16::ONE, &[4, 2048, 32, 128], Layout::Bshd)
         .unwrap()
-        .to_device(&s)
+        .to_device(s)
         .unwrap();
     let kv = Tensor::full(bf16::ONE, &[4, 2048, 8, 128], Layout::Bshd)
         .unwrap()
-        .to_device(&s)
+        .to_device(s)
         .unwrap();
-    let nb = masked_bias(
-        &mut rng,
-        [1, 2048, 32, 2048],
-        DType::BF16,
-        Layout::Bhsd,
-        0.0,
-    );
-    let opts = AttentionOptions::default().bias(device_bias(&nb, &s));
-    let res = attention(&q, &kv, &kv, &opts).unwrap();
-    assert_eq!(res.execution.backend, BackendKind::Kernel(hopper));
+    let nb = masked_bias(rng, [1, 2048, 32, 2048], DType::BF16, Layout::Bhsd, 0.0);
+    let opts = AttentionOptions::default().bias(device_bias(&nb, s));
+    attention(&q, &kv, &kv, &opts).unwrap().execution.backend
 }
 
 /// The checks of one modifier test: each case's (out, lse) errors against its tolerance

@@ -194,10 +194,11 @@ int main(int argc, char** argv) {
                      cudaMemcpyHostToDevice),
           "slopes");
     bool have_first = false;
-    // A candidate with the modifier flag (256) runs twice: with a softcap of 30, with ALiBi.
+    // A candidate with the modifier flag (256) runs three times: without a modifier, with a
+    // softcap of 30, with ALiBi.
     for (const Candidate& c : kCandidates) {
-      for (int mode = 0; mode < (c.flags & 256 ? 2 : 1); ++mode) {
-        const bool softcap = (c.flags & 256) && mode == 0, alibi = (c.flags & 256) && mode == 1;
+      for (int mode = 0; mode < (c.flags & 256 ? 3 : 1); ++mode) {
+        const bool softcap = (c.flags & 256) && mode == 1, alibi = (c.flags & 256) && mode == 2;
         const std::string sched =
             schedule(c.flags) + (softcap ? ", softcap 30" : alibi ? ", ALiBi" : "");
         if (c.d != tier) {

@@ -116,6 +116,7 @@ core::DeviceCaps device_caps(int device) {
              "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   caps.smem_per_block_optin = optin;
   caps.kernels = compiled_kernels();
+  caps.sm90_bias = compiled_sm90_bias();
   check_cuda(cudaDeviceGetAttribute(&caps.multiprocessors, cudaDevAttrMultiProcessorCount, device),
              "cudaDeviceGetAttribute(MultiProcessorCount)");
   if (static_cast<size_t>(device) >= cache.size()) {

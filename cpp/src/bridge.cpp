@@ -203,6 +203,7 @@ static Status prepare(const core::Request& r, const CapsFfi& caps, core::Problem
   }
   core::DeviceCaps device = from_ffi(caps);
   device.kernels = compiled_kernels();
+  device.sm90_bias = compiled_sm90_bias();
   return core::plan(r, *p, device, plan);
 }
 

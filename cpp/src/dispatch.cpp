@@ -1,7 +1,9 @@
 // From (kernel family, dtype, tile) to the one instantiation compiled for it. The instances are
 // listed once per family in <family>/instances.inc; each line names an f16 and a bf16 symbol
 // defined by the files in <family>/instances/ (a missing file fails the link). The Hopper family
-// is compiled only when the build targets sm_90 (FLASHCORE_WITH_SM90, set by build.rs and CMake).
+// is compiled only when the build targets sm_90 (FLASHCORE_WITH_SM90, set by build.rs and CMake),
+// and its bias kernels (sm90/instances/bias/) only with the `sm90-bias` feature
+// (FLASHCORE_WITH_SM90_BIAS; CMake: FLASHCORE_SM90_BIAS).
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -23,6 +25,7 @@ namespace flashcore {
 #undef FLASHCORE_TILE
 #if FLASHCORE_WITH_SM90
 #define FLASHCORE_TILE(Q, K, D, FLAGS, CAUSAL_FLAGS, MODIFIER_FLAGS, BIAS_FLAGS) \
+  FLASHCORE_DECLARE(sm90, sm90, Q, K, D##_bias)                                 \
   FLASHCORE_DECLARE(sm90, sm90, Q, K, D)
 #include "sm90/instances.inc"
 #undef FLASHCORE_TILE
@@ -59,6 +62,17 @@ constexpr Instance kSm90[] = {
 #undef FLASHCORE_TILE
 };
 #endif
+// The Hopper kernel's bias schedules: each tile's `_bias` kernel, which runs the calls with an
+// additive bias (the tile's entry refuses them).
+#if FLASHCORE_WITH_SM90 && FLASHCORE_WITH_SM90_BIAS
+constexpr Instance kSm90Bias[] = {
+#define FLASHCORE_TILE(Q, K, D, FLAGS, CAUSAL_FLAGS, MODIFIER_FLAGS, BIAS_FLAGS)                 \
+  Instance{Tile{Q, K, D}, sm90::fmha_sm90_F16_q##Q##_k##K##_d##D##_bias,                         \
+           sm90::fmha_sm90_BF16_q##Q##_k##K##_d##D##_bias},
+#include "sm90/instances.inc"
+#undef FLASHCORE_TILE
+};
+#endif
 #undef FLASHCORE_ENTRY
 
 // Each family's instances, indexed by Kernel; empty where the family was not compiled.
@@ -85,6 +99,19 @@ constexpr Span family(Kernel kernel) {
   return k < kKernelCount ? kFamilies[k] : Span{};
 }
 
+// The instances that run `args` on `kernel`: the Hopper bias kernels for a bias there (empty
+// where they were not compiled), else the family's.
+constexpr Span instances_for(Kernel kernel, const FmhaArgs& args) {
+  if (kernel != Kernel::CutlassSm90 || args.bias == nullptr) {
+    return family(kernel);
+  }
+#if FLASHCORE_WITH_SM90 && FLASHCORE_WITH_SM90_BIAS
+  return span(kSm90Bias);
+#else
+  return Span{};
+#endif
+}
+
 // One bit per compiled family, fixed at build time.
 constexpr uint32_t compiled_mask() {
   uint32_t mask = 0;
@@ -99,12 +126,20 @@ constexpr uint32_t kCompiled = compiled_mask();
 
 uint32_t compiled_kernels() noexcept { return kCompiled; }
 
+bool compiled_sm90_bias() noexcept {
+#if FLASHCORE_WITH_SM90 && FLASHCORE_WITH_SM90_BIAS
+  return true;
+#else
+  return false;
+#endif
+}
+
 void launch(Kernel kernel, const FmhaArgs& args, cudaStream_t stream) {
   if (kernel == Kernel::CutlassSm80 && (args.block_table != nullptr || args.splits > 1)) {
     throw detail::Failure(Code::Launch, "",  // the planner rules this out
                           std::string(name(kernel)) + " takes no paged cache or key splits");
   }
-  const Span s = family(kernel);
+  const Span s = instances_for(kernel, args);
   for (const Instance* i = s.first; i != s.last; ++i) {
     if (i->tile == args.tile) {
       return (args.dtype == DType::F16 ? i->f16 : i->bf16)(args, stream);
@@ -112,7 +147,9 @@ void launch(Kernel kernel, const FmhaArgs& args, cudaStream_t stream) {
   }
   const Tile& t = args.tile;
   throw detail::Failure(Code::Launch, "",
-                        std::string("no ") + name(kernel) + " kernel compiled for tile q" +
+                        std::string("no ") + name(kernel) +
+                            (s.first == nullptr && args.bias != nullptr ? " bias" : "") +
+                            " kernel compiled for tile q" +
                             std::to_string(t.queries_per_block) + "_k" +
                             std::to_string(t.keys_per_block) + "_d" +
                             std::to_string(t.max_head_dim));

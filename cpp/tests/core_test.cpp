@@ -1510,6 +1510,24 @@ void additive_bias() {
   s = flashcore::core::plan(r, p, h200, &plan);
   expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
          "Auto applies a bias that fills the chip with the Hopper kernel: " + s.message);
+  // A build without the Hopper bias kernels (the `sm90-bias` feature off): Auto applies the bias
+  // with WMMA, a forced Hopper kernel is refused, and a call without a bias still runs there.
+  flashcore::core::DeviceCaps no_bias = h200;
+  no_bias.sm90_bias = false;
+  s = flashcore::core::plan(r, p, no_bias, &plan);
+  expect(s.ok() && plan.kernel == Kernel::Wmma,
+         "Auto applies a bias with WMMA where the Hopper bias kernels were not built: " + s.message);
+  r.options.backend = flashcore::Backend::CutlassSm90;
+  s = flashcore::core::plan(r, p, no_bias, &plan);
+  expect(s.code == Code::BackendUnavailable && s.values[0] == int64_t(Kernel::CutlassSm90) &&
+             s.message.find("sm90-bias") != std::string::npos,
+         "the Hopper kernel with a bias, forced, without its bias kernels: " + s.message);
+  r.has_bias = false;
+  r.options.backend = flashcore::Backend::Auto;
+  expect(flashcore::core::validate(r, &p).ok(), "the same call without a bias validates");
+  s = flashcore::core::plan(r, p, no_bias, &plan);
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
+         "a call without a bias runs on the Hopper kernel without its bias kernels: " + s.message);
 }
 
 int main() {

@@ -339,6 +339,17 @@ Status plan(const Request& r, const Problem& p, const DeviceCaps& caps, Plan* ou
       }
       kernel = kIndexedKernel;
     }
+    // A bias runs on the Hopper kernel only where this build compiled its bias schedules (the
+    // `sm90-bias` feature: six kernels, about four minutes of a clean build on 2 cores).
+    if (p.bias && kernel == kHopperModifierKernel && !caps.sm90_bias) {
+      if (forced) {
+        return fail(Code::BackendUnavailable, Operand::None, Field::None,
+                    static_cast<int64_t>(kernel), 0, 0,
+                    "this build has no Hopper bias kernels (build with the `sm90-bias` feature, "
+                    "CMake -DFLASHCORE_SM90_BIAS=ON); Wmma applies a bias");
+      }
+      kernel = kModifierKernel;
+    }
     // Score modifiers run on the WMMA kernel, or on the Hopper kernel where Auto or the caller
     // chose it.
     const bool on_hopper = kernel == kHopperModifierKernel;

@@ -142,12 +142,17 @@ constexpr TileRow kSm90Rows[] = {
      "stretches of load (round 25 against example 88's order, which had won at the boost clock: "
      "465.8 vs 485.5-486.8 us at 8x16x2048x128, 282.6-286.0 vs 288.6-289.2 causal, 1664.8-1693.9 "
      "vs 1754.0-1756.7 at 2x16x8192x128, 889.2-892.3 vs 915.4-918.8 causal, 956.1-959.6 vs "
-     "977.1-981.4 at 4x32kv8x4096x128 causal)"},
+     "977.1-981.4 at 4x32kv8x4096x128 causal); with the modifiers in the same kernel, which "
+     "serves calls without one as fast (round 43, H100: 442.3 vs 438.3 us at 8x16x2048x128, "
+     "263.1 vs 278.4 causal, 1701.5 vs 1683.9 at 2x16x8192x128, 879.0 vs 878.1 causal, 931.7 "
+     "vs 936.6 at 4x32kv8x4096x128 causal) for two kernels fewer to build"},
     {ArchClass::Sm90, 256, tile(128, 64, 256), sm90_smem_bytes(tile(128, 64, 256)),
      "224 KB (the widest key tile that fits 227 KB; 80 keys lose 40%, round 5), our overlapped "
      "loop with lazy rescaling (676-678 vs 645-650 TFLOP/s at 4x8x4096x256 against example 88's "
      "loop, round 4); persistent over balanced pairs: 631-643 vs 553-573 TFLOP/s causal, 718-720 vs "
-     "725-726 without a mask, where a second kernel would win 1% for 50 s of build (round 7)"},
+     "725-726 without a mask, where a second kernel would win 1% for 50 s of build (round 7); "
+     "with the modifiers in the same kernel (round 43, H100: 781.2 vs 816.3 us at 4x8x4096x256, "
+     "426.8 vs 436.5 causal)"},
 };
 
 // ---- compile-time checks: every row is instantiated, fits its class, and classes ascend ----

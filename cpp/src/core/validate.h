@@ -145,6 +145,9 @@ struct DeviceCaps {
   int64_t smem_per_block_optin = 0;
   uint32_t kernels = ~0u;
   int32_t multiprocessors = 0;  // 0: unknown (Auto then takes the Hopper kernel where it may)
+  // Whether this build compiled the Hopper kernel's bias schedules (the `sm90-bias` feature;
+  // CMake: FLASHCORE_SM90_BIAS): without them a bias call does not run on the Hopper kernel.
+  bool sm90_bias = true;
 };
 
 // The kernel and tile that will run a validated problem, and its key splits: `splits` per

@@ -192,21 +192,27 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   parts.combine<T>(a, stream, /*programmatic=*/true);
 }
 
-// The roles' flags: only the modifier and bias schedules carry the modifier flag, and only the
-// bias schedule the bias flag (the tile's entry routes a call by what it needs; the other kernels
-// refuse it).
+// The roles' flags: the modifier schedule carries the modifier flag and the bias schedule both;
+// a plain or causal schedule carries no bias flag, and the modifier flag only where it is the
+// tile's modifier schedule (one kernel then serves both roles). The tile's entry routes a call by
+// what it needs; a kernel without a flag refuses a call that needs it.
 constexpr bool roles_well_formed() {
   constexpr int kExtras = kFlagModifiers | kFlagBias;
   for (const TileSchedules& s : kTileSchedules) {
-    if ((s.plain & kExtras) != 0 || (s.causal & kExtras) != 0 ||
-        (s.modifiers & kExtras) != kFlagModifiers || (s.bias & kExtras) != kExtras) {
+    for (int role : {s.plain, s.causal}) {
+      if ((role & kFlagBias) != 0 || ((role & kFlagModifiers) != 0 && role != s.modifiers)) {
+        return false;
+      }
+    }
+    if ((s.modifiers & kExtras) != kFlagModifiers || (s.bias & kExtras) != kExtras) {
       return false;
     }
   }
   return true;
 }
-static_assert(roles_well_formed(), "sm90/instances.inc: only the modifier and bias schedules "
-              "have the modifier flag, and only the bias schedule the bias flag");
+static_assert(roles_well_formed(), "sm90/instances.inc: the modifier schedule has the modifier "
+              "flag and the bias schedule both; a plain or causal schedule has no bias flag, and "
+              "the modifier flag only as the tile's modifier schedule");
 
 }  // namespace flashcore::sm90
 
@@ -215,9 +221,11 @@ static_assert(roles_well_formed(), "sm90/instances.inc: only the modifier and bi
 // being the tile's schedule for ROLE (plain, causal, modifiers or bias) in instances.inc. The
 // file of a tile's plain schedule, `FLASHCORE_SM90_INSTANCE(T, TAG, Q, K, D)`, also defines the
 // tile's entry, fmha_sm90_<TAG>_q<Q>_k<K>_d<D> (declared by dispatch.cpp from instances.inc): the
-// bias kernel (the tile's `_bias.cu` file) for a bias, the modifier kernel (`_modifiers.cu`) for
-// a softcap or ALiBi without one, the causal kernel (`_causal.cu`, only where the causal schedule
-// differs from the plain one) under a causal mask, and otherwise the plain kernel.
+// modifier kernel (`_modifiers.cu`, only where the modifier schedule differs from the plain one)
+// for a softcap or ALiBi, the causal kernel (`_causal.cu`, only where the causal schedule differs
+// from the plain one) under a causal mask, and otherwise the plain kernel. A bias call runs the
+// tile's bias kernel (instances/bias/, built with the `sm90-bias` feature), which dispatch.cpp
+// calls directly; the entry's kernels refuse a bias.
 #define FLASHCORE_SM90_ROLE(T, TAG, Q, K, D, ROLE)                                               \
   namespace flashcore::sm90 {                                                                    \
   static_assert(Kernel<T, Q, K, D, schedules_of(Q, K, D).ROLE>::kSmemBytes ==                    \
@@ -234,17 +242,15 @@ static_assert(roles_well_formed(), "sm90/instances.inc: only the modifier and bi
   namespace flashcore::sm90 {                                                                    \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_causal(const FmhaArgs&, cudaStream_t);             \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_modifiers(const FmhaArgs&, cudaStream_t);          \
-  void fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_bias(const FmhaArgs&, cudaStream_t);               \
   void fmha_sm90_##TAG##_q##Q##_k##K##_d##D(const FmhaArgs& args, cudaStream_t stream) {         \
     constexpr TileSchedules kSchedules = schedules_of(Q, K, D);                                  \
-    if (needs_bias(args)) {                                                                      \
-      return fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_bias(args, stream);                          \
-    }                                                                                            \
-    if (needs_modifiers(args)) {                                                                 \
-      return fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_modifiers(args, stream);                     \
+    if constexpr (kSchedules.modifiers != kSchedules.plain) {                                    \
+      if (needs_modifiers(args)) {                                                               \
+        return fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_modifiers(args, stream);                   \
+      }                                                                                          \
     }                                                                                            \
     if constexpr (kSchedules.causal != kSchedules.plain) {                                       \
-      if (args.causal != Causal::None) {                                                         \
+      if (args.causal != Causal::None && !needs_modifiers(args)) {                               \
         return fmha_sm90_##TAG##_q##Q##_k##K##_d##D##_causal(args, stream);                      \
       }                                                                                          \
     }                                                                                            \

@@ -1,3 +1,0 @@
-// The tile's modifier kernel (a softcap, ALiBi), one per translation unit: see ../instances.inc.
-#include "sm90/launch.cuh"
-FLASHCORE_SM90_ROLE(cutlass::bfloat16_t, BF16, 128, 64, 256, modifiers)

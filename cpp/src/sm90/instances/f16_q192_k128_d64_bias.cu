@@ -1,4 +1,0 @@
-// The tile's bias kernel (an additive bias, with or without a softcap and ALiBi), one per
-// translation unit: see ../instances.inc.
-#include "sm90/launch.cuh"
-FLASHCORE_SM90_ROLE(cutlass::half_t, F16, 192, 128, 64, bias)
