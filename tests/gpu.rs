@@ -3287,13 +3287,16 @@ fn modified_batches_match_the_cpu(
         got.execution.backend.name()
     );
     // Auto: the dense rule for the longest sequence over the 6 x 8 (sequence, head) pairs
-    // (auto_kernel), on the Hopper kernel where it runs and that rule names it, else on WMMA.
+    // (auto_kernel), on the Hopper kernel where it runs and that rule names it, else on WMMA; a
+    // bias only in a build with the Hopper bias kernels (feature sm90-bias).
     let device = Device::open(0).unwrap();
     let (major, minor) = device.compute_capability();
     let class = ArchClass::from_compute_capability(major, minor).unwrap();
     let (rows, keys) = (batch.max_seqlen_q(), batch.max_seqlen_k());
     let dense = auto_kernel(class, rows, 6 * 8, keys, 128, device.sm_count());
-    let hopper = runs_here(Kernel::CutlassSm90) && dense == Kernel::CutlassSm90;
+    let hopper = runs_here(Kernel::CutlassSm90)
+        && dense == Kernel::CutlassSm90
+        && (gpu.bias.is_none() || cfg!(feature = "sm90-bias"));
     let expected = if hopper {
         Kernel::CutlassSm90
     } else {
