@@ -100,9 +100,7 @@ fn parse() -> Args {
                 a.kernels = val()
                     .split(',')
                     .map(|n| {
-                        Kernel::ALL
-                            .into_iter()
-                            .find(|k| k.name() == n)
+                        Kernel::from_name(n)
                             .unwrap_or_else(|| usage(&format!("--kernels: no kernel named {n}")))
                     })
                     .collect()
