@@ -101,7 +101,6 @@ fn main() {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(4)))
         .max(1);
 
-    // The bridge first: GNU ld resolves static archives left to right.
     if kernels::builds_hopper(&archs) {
         bridge.define("FLASHCORE_WITH_SM90", "1");
     }
@@ -114,9 +113,11 @@ fn main() {
         .file(cpp.join("src/planned.cpp"))
         .file(cpp.join("src/merge.cpp"))
         .file(cpp.join("src/dispatch.cpp"))
-        .include(&cuda.include)
-        .compile("flashcore_bridge");
+        .include(&cuda.include);
 
+    // cc takes nvcc from $NVCC in CUDA mode (an explicit .compiler() loses nvcc's flag
+    // translation). Set before any thread starts.
+    env::set_var("NVCC", &cuda.nvcc);
     let config = kernels::Config {
         cuda: &cuda,
         cutlass: &cutlass,
@@ -126,7 +127,17 @@ fn main() {
         jobs,
         out_dir: &out_dir,
     };
-    let objects = config.compile(&kernels::units(&cpp, &archs));
+    // The bridge's host C++ (one g++ at a time, about 20 s) compiles beside the kernels instead
+    // of before them. Its archive is still announced first: GNU ld resolves static archives left
+    // to right, and the kernels' archive is made after the join.
+    let objects = std::thread::scope(|s| {
+        let host = s.spawn(|| bridge.compile("flashcore_bridge"));
+        let objects = config.compile(&kernels::units(&cpp, &archs));
+        if let Err(panic) = host.join() {
+            std::panic::resume_unwind(panic);
+        }
+        objects
+    });
     cc::Build::new()
         .objects(&objects)
         .cargo_metadata(true)

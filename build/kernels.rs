@@ -1,5 +1,6 @@
-//! Compiling the kernel translation units for build.rs: the files of `cpp/src/*/instances/`
-//! (one kernel per TU), compiled by nvcc through `cc`, cached by content hash.
+//! Compiling the kernel translation units for build.rs: the files of `cpp/src/*/instances/` (one
+//! Hopper kernel per TU; one TU per dtype for the cheaper families, whose kernels cost less to
+//! compile than the headers they parse), compiled by nvcc through `cc`, cached by content hash.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -137,7 +138,8 @@ pub struct Unit {
 }
 
 /// Every kernel translation unit of the families built for `archs`:
-/// `cpp/src/<family>/instances/*.cu` (one per dtype x tile of the family's `instances.inc`), and
+/// `cpp/src/<family>/instances/*.cu` (for the Hopper family one per dtype x tile x role of its
+/// `instances.inc`, for the others one per dtype, each instantiating every row), and
 /// those of its optional subfolder where its feature is on.
 pub fn units(cpp: &Path, archs: &[String]) -> Vec<Unit> {
     let mut units = Vec::new();
@@ -281,11 +283,9 @@ impl Config<'_> {
     }
 
     /// Compiles every unit missing from the cache (at most `jobs` nvcc at once) and returns the
-    /// cached object paths in unit order.
+    /// cached object paths in unit order. cc takes nvcc from `$NVCC` in CUDA mode (an explicit
+    /// `.compiler()` loses nvcc's flag translation): the caller sets it to `cuda.nvcc` first.
     pub fn compile(&self, units: &[Unit]) -> Vec<PathBuf> {
-        // cc takes nvcc from $NVCC in CUDA mode (an explicit .compiler() loses nvcc's flag
-        // translation). Set before any thread starts.
-        std::env::set_var("NVCC", &self.cuda.nvcc);
         fs::create_dir_all(self.cache).expect("create nvcc cache dir");
         let families = FAMILIES.map(|f| self.family_hash(f));
         let objects: Vec<PathBuf> = units
@@ -296,8 +296,9 @@ impl Config<'_> {
                 self.cache.join(format!("{}-{}.o", u.name, &key[..16]))
             })
             .collect();
-        // Longest first: the Hopper units take several times the others, which then fill the
-        // tail where one job would otherwise run alone.
+        // Longest first: the Hopper units (about a minute each), then the others (a dtype's
+        // tiles of a cheaper family, about as long, and the merge kernel), which fill the tail
+        // where one job would otherwise run alone.
         let mut todo: Vec<usize> = (0..units.len())
             .filter(|&i| !objects[i].is_file())
             .collect();

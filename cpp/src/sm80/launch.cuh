@@ -3,8 +3,9 @@
 // variable-length ones (not paged caches, not key splits: the planner gives those to the other
 // families).
 //
-// Each file in instances/ (one per dtype x tile of instances.inc) instantiates
-// `launch_sm80<T, Q, K, D>` once, so nvcc's cost stays one kernel per TU.
+// Each file in instances/ (one per dtype) instantiates `launch_sm80<T, Q, K, D>` for every tile
+// of instances.inc: one parse of CUTLASS's headers serves the dtype's five kernels (a clean build
+// on 2 cores compiles them in about 45 s per dtype, against about 110 s one kernel per file).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -222,7 +223,7 @@ void launch_sm80(const FmhaArgs& a, cudaStream_t stream) {
 
 }  // namespace flashcore::sm80
 
-// The explicit instantiation in each file of instances/: TAG is the DType, the symbol is
+// The explicit instantiation per tile in each file of instances/: TAG is the DType, the symbol is
 // fmha_sm80_<TAG>_q<Q>_k<K>_d<D> (declared by dispatch.cpp from instances.inc).
 #define FLASHCORE_SM80_INSTANCE(T, TAG, Q, K, D)                                           \
   namespace flashcore::sm80 {                                                              \

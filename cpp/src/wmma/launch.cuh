@@ -1,8 +1,8 @@
 // Launcher for flashcore's WMMA kernel (kernel.cuh): FmhaArgs -> Params, grid, shared memory;
 // with key splits (FmhaArgs::splits), the workspace and the combine kernel (split/combine.cuh).
 //
-// Each file in instances/ (one per dtype x tile of instances.inc) instantiates
-// `launch_wmma<T, BR, BC, D>` once and checks that the table's shared-memory figure matches.
+// Each file in instances/ (one per dtype) instantiates `launch_wmma<T, BR, BC, D>` for every
+// tile of instances.inc and checks that the table's shared-memory figure matches.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -150,7 +150,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
 
 }  // namespace flashcore::wmma_fa
 
-// The explicit instantiation in each file of instances/: TAG is the DType, the symbol is
+// The explicit instantiation per tile in each file of instances/: TAG is the DType, the symbol is
 // fmha_wmma_<TAG>_q<BR>_k<BC>_d<D> (declared by dispatch.cpp from instances.inc). The tables'
 // shared-memory figure (wmma_smem_bytes) must be what the kernel's layout takes.
 #define FLASHCORE_WMMA_INSTANCE(T, TAG, BR, BC, D)                                              \

@@ -1,3 +1,0 @@
-// One kernel per translation unit: see ../instances.inc.
-#include "sm80/launch.cuh"
-FLASHCORE_SM80_INSTANCE(cutlass::bfloat16_t, BF16, 32, 128, 128)

@@ -1,0 +1,6 @@
+// Every tile of ../instances.inc in f16: example 41's kernels are small beside CUTLASS's headers,
+// so one translation unit per dtype parses them once for all its tiles (build/kernels.rs).
+#include "sm80/launch.cuh"
+#define FLASHCORE_TILE(Q, K, D) FLASHCORE_SM80_INSTANCE(cutlass::half_t, F16, Q, K, D)
+#include "sm80/instances.inc"
+#undef FLASHCORE_TILE

@@ -1,3 +1,0 @@
-// One kernel per translation unit: see ../instances.inc.
-#include "sm80/launch.cuh"
-FLASHCORE_SM80_INSTANCE(cutlass::half_t, F16, 64, 128, 256)

@@ -1,3 +1,0 @@
-// One kernel per translation unit: see ../instances.inc.
-#include "wmma/launch.cuh"
-FLASHCORE_WMMA_INSTANCE(__nv_bfloat16, BF16, 64, 16, 256)
