@@ -9,6 +9,7 @@
 
 #include "check.h"
 #include "describe.h"
+#include "dispatch.h"
 #include "flashcore/flashcore.h"
 
 namespace flashcore::detail {
@@ -115,8 +116,7 @@ core::DeviceCaps device_caps(int device) {
   check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
              "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   caps.smem_per_block_optin = optin;
-  caps.kernels = compiled_kernels();
-  caps.sm90_bias = compiled_sm90_bias();
+  set_compiled(caps);
   check_cuda(cudaDeviceGetAttribute(&caps.multiprocessors, cudaDevAttrMultiProcessorCount, device),
              "cudaDeviceGetAttribute(MultiProcessorCount)");
   if (static_cast<size_t>(device) >= cache.size()) {

@@ -10,6 +10,7 @@
 #include "attention.h"
 #include "bridge_convert.h"
 #include "check.h"
+#include "dispatch.h"
 #include "flashcore/flashcore.h"
 
 namespace flashcore::bridge {
@@ -202,8 +203,7 @@ static Status prepare(const core::Request& r, const CapsFfi& caps, core::Problem
     return s;
   }
   core::DeviceCaps device = from_ffi(caps);
-  device.kernels = compiled_kernels();
-  device.sm90_bias = compiled_sm90_bias();
+  set_compiled(device);
   return core::plan(r, *p, device, plan);
 }
 

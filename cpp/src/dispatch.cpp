@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "launcher.h"
+#include "dispatch.h"
 
 namespace flashcore {
 
@@ -124,13 +124,12 @@ constexpr uint32_t kCompiled = compiled_mask();
 
 }  // namespace
 
-uint32_t compiled_kernels() noexcept { return kCompiled; }
-
-bool compiled_sm90_bias() noexcept {
+void set_compiled(core::DeviceCaps& caps) noexcept {
+  caps.kernels = kCompiled;
 #if FLASHCORE_WITH_SM90 && FLASHCORE_WITH_SM90_BIAS
-  return true;
+  caps.sm90_bias = true;
 #else
-  return false;
+  caps.sm90_bias = false;
 #endif
 }
 

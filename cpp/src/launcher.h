@@ -145,13 +145,4 @@ inline PageBounds page_bounds(const FmhaArgs& a) {
   return b;
 }
 
-// Launches `kernel`'s instantiation for `args.tile` and `args.dtype` on `stream` (of the current
-// device) and returns once it is queued (cpp/src/dispatch.cpp).
-void launch(Kernel kernel, const FmhaArgs& args, cudaStream_t stream);
-
-// The kernel families this build compiled, one bit per Kernel value (core::DeviceCaps::kernels).
-uint32_t compiled_kernels() noexcept;
-// Whether this build compiled the Hopper kernel's bias schedules (core::DeviceCaps::sm90_bias).
-bool compiled_sm90_bias() noexcept;
-
 }  // namespace flashcore

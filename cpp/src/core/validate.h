@@ -139,7 +139,7 @@ Status validate(const Request& r, Problem* problem) noexcept;
 Status check_addresses(const Request& r) noexcept;
 
 // What the device offers (read once per device by the front ends), and which kernel families
-// this build compiled (one bit per Kernel value; see compiled_kernels() in cpp/src/launcher.h).
+// this build compiled (one bit per Kernel value; see set_compiled() in cpp/src/dispatch.h).
 struct DeviceCaps {
   int32_t major = 0, minor = 0;
   int64_t smem_per_block_optin = 0;
