@@ -5,7 +5,7 @@ mod merge;
 pub(crate) use merge::{merge, merge_in_place};
 
 use crate::element::Element;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::paged::PageTable;
 use crate::tensor::host_vec;
 use crate::tensor::Tensor;
@@ -47,7 +47,7 @@ impl At<'_> {
 }
 
 /// Computes attention for host tensors. `lse` receives `max + ln(sum exp)` per query row.
-/// Fails only when the host cannot hold the scores of one row.
+/// Fails only when the host cannot hold one row's scores and one kv head's K and V in f64.
 pub(crate) fn attention<T: Element>(
     p: &Problem,
     q: &Tensor<T>,
@@ -139,17 +139,29 @@ fn each_sequence<'a, T: Element>(
     Ok(())
 }
 
-/// One query row's scores (one per key) and output accumulator, allocated once per call.
+/// Buffers allocated once per call: one query row's scores (one per key), query and output
+/// accumulator, and the K and V rows of one (sequence, kv head) in f64, converted once for all the
+/// query rows that read them (each element's conversion is exact, so the arithmetic is that of
+/// converting at every use).
 struct RowBuffers {
     scores: Vec<f64>,
+    query: Vec<f64>,
     acc: Vec<f64>,
+    keys: Vec<f64>,
+    values: Vec<f64>,
 }
 
 impl RowBuffers {
     fn new(keys: usize, head_dim: usize) -> Result<Self> {
+        let rows = keys
+            .checked_mul(head_dim)
+            .ok_or(Error::OutOfHostMemory { bytes: usize::MAX })?;
         Ok(RowBuffers {
             scores: host_vec(0.0, keys)?,
+            query: host_vec(0.0, head_dim)?,
             acc: host_vec(0.0, head_dim)?,
+            keys: host_vec(0.0, rows)?,
+            values: host_vec(0.0, rows)?,
         })
     }
 }
@@ -172,64 +184,78 @@ fn sequence<T: Element>(
     let group = p.heads_q / p.heads_kv.max(1);
     let d = p.head_dim;
     let scale = f64::from(p.scale);
-    let RowBuffers { scores, acc } = rows;
+    let RowBuffers {
+        scores,
+        query,
+        acc,
+        keys,
+        values,
+    } = rows;
     let b = at.b;
     let diagonal = p.diagonal();
-    for h in 0..p.heads_q {
-        let kvh = h / group;
-        let slope = p.alibi.as_ref().map(|a| f64::from(a.slope(at.seq, h)));
-        for i in 0..p.seq_q {
-            let keys = p.visible(i);
-            let (first, n) = (keys.start, keys.len());
-            let q0 = q.offset(b, at.q0 + i, h, 0);
-            for (j, s) in scores[..n].iter_mut().enumerate() {
-                let (kb, kj) = at.key(first + j);
-                let k0 = k.offset(kb, kj, kvh, 0);
-                let dot: f64 = (0..d)
-                    .map(|x| qd[q0 + x].to_f64() * kd[k0 + x].to_f64())
-                    .sum();
-                let score = match p.softcap {
-                    Some(cap) => f64::from(cap) * (dot * scale / f64::from(cap)).tanh(),
-                    None => dot * scale,
-                };
-                // ALiBi's distance from the diagonal (sizes fit in i64: tensor extents).
-                let gap = (i as i64 + diagonal - (first + j) as i64).unsigned_abs() as f64;
-                // The bias is on the host (validated), so `value` finds it.
-                let bias = p.bias.as_ref().map_or(0.0, |x| {
-                    x.value(at.seq, i, h, first + j).unwrap_or(f64::NAN)
-                });
-                *s = score - slope.map_or(0.0, |m| m * gap) + bias;
+    for kvh in 0..p.heads_kv {
+        for j in 0..p.seq_k {
+            let (kb, kj) = at.key(j);
+            let (k0, v0) = (k.offset(kb, kj, kvh, 0), v.offset(kb, kj, kvh, 0));
+            for x in 0..d {
+                keys[j * d + x] = kd[k0 + x].to_f64();
+                values[j * d + x] = vd[v0 + x].to_f64();
             }
-            let max = scores[..n]
-                .iter()
-                .copied()
-                .fold(f64::NEG_INFINITY, f64::max);
-            // A row whose every key the bias masks (-inf) gets output 0 and lse -inf.
-            let live = max > f64::NEG_INFINITY;
-            acc.fill(0.0);
-            let mut sum = 0.0;
-            for (j, s) in scores[..n].iter().enumerate().filter(|_| live) {
-                let w = (s - max).exp();
-                sum += w;
-                let (vb, vj) = at.key(first + j);
-                let v0 = v.offset(vb, vj, kvh, 0);
-                for (x, a) in acc.iter_mut().enumerate() {
-                    *a += w * vd[v0 + x].to_f64();
+        }
+        for h in kvh * group..(kvh + 1) * group {
+            let slope = p.alibi.as_ref().map(|a| f64::from(a.slope(at.seq, h)));
+            for i in 0..p.seq_q {
+                let visible = p.visible(i);
+                let (first, n) = (visible.start, visible.len());
+                let q0 = q.offset(b, at.q0 + i, h, 0);
+                for (x, e) in query.iter_mut().enumerate() {
+                    *e = qd[q0 + x].to_f64();
                 }
-            }
-            let o0 = out.offset(b, at.q0 + i, h, 0);
-            let od = out.host_data_mut().expect("validated host output");
-            for (x, a) in acc.iter().enumerate() {
-                od[o0 + x] = T::from_f64(if live { a / sum } else { 0.0 });
-            }
-            if let Some(l) = lse.as_deref_mut() {
-                let l0 = l.offset(b, at.q0 + i, h, 0);
-                let value = if live {
-                    max + sum.ln()
-                } else {
-                    f64::NEG_INFINITY
-                };
-                l.host_data_mut().expect("validated host lse")[l0] = value as f32;
+                for (j, s) in scores[..n].iter_mut().enumerate() {
+                    let key = &keys[(first + j) * d..(first + j + 1) * d];
+                    let dot: f64 = query.iter().zip(key).map(|(a, b)| a * b).sum();
+                    let score = match p.softcap {
+                        Some(cap) => f64::from(cap) * (dot * scale / f64::from(cap)).tanh(),
+                        None => dot * scale,
+                    };
+                    // ALiBi's distance from the diagonal (sizes fit in i64: tensor extents).
+                    let gap = (i as i64 + diagonal - (first + j) as i64).unsigned_abs() as f64;
+                    // The bias is on the host (validated), so `value` finds it.
+                    let bias = p.bias.as_ref().map_or(0.0, |x| {
+                        x.value(at.seq, i, h, first + j).unwrap_or(f64::NAN)
+                    });
+                    *s = score - slope.map_or(0.0, |m| m * gap) + bias;
+                }
+                let max = scores[..n]
+                    .iter()
+                    .copied()
+                    .fold(f64::NEG_INFINITY, f64::max);
+                // A row whose every key the bias masks (-inf) gets output 0 and lse -inf.
+                let live = max > f64::NEG_INFINITY;
+                acc.fill(0.0);
+                let mut sum = 0.0;
+                for (j, s) in scores[..n].iter().enumerate().filter(|_| live) {
+                    let w = (s - max).exp();
+                    sum += w;
+                    let value = &values[(first + j) * d..(first + j + 1) * d];
+                    for (a, e) in acc.iter_mut().zip(value) {
+                        *a += w * e;
+                    }
+                }
+                let o0 = out.offset(b, at.q0 + i, h, 0);
+                let od = out.host_data_mut().expect("validated host output");
+                for (x, a) in acc.iter().enumerate() {
+                    od[o0 + x] = T::from_f64(if live { a / sum } else { 0.0 });
+                }
+                if let Some(l) = lse.as_deref_mut() {
+                    let l0 = l.offset(b, at.q0 + i, h, 0);
+                    let value = if live {
+                        max + sum.ln()
+                    } else {
+                        f64::NEG_INFINITY
+                    };
+                    l.host_data_mut().expect("validated host lse")[l0] = value as f32;
+                }
             }
         }
     }
