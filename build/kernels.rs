@@ -283,8 +283,7 @@ impl Config<'_> {
     }
 
     /// Compiles every unit missing from the cache (at most `jobs` nvcc at once) and returns the
-    /// cached object paths in unit order. cc takes nvcc from `$NVCC` in CUDA mode (an explicit
-    /// `.compiler()` loses nvcc's flag translation): the caller sets it to `cuda.nvcc` first.
+    /// cached object paths in unit order. The caller has set `$NVCC` (build.rs says why).
     pub fn compile(&self, units: &[Unit]) -> Vec<PathBuf> {
         fs::create_dir_all(self.cache).expect("create nvcc cache dir");
         let families = FAMILIES.map(|f| self.family_hash(f));

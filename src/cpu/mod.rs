@@ -5,7 +5,7 @@ mod merge;
 pub(crate) use merge::{merge, merge_in_place};
 
 use crate::element::Element;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::paged::PageTable;
 use crate::tensor::host_vec;
 use crate::tensor::Tensor;
@@ -153,9 +153,8 @@ struct RowBuffers {
 
 impl RowBuffers {
     fn new(keys: usize, head_dim: usize) -> Result<Self> {
-        let rows = keys
-            .checked_mul(head_dim)
-            .ok_or(Error::OutOfHostMemory { bytes: usize::MAX })?;
+        // An overflowing size saturates, and host_vec then fails to reserve it.
+        let rows = keys.saturating_mul(head_dim);
         Ok(RowBuffers {
             scores: host_vec(0.0, keys)?,
             query: host_vec(0.0, head_dim)?,
@@ -163,6 +162,29 @@ impl RowBuffers {
             keys: host_vec(0.0, rows)?,
             values: host_vec(0.0, rows)?,
         })
+    }
+
+    /// Converts kv head `kvh`'s K and V rows of the sequence's first `seq_k` keys into `keys`
+    /// and `values`.
+    fn load_kv<T: Element>(
+        &mut self,
+        at: At<'_>,
+        (k, v): (&Tensor<T>, &Tensor<T>),
+        kvh: usize,
+        seq_k: usize,
+    ) {
+        let (Some(kd), Some(vd)) = (k.host_data(), v.host_data()) else {
+            unreachable!("validate() checked that all operands are on the host");
+        };
+        let d = self.query.len();
+        for j in 0..seq_k {
+            let (kb, kj) = at.key(j);
+            let (k0, v0) = (k.offset(kb, kj, kvh, 0), v.offset(kb, kj, kvh, 0));
+            for x in 0..d {
+                self.keys[j * d + x] = kd[k0 + x].to_f64();
+                self.values[j * d + x] = vd[v0 + x].to_f64();
+            }
+        }
     }
 }
 
@@ -178,30 +200,23 @@ fn sequence<T: Element>(
     mut lse: Option<&mut Tensor<f32>>,
     rows: &mut RowBuffers,
 ) {
-    let (Some(qd), Some(kd), Some(vd)) = (q.host_data(), k.host_data(), v.host_data()) else {
+    let Some(qd) = q.host_data() else {
         unreachable!("validate() checked that all operands are on the host");
     };
     let group = p.heads_q / p.heads_kv.max(1);
     let d = p.head_dim;
     let scale = f64::from(p.scale);
-    let RowBuffers {
-        scores,
-        query,
-        acc,
-        keys,
-        values,
-    } = rows;
     let b = at.b;
     let diagonal = p.diagonal();
     for kvh in 0..p.heads_kv {
-        for j in 0..p.seq_k {
-            let (kb, kj) = at.key(j);
-            let (k0, v0) = (k.offset(kb, kj, kvh, 0), v.offset(kb, kj, kvh, 0));
-            for x in 0..d {
-                keys[j * d + x] = kd[k0 + x].to_f64();
-                values[j * d + x] = vd[v0 + x].to_f64();
-            }
-        }
+        rows.load_kv(at, (k, v), kvh, p.seq_k);
+        let RowBuffers {
+            scores,
+            query,
+            acc,
+            keys,
+            values,
+        } = &mut *rows;
         for h in kvh * group..(kvh + 1) * group {
             let slope = p.alibi.as_ref().map(|a| f64::from(a.slope(at.seq, h)));
             for i in 0..p.seq_q {
