@@ -212,30 +212,53 @@ fn write_shapes(path: &str, filter: &str) {
 /// Rust `attention_into` (validation, planning, FFI, launcher) against the public C++ call
 /// (`attention_forward`: the same work from C++), a Rust `AttentionPlan::run` against a run of
 /// the public C++ plan of the same call (`flashcore::AttentionPlan::run`: address check +
-/// launcher), and the bare C++ launcher. Each round enqueues 200 calls
-/// (below the launch queue's depth) after a synchronise; medians over 25 rounds, in ns:
-/// (Rust call, C++ call, Rust planned run, C++ planned run, C++ launcher).
-fn host_overhead(stream: &Stream) -> flashcore::Result<[f64; 5]> {
+/// launcher), and the bare C++ launcher. Each loop enqueues 200 calls (below the launch queue's
+/// depth) after a synchronise. A round runs the Rust loops and the C++ loops back to back, Rust
+/// first in even rounds and C++ first in odd ones, so that neither side always follows the
+/// other; each round gives the two ratios. Medians over 60 rounds (a first one discarded).
+struct HostCost {
+    /// Median ns per call: Rust call, C++ call, Rust planned run, C++ planned run, launcher.
+    ns: [f64; 5],
+    /// Rust call / C++ call and Rust planned run / C++ planned run, per round: (median, p10,
+    /// p90).
+    ratios: [(f64, f64, f64); 2],
+}
+
+fn host_overhead(stream: &Stream) -> flashcore::Result<HostCost> {
     let q = Tensor::full(f16::ONE, &[1, 1, 16, 64], Layout::Bhsd)?.to_device(stream)?;
     let mut out = Tensor::uninit_on(stream, &[1, 1, 16, 64], Layout::Bhsd)?;
     let opts = AttentionOptions::default();
     const CALLS: u32 = 200;
+    const ROUNDS: usize = 60;
     let plan = flashcore::AttentionPlan::new(&q, &q, &q, &out, None, &opts)?;
     let mut rounds: [Vec<f64>; 5] = Default::default();
-    for round in 0..26 {
-        stream.synchronize()?;
-        let t0 = Instant::now();
-        for _ in 0..CALLS {
-            flashcore::attention_into(&q, &q, &q, &mut out, None, &opts)?;
-        }
-        let rust = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
-        stream.synchronize()?;
-        let t0 = Instant::now();
-        for _ in 0..CALLS {
-            plan.run(&q, &q, &q, &mut out, None)?;
-        }
-        let planned = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
-        let cpp = flashcore::cpp_host_ns(&q, &q, &q, &mut out, &opts, CALLS)?;
+    let mut ratios: [Vec<f64>; 2] = Default::default();
+    for round in 0..=ROUNDS {
+        let rust_loops = |out: &mut Tensor<f16>| -> flashcore::Result<(f64, f64)> {
+            stream.synchronize()?;
+            let t0 = Instant::now();
+            for _ in 0..CALLS {
+                flashcore::attention_into(&q, &q, &q, out, None, &opts)?;
+            }
+            let call = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
+            stream.synchronize()?;
+            let t0 = Instant::now();
+            for _ in 0..CALLS {
+                plan.run(&q, &q, &q, out, None)?;
+            }
+            let planned = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
+            Ok((call, planned))
+        };
+        let ((rust, planned), cpp) = if round % 2 == 0 {
+            let r = rust_loops(&mut out)?;
+            (
+                r,
+                flashcore::cpp_host_ns(&q, &q, &q, &mut out, &opts, CALLS)?,
+            )
+        } else {
+            let c = flashcore::cpp_host_ns(&q, &q, &q, &mut out, &opts, CALLS)?;
+            (rust_loops(&mut out)?, c)
+        };
         if round > 0 {
             for (r, x) in rounds
                 .iter_mut()
@@ -243,10 +266,15 @@ fn host_overhead(stream: &Stream) -> flashcore::Result<[f64; 5]> {
             {
                 r.push(x);
             }
+            ratios[0].push(rust / cpp.call);
+            ratios[1].push(planned / cpp.planned);
         }
     }
     stream.synchronize()?;
-    Ok(rounds.map(|mut r| percentiles(&mut r).0))
+    Ok(HostCost {
+        ns: rounds.map(|mut r| percentiles(&mut r).0),
+        ratios: ratios.map(|mut r| percentiles(&mut r)),
+    })
 }
 
 /// The variable-length prefill rows of issue 12: 16 causal sequences of 128 to 4096 tokens (GQA
@@ -929,23 +957,34 @@ fn main() {
         serde_json::Value::Null
     } else {
         match host_overhead(&stream) {
-            Ok([rust, cpp, planned, cpp_planned, launch]) => {
+            Ok(HostCost {
+                ns: [rust, cpp, planned, cpp_planned, launch],
+                ratios: [call_ratio, planned_ratio],
+            }) => {
                 println!(
-                "host cost per call: Rust attention_into {:.2} us, C++ attention_forward {:.2} us, \
-                 ratio {:.3}; Rust planned run {:.2} us, C++ planned run {:.2} us, ratio {:.3}; \
-                 C++ launcher alone {:.2} us (Rust call beyond it: {:.2} us)",
-                rust / 1e3,
-                cpp / 1e3,
-                rust / cpp,
-                planned / 1e3,
-                cpp_planned / 1e3,
-                planned / cpp_planned,
-                launch / 1e3,
-                (rust - launch) / 1e3,
-            );
-                json!({ "rust_ns": rust, "cpp_ns": cpp, "ratio": rust / cpp,
+                    "host cost per call: Rust attention_into {:.2} us, C++ attention_forward \
+                     {:.2} us, ratio {:.3} (p10 {:.3}, p90 {:.3}); Rust planned run {:.2} us, \
+                     C++ planned run {:.2} us, ratio {:.3} (p10 {:.3}, p90 {:.3}); C++ launcher \
+                     alone {:.2} us (Rust call beyond it: {:.2} us)",
+                    rust / 1e3,
+                    cpp / 1e3,
+                    call_ratio.0,
+                    call_ratio.1,
+                    call_ratio.2,
+                    planned / 1e3,
+                    cpp_planned / 1e3,
+                    planned_ratio.0,
+                    planned_ratio.1,
+                    planned_ratio.2,
+                    launch / 1e3,
+                    (rust - launch) / 1e3,
+                );
+                json!({ "rust_ns": rust, "cpp_ns": cpp, "ratio": call_ratio.0,
+                    "ratio_p10_p90": [call_ratio.1, call_ratio.2],
                     "planned_ns": planned, "cpp_planned_ns": cpp_planned,
-                    "planned_ratio": planned / cpp_planned, "launcher_ns": launch })
+                    "planned_ratio": planned_ratio.0,
+                    "planned_ratio_p10_p90": [planned_ratio.1, planned_ratio.2],
+                    "launcher_ns": launch })
             }
             Err(e) => {
                 eprintln!("host overhead: {e}");

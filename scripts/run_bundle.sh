@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs a bundle built by scripts/bundle.sh on a GPU host: the GPU test suite, the example at the
-# mission shape, the SASS listing, and (unless SKIP_BENCH=1) the benchmarks side by side with
-# torch SDPA. Logs go to ${1:-.}/ as well as stdout (at most 13 files).
+# mission shape, the SASS listing, compute-sanitizer on the seed shapes and a throughput shape
+# (unless SKIP_SANITIZER=1; bundle/sanitize.sh runs every tool over the GPU tests too), and
+# (unless SKIP_BENCH=1) the benchmarks side by side with torch SDPA. Logs go to ${1:-.}/ as well
+# as stdout.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-.}"
@@ -45,31 +47,9 @@ rm -f "$marker"
           "$here/example-attention" $shape --backend cutlass-sm90 || touch "$marker"
       done
     done
-    # memcheck and racecheck over the GPU tests whose names contain $1 (log: $out/$1-TOOL.log).
-    sanitize_tests() {
-      for tool in memcheck racecheck; do
-        "$sanitizer" --tool $tool --error-exitcode 3 \
-          "$here/test-gpu" --include-ignored --test-threads=1 "$1" >"$out/$1-$tool.log" 2>&1
-        rc=$?
-        grep -E "test result|SUMMARY" "$out/$1-$tool.log"
-        [ "$rc" = 0 ] || touch "$marker"
-      done
-    }
-    echo "== compute-sanitizer memcheck and racecheck: the merge kernel (its GPU tests, in place too)"
-    sanitize_tests merge_
-    echo "== compute-sanitizer memcheck and racecheck: variable-length batches (WMMA; bad device offsets too)"
-    sanitize_tests varlen_
-    echo "== compute-sanitizer memcheck and racecheck: split-KV decoding (WMMA and its combine)"
-    sanitize_tests split_kv
-    echo "== compute-sanitizer memcheck and racecheck: paged KV caches (WMMA and the Hopper kernel; bad device tables too)"
-    sanitize_tests paged_
-    echo "== compute-sanitizer memcheck and racecheck: score modifiers (window, softcap, ALiBi, bias)"
-    sanitize_tests score_modifiers
-    sanitize_tests alibi_
-    sanitize_tests bias_
-    echo "== compute-sanitizer memcheck and racecheck: the Hopper kernel's persistent causal pairs, windows and softcaps"
-    sanitize_tests hopper_causal_pairs
-    sanitize_tests hopper_window
+    # The GPU tests' kernels (merge, variable-length, split-KV, paged, score modifiers, the
+    # Hopper kernel's causal pairs and windows) under memcheck, racecheck, initcheck and
+    # synccheck: bundle/sanitize.sh, which takes longer than the rest of this script.
   fi
 } 2>&1 | tee "$out/example.log"
 [ -e "$marker" ] && { echo "== example or racecheck FAILED"; status=1; }

@@ -64,15 +64,15 @@ pub(crate) fn run<T: AttentionElement>(
         batch,
         scores,
     } = call;
-    // Borrowed, not cloned (a clone costs atomic reference counts on every planned run); only
-    // a logsumexp on another stream than the output's is cloned, as `out` and `lse` are
-    // mutably borrowed for the launch.
-    let stream = device_stream(out)?.clone();
-    let lse_stream = match lse.as_deref() {
-        Some(l) => Some(device_stream(l)?)
-            .filter(|s| !s.same_as(&stream))
-            .cloned(),
-        None => None,
+    // The output's and the logsumexp's streams are borrowed beside their buffers, not cloned
+    // (a clone costs atomic reference counts on every planned run).
+    let (stream, out) = device_parts(out)?;
+    let (lse_stream, lse) = match lse {
+        Some(l) => {
+            let (s, buffer) = device_parts(l)?;
+            (Some(s).filter(|s| !s.same_as(stream)), Some(buffer))
+        }
+        None => (None, None),
     };
     let (qs, ks, vs) = (device_stream(q)?, device_stream(k)?, device_stream(v)?);
     // The index arrays (offsets or a page table) with their host copies. Arrays not on the
@@ -91,18 +91,25 @@ pub(crate) fn run<T: AttentionElement>(
         Some(qs),
         Some(ks),
         Some(vs),
-        lse_stream.as_ref(),
+        lse_stream,
         indices_stream,
         slopes.map(|s| s.stream()),
         bias.map(|(_, s)| s),
     ];
     let inputs = inputs.iter().flatten().copied();
     for s in inputs.clone() {
-        order_after(&stream, &[s])?;
+        order_after(stream, &[s])?;
     }
-    let mut operands = operands(q, k, v, out, lse)?;
-    operands.alibi = slopes.map(|s| s.raw());
-    operands.bias = bias.map(|(b, _)| b);
+    let mut operands = Operands {
+        q: device_buffer(q)?,
+        k: device_buffer(k)?,
+        v: device_buffer(v)?,
+        out,
+        lse,
+        indices: None,
+        alibi: slopes.map(|s| s.raw()),
+        bias: bias.map(|(b, _)| b),
+    };
     if let Some((paged, first, second, (host_first, host_second))) = indices {
         let hidden = matches!(entry, Entry::PublicCpp { host_copies: false });
         operands.indices = Some(IndexBuffers {
@@ -123,7 +130,7 @@ pub(crate) fn run<T: AttentionElement>(
     };
     // Frees and copies later enqueued on the inputs' streams must follow the kernel.
     for s in inputs {
-        order_after(s, &[&stream])?;
+        order_after(s, &[stream])?;
     }
     Ok(ran)
 }
@@ -185,6 +192,14 @@ pub(crate) fn operands<'a, T: Element>(
 fn device_buffer<T: Element>(t: &Tensor<T>) -> Result<&RawBuffer> {
     match &t.storage {
         Storage::Device(b) => Ok(b.raw()),
+        Storage::Host(_) => Err(not_on_device()),
+    }
+}
+
+/// A device tensor's stream and its buffer, borrowed together.
+fn device_parts<T: Element>(t: &mut Tensor<T>) -> Result<(&Stream, &mut RawBuffer)> {
+    match &mut t.storage {
+        Storage::Device(b) => Ok(b.parts_mut()),
         Storage::Host(_) => Err(not_on_device()),
     }
 }

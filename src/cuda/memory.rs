@@ -61,6 +61,11 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
     pub(crate) fn raw_mut(&mut self) -> &mut RawBuffer {
         &mut self.raw
     }
+
+    /// The stream and the buffer together: a launch enqueues on the one and writes the other.
+    pub(crate) fn parts_mut(&mut self) -> (&Stream, &mut RawBuffer) {
+        (&self.stream, &mut self.raw)
+    }
 }
 
 impl<T: Element> Tensor<T> {
