@@ -1,7 +1,8 @@
 //! One decode step of a serving engine: every layer keeps its K and V in a paged cache, the batch
 //! holds sequences of different lengths, and the step plans attention once and runs the plan for
 //! each layer. Runs on the GPU when one is present, else on the CPU; checks every layer's output
-//! against the float64 CPU reference and prints the time per layer.
+//! against the float64 CPU reference and prints the time per layer (on a GPU also the host's
+//! time to enqueue a layer, which shows whether the host or the GPU bounds the step).
 //!
 //! `cargo run --release --example serving -- [--layers N]` (default 32 on a GPU, 2 on the CPU).
 
@@ -84,7 +85,7 @@ fn main() -> flashcore::Result<()> {
     // The one new query of each sequence is its last token: it sees every cached key.
     let opts = AttentionOptions::default().causal(Causal::BottomRight);
 
-    let (outs, per_layer_us, ran) = if gpu {
+    let (outs, per_layer_us, host_us, ran) = if gpu {
         on_gpu(&model, &pages, &opts)?
     } else {
         on_cpu(&model, &pages, &opts)?
@@ -104,7 +105,8 @@ fn main() -> flashcore::Result<()> {
     println!(
         "decode step: {batch} sequences ({LENGTHS:?} keys), GQA {HEADS_Q}:{HEADS_KV}, d {HEAD_DIM}, \
          bf16, pages of {PAGE_SIZE} (shuffled); {layers} layers on {ran}: {per_layer_us:.1} us per \
-         layer; worst rel L2 vs f64 {worst:.2e}"
+         layer{}; worst rel L2 vs f64 {worst:.2e}",
+        host_us.map_or(String::new(), |h| format!(" (the host enqueues one in {h:.1} us)"))
     );
     if worst.is_nan() || worst >= 1e-2 {
         return Err(flashcore::Error::Launch(format!("error {worst} over 1e-2")));
@@ -112,12 +114,12 @@ fn main() -> flashcore::Result<()> {
     Ok(())
 }
 
+/// The outputs of a step, its time per layer, on a GPU the host's time to enqueue a layer, and
+/// what ran.
+type Step = (Vec<Tensor<bf16>>, f64, Option<f64>, String);
+
 /// The step on the CPU: one plan, one run per layer.
-fn on_cpu(
-    model: &[Layer],
-    pages: &PageTable,
-    opts: &AttentionOptions,
-) -> flashcore::Result<(Vec<Tensor<bf16>>, f64, String)> {
+fn on_cpu(model: &[Layer], pages: &PageTable, opts: &AttentionOptions) -> flashcore::Result<Step> {
     let mut outs = Vec::new();
     for _ in model {
         outs.push(Tensor::full(
@@ -141,7 +143,7 @@ fn on_cpu(
         plan.run(&layer.q, &layer.k_cache, &layer.v_cache, out, None)?;
     }
     let us = t0.elapsed().as_secs_f64() * 1e6 / model.len() as f64;
-    Ok((outs, us, plan.execution().backend.name().to_owned()))
+    Ok((outs, us, None, plan.execution().backend.name().to_owned()))
 }
 
 #[cfg(feature = "cuda")]
@@ -155,13 +157,10 @@ fn gpu_present() -> bool {
 }
 
 /// The step on the GPU: the caches and the table live on the device (the table is copied once
-/// per batch composition), one plan, one run per layer, timed with CUDA events.
+/// per batch composition), one plan, one run per layer, timed with CUDA events; the host's time
+/// to enqueue the layers is timed around the same runs (medians of 20 steps).
 #[cfg(feature = "cuda")]
-fn on_gpu(
-    model: &[Layer],
-    pages: &PageTable,
-    opts: &AttentionOptions,
-) -> flashcore::Result<(Vec<Tensor<bf16>>, f64, String)> {
+fn on_gpu(model: &[Layer], pages: &PageTable, opts: &AttentionOptions) -> flashcore::Result<Step> {
     use flashcore::{Device, Event, Stream};
     let device = Device::open(0)?;
     let stream = Stream::new(&device)?;
@@ -197,14 +196,17 @@ fn on_gpu(
     };
     step(&mut outs)?; // warm-up
     let (start, end) = (Event::new(&device)?, Event::new(&device)?);
-    let mut times = Vec::new();
+    let (mut times, mut host_times) = (Vec::new(), Vec::new());
     for _ in 0..20 {
         start.record(&stream)?;
+        let t0 = std::time::Instant::now();
         step(&mut outs)?;
+        host_times.push(t0.elapsed().as_secs_f64() * 1e6 / model.len() as f64);
         end.record(&stream)?;
         times.push(f64::from(start.elapsed_ms(&end)?) * 1e3 / model.len() as f64);
     }
     times.sort_by(f64::total_cmp);
+    host_times.sort_by(f64::total_cmp);
     let mut host = Vec::new();
     for out in &outs {
         host.push(out.to_host()?);
@@ -216,14 +218,15 @@ fn on_gpu(
         e.backend.name(),
         e.splits
     );
-    Ok((host, times[times.len() / 2], ran))
+    Ok((
+        host,
+        times[times.len() / 2],
+        Some(host_times[host_times.len() / 2]),
+        ran,
+    ))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn on_gpu(
-    _: &[Layer],
-    _: &PageTable,
-    _: &AttentionOptions,
-) -> flashcore::Result<(Vec<Tensor<bf16>>, f64, String)> {
+fn on_gpu(_: &[Layer], _: &PageTable, _: &AttentionOptions) -> flashcore::Result<Step> {
     Err(flashcore::Error::CudaNotBuilt)
 }

@@ -1088,6 +1088,140 @@ fn planned_runs_match_the_reference_and_refuse_other_operands() {
     );
 }
 
+/// The softmax scale of each call of a chain (`x0`, then each call's output as the next one's
+/// query), from the chain computed on the host: one that spreads the scores over about one unit,
+/// so that each output depends on its query without a few keys taking all the weight.
+fn chain_scales<T: AttentionElement>(
+    x0: &Tensor<T>,
+    kv: &[(Tensor<T>, Tensor<T>)],
+    causal: Causal,
+) -> Vec<f32> {
+    let dims = x0.shape().as_array();
+    let mut x = logical(x0);
+    let mut scales = Vec::new();
+    for (k, v) in kv {
+        let rms = (x.iter().map(|e| e * e).sum::<f64>() / x.len() as f64).sqrt();
+        let scale = (1.0 / (rms * (dims[3] as f64).sqrt())) as f32;
+        let q = x.iter().map(|&e| T::from_f64(e)).collect();
+        let q = Tensor::from_vec(q, &dims, Layout::Bshd).unwrap();
+        x = naive(&q, k, v, f64::from(scale), causal).0;
+        scales.push(scale);
+    }
+    scales
+}
+
+/// A chain of calls enqueued back to back on one stream, as a model's layers run: each reads the
+/// previous call's output as its query (read after write). Where Q and V have one shape, each
+/// also writes its output over the V that the call before it read (write after read). Every
+/// call's output is then compared with the f64 reference of that call on the inputs it should
+/// have seen: the previous output as the GPU wrote it, and its own K and V as uploaded. Returns
+/// the worst error and, as a negative control, how far one stale read (a call given the output
+/// from two calls back) moves a reference.
+fn chain_case<T: AttentionElement>(
+    s: &Stream,
+    kernel: Kernel,
+    (qs, ks): (Shape, Shape),
+    causal: Causal,
+    layers: usize,
+) -> (f64, f64) {
+    let mut rng = Rng::fresh();
+    let (qd, kd) = (dims(qs, Layout::Bshd), dims(ks, Layout::Bshd));
+    let x0 = randn::<T>(&mut rng, &qd, Layout::Bshd);
+    let kv: Vec<_> = (0..layers)
+        .map(|_| {
+            let k = randn::<T>(&mut rng, &kd, Layout::Bshd);
+            (k, randn::<T>(&mut rng, &kd, Layout::Bshd))
+        })
+        .collect();
+    let scales = chain_scales(&x0, &kv, causal);
+    let poisoned = || {
+        Tensor::full(T::from_f64(f64::NAN), &qd, Layout::Bshd)
+            .unwrap()
+            .to_device(s)
+            .unwrap()
+    };
+    let ks_dev: Vec<_> = kv.iter().map(|(k, _)| k.to_device(s).unwrap()).collect();
+    let mut vs_dev: Vec<_> = kv
+        .iter()
+        .map(|(_, v)| Some(v.to_device(s).unwrap()))
+        .collect();
+    let overwrite_v = qs == ks;
+    let mut outs = vec![x0.to_device(s).unwrap()];
+    s.synchronize().unwrap();
+    for i in 0..layers {
+        let opts = AttentionOptions {
+            causal,
+            backend: Backend::from(kernel),
+            scale: Some(scales[i]),
+            ..Default::default()
+        };
+        let mut out = match i {
+            1.. if overwrite_v => vs_dev[i - 1].take().unwrap(),
+            _ => poisoned(),
+        };
+        let v = vs_dev[i].as_ref().unwrap();
+        let exec = attention_into(&outs[i], &ks_dev[i], v, &mut out, None, &opts).unwrap();
+        assert_eq!(exec.backend, BackendKind::from(kernel));
+        outs.push(out);
+    }
+    let got: Vec<_> = outs.iter().map(|o| o.to_host().unwrap()).collect();
+    let reference = |q: &Tensor<T>, i: usize| {
+        let (k, v) = &kv[i];
+        naive(q, k, v, f64::from(scales[i]), causal).0
+    };
+    let mut worst = 0.0f64;
+    for i in 0..layers {
+        let err = rel_l2(&logical(&got[i + 1]), &reference(&got[i], i));
+        worst = if err.is_nan() { err } else { worst.max(err) };
+    }
+    let last = layers - 1;
+    let control = rel_l2(
+        &reference(&got[last - 1], last),
+        &reference(&got[last], last),
+    );
+    (worst, control)
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn chained_calls_read_and_overwrite_each_others_buffers() {
+    let s = stream();
+    // A split-KV decode (one query per head, the combine between the calls) and a causal
+    // prefill whose outputs overwrite the V before.
+    let decode = (Shape::new(1, 1, 32, 128), Shape::new(1, 4096, 8, 128));
+    let prefill = (Shape::new(2, 300, 8, 128), Shape::new(2, 300, 8, 128));
+    let mut failures = Vec::new();
+    for kernel in Kernel::ALL.into_iter().filter(|&k| runs_here(k)) {
+        for (name, shapes, causal) in [
+            ("decode", decode, Causal::None),
+            ("prefill", prefill, Causal::BottomRight),
+        ] {
+            for dtype in [DType::F16, DType::BF16] {
+                let ((err, control), tol) = if dtype == DType::F16 {
+                    let r = chain_case::<f16>(&s, kernel, shapes, causal, 6);
+                    (r, tolerance::<f16>())
+                } else {
+                    let r = chain_case::<bf16>(&s, kernel, shapes, causal, 6);
+                    (r, tolerance::<bf16>())
+                };
+                println!(
+                    "{kernel:?} {dtype:?} {name}: worst rel L2 {err:.2e} over 6 calls (one \
+                     stale read: {control:.2e})"
+                );
+                if err.is_nan() || err >= tol {
+                    failures.push(format!("{kernel:?} {dtype:?} {name}: {err:.3e}"));
+                }
+                // The test can fail: one stale read moves a result far past the tolerance.
+                assert!(
+                    control > 10.0 * tol,
+                    "{kernel:?} {dtype:?} {name}: control {control}"
+                );
+            }
+        }
+    }
+    assert_none_failed(&failures);
+}
+
 /// `n` random sequence lengths up to `max_len` for `causal` ([`random_lengths`]).
 fn lengths(n: usize, max_len: usize, causal: Causal) -> (Vec<usize>, Vec<usize>) {
     let bottom_right = causal == Causal::BottomRight;

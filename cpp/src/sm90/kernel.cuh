@@ -245,11 +245,10 @@ struct Kernel {
     if (warp == 0 && elected) {
       Mainloop::prefetch_tma_descriptors(params.mainloop);
     }
-    if (params.splits.count > 1) {
-      // The combine is launched as this grid's programmatic dependent (split/combine.cuh): it
-      // may start on the SMs this grid leaves free, and waits for the whole grid before reading.
-      cudaTriggerProgrammaticLaunchCompletion();
-    }
+    // The stream's next kernel, where it is launched as a programmatic dependent (the split-KV
+    // combine, split/combine.cuh; the next call's Hopper kernel, launch.cuh), may start on the
+    // SMs this grid leaves free; it waits for this whole grid before it touches global memory.
+    cudaTriggerProgrammaticLaunchCompletion();
 
     typename PipelineQ::Params q_params;
     q_params.transaction_bytes = Mainloop::kOuterLoadBytes;
@@ -284,6 +283,11 @@ struct Kernel {
       cutlass::arch::fence_barrier_init();
     }
     __syncthreads();  // barriers initialised before any thread uses them
+    // This grid is launched as a programmatic dependent of the stream's previous kernel
+    // (launch.cuh), so it may start while that kernel runs: the set-up above read only the
+    // parameters and wrote only shared memory. Nothing below reads or writes global memory
+    // before that kernel's grid has completed and its writes are visible.
+    cudaGridDependencySynchronize();
 
     Mainloop mainloop;
     typename Mainloop::PipelineState kv_write = cutlass::make_producer_start_state<PipelineKV>();

@@ -171,10 +171,21 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
 
   constexpr auto kernel = fmha_sm90_kernel<Kern>;
   ensure_smem_limit<kernel>(Kern::kSmemBytes);
+  // A programmatic dependent launch: the grid sets up (barriers, descriptors) while the stream's
+  // previous kernel finishes, and waits for it before it touches global memory (kernel.cuh).
+  // Layer after layer of a serving step, each call's start then overlaps the last one's end.
   const auto enqueue = [&](const char* what) {
-    kernel<<<Kern::Scheduler::grid_shape(params.scheduler), Kern::kThreads, Kern::kSmemBytes,
-             stream>>>(params);
-    check_cuda(cudaGetLastError(), what);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = Kern::Scheduler::grid_shape(params.scheduler);
+    config.blockDim = dim3(Kern::kThreads);
+    config.dynamicSmemBytes = Kern::kSmemBytes;
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&config, kernel, params), what);
   };
   if (splits == 1) {
     enqueue("launch fmha_sm90_kernel");

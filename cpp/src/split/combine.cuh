@@ -59,6 +59,8 @@ __global__ void __launch_bounds__(kCombineMaxThreads) combine_kernel(const Combi
   __shared__ float row_max, row_total;
   __shared__ float4 sums[kCombineMaxThreads][kCombineVector / 4];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The next call's Hopper kernel, a programmatic dependent of this one, may start setting up.
+  cudaTriggerProgrammaticLaunchCompletion();
   // Launched as a programmatic dependent (Partials::combine): the split kernel's partial states
   // are complete and visible only after this wait. Without that launch it returns at once.
   cudaGridDependencySynchronize();
