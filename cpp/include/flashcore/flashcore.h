@@ -68,7 +68,11 @@ struct LaunchInfo {
 // on `stream`, which must belong to the current device (as must every pointer). Returns once the
 // work is queued: faults inside the kernel surface at the caller's next synchronisation, as
 // with any CUDA launch. Nothing is launched when the Status is not ok. Problems without output
-// elements (batch, seq_q or heads_q of 0) launch nothing and succeed.
+// elements (batch, seq_q or heads_q of 0) launch nothing and succeed. On compute capability 9.0
+// the Hopper kernel is a programmatic dependent launch: it sets up while the stream's previous
+// kernel ends and waits for it before touching memory, and it lets the stream's next kernel
+// launch early. A kernel of yours launched after it with programmatic stream serialization must
+// therefore call cudaGridDependencySynchronize() before reading the output, as CUDA requires.
 //
 // Requirements, each reported with its own Code: matching shapes; heads_kv dividing heads_q; a
 // head dim that is a multiple of 8 from 8 to 256; a head-dim stride of 1; other strides multiples
