@@ -234,19 +234,20 @@ fn host_overhead(stream: &Stream) -> flashcore::Result<HostCost> {
     let mut rounds: [Vec<f64>; 5] = Default::default();
     let mut ratios: [Vec<f64>; 2] = Default::default();
     for round in 0..=ROUNDS {
+        // Host ns per call of `CALLS` calls of `f`, enqueued after a synchronise.
+        let per_call = |f: &mut dyn FnMut() -> flashcore::Result<()>| -> flashcore::Result<f64> {
+            stream.synchronize()?;
+            let t0 = Instant::now();
+            for _ in 0..CALLS {
+                f()?;
+            }
+            Ok(t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS))
+        };
         let rust_loops = |out: &mut Tensor<f16>| -> flashcore::Result<(f64, f64)> {
-            stream.synchronize()?;
-            let t0 = Instant::now();
-            for _ in 0..CALLS {
-                flashcore::attention_into(&q, &q, &q, out, None, &opts)?;
-            }
-            let call = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
-            stream.synchronize()?;
-            let t0 = Instant::now();
-            for _ in 0..CALLS {
-                plan.run(&q, &q, &q, out, None)?;
-            }
-            let planned = t0.elapsed().as_secs_f64() * 1e9 / f64::from(CALLS);
+            let call = per_call(&mut || {
+                flashcore::attention_into(&q, &q, &q, out, None, &opts).map(|_| ())
+            })?;
+            let planned = per_call(&mut || plan.run(&q, &q, &q, out, None).map(|_| ()))?;
             Ok((call, planned))
         };
         let ((rust, planned), cpp) = if round % 2 == 0 {

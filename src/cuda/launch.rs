@@ -100,16 +100,9 @@ pub(crate) fn run<T: AttentionElement>(
     for s in inputs.clone() {
         order_after(stream, &[s])?;
     }
-    let mut operands = Operands {
-        q: device_buffer(q)?,
-        k: device_buffer(k)?,
-        v: device_buffer(v)?,
-        out,
-        lse,
-        indices: None,
-        alibi: slopes.map(|s| s.raw()),
-        bias: bias.map(|(b, _)| b),
-    };
+    let mut operands = operands(q, k, v, out, lse)?;
+    operands.alibi = slopes.map(|s| s.raw());
+    operands.bias = bias.map(|(b, _)| b);
     if let Some((paged, first, second, (host_first, host_second))) = indices {
         let hidden = matches!(entry, Entry::PublicCpp { host_copies: false });
         operands.indices = Some(IndexBuffers {
@@ -146,9 +139,9 @@ pub(crate) fn cpp_launch_ns<T: AttentionElement>(
     iters: i32,
     probe: ffi::HostProbe,
 ) -> Result<f64> {
-    let stream = device_stream(out)?.clone();
+    let (stream, out) = device_parts(out)?;
     for t in [q, k, v] {
-        if !device_stream(t)?.same_as(&stream) {
+        if !device_stream(t)?.same_as(stream) {
             return Err(Error::BackendUnavailable {
                 backend: "gpu",
                 reason: "the C++ overhead probe needs all operands on one stream".into(),
@@ -166,23 +159,20 @@ pub(crate) fn cpp_launch_ns<T: AttentionElement>(
     )
 }
 
-/// The device buffers behind the operands.
-pub(crate) fn operands<'a, T: Element>(
+/// The device buffers behind the inputs, beside the outputs' buffers.
+fn operands<'a, T: Element>(
     q: &'a Tensor<T>,
     k: &'a Tensor<T>,
     v: &'a Tensor<T>,
-    out: &'a mut Tensor<T>,
-    lse: Option<&'a mut Tensor<f32>>,
+    out: &'a mut RawBuffer,
+    lse: Option<&'a mut RawBuffer>,
 ) -> Result<Operands<'a>> {
     Ok(Operands {
         q: device_buffer(q)?,
         k: device_buffer(k)?,
         v: device_buffer(v)?,
-        out: device_buffer_mut(out)?,
-        lse: match lse {
-            Some(l) => Some(device_buffer_mut(l)?),
-            None => None,
-        },
+        out,
+        lse,
         indices: None,
         alibi: None,
         bias: None,
@@ -205,10 +195,7 @@ fn device_parts<T: Element>(t: &mut Tensor<T>) -> Result<(&Stream, &mut RawBuffe
 }
 
 fn device_buffer_mut<T: Element>(t: &mut Tensor<T>) -> Result<&mut RawBuffer> {
-    match &mut t.storage {
-        Storage::Device(b) => Ok(b.raw_mut()),
-        Storage::Host(_) => Err(not_on_device()),
-    }
+    device_parts(t).map(|(_, buffer)| buffer)
 }
 
 /// Merges device `states` into `out` (and `lse`) on `out`'s stream, ordered after pending work
