@@ -2,7 +2,9 @@
 //! holds sequences of different lengths, and the step plans attention once and runs the plan for
 //! each layer. Runs on the GPU when one is present, else on the CPU; checks every layer's output
 //! against the float64 CPU reference and prints the time per layer (on a GPU also the host's
-//! time to enqueue a layer, which shows whether the host or the GPU bounds the step).
+//! time to enqueue a layer, which shows whether the host or the GPU bounds the step). On a GPU
+//! the step is then recorded once into a CUDA graph (`Capture`), which replays every layer with
+//! one launch; its outputs are checked and its time per layer printed too.
 //!
 //! `cargo run --release --example serving -- [--layers N]` (default 32 on a GPU, 2 on the CPU).
 
@@ -85,28 +87,37 @@ fn main() -> flashcore::Result<()> {
     // The one new query of each sequence is its last token: it sees every cached key.
     let opts = AttentionOptions::default().causal(Causal::BottomRight);
 
-    let (outs, per_layer_us, host_us, ran) = if gpu {
+    let step = if gpu {
         on_gpu(&model, &pages, &opts)?
     } else {
         on_cpu(&model, &pages, &opts)?
     };
 
     let mut worst = 0.0f64;
-    for (layer, out) in model.iter().zip(&outs) {
+    for (i, layer) in model.iter().enumerate() {
         let cpu = opts.backend(Backend::Cpu);
         let want = attention_paged(&layer.q, &layer.k_cache, &layer.v_cache, &pages, &cpu)?;
-        let err = rel_l2(&logical(out), &logical(&want.out));
-        worst = if err.is_nan() {
-            f64::NAN
-        } else {
-            worst.max(err)
-        };
+        let want = logical(&want.out);
+        for outs in std::iter::once(&step.outs).chain(&step.graph_outs) {
+            let err = rel_l2(&logical(&outs[i]), &want);
+            worst = if err.is_nan() || worst.is_nan() {
+                f64::NAN
+            } else {
+                worst.max(err)
+            };
+        }
     }
     println!(
         "decode step: {batch} sequences ({LENGTHS:?} keys), GQA {HEADS_Q}:{HEADS_KV}, d {HEAD_DIM}, \
-         bf16, pages of {PAGE_SIZE} (shuffled); {layers} layers on {ran}: {per_layer_us:.1} us per \
-         layer{}; worst rel L2 vs f64 {worst:.2e}",
-        host_us.map_or(String::new(), |h| format!(" (the host enqueues one in {h:.1} us)"))
+         bf16, pages of {PAGE_SIZE} (shuffled); {layers} layers on {}: {:.1} us per layer{}{}; \
+         worst rel L2 vs f64 {worst:.2e}",
+        step.ran,
+        step.per_layer_us,
+        step.host_us
+            .map_or(String::new(), |h| format!(" (the host enqueues one in {h:.1} us)")),
+        step.graph_us.map_or(String::new(), |(g, h)| format!(
+            "; as one CUDA graph {g:.1} us per layer (the host enqueues the step in {h:.1} us)"
+        )),
     );
     if worst.is_nan() || worst >= 1e-2 {
         return Err(flashcore::Error::Launch(format!("error {worst} over 1e-2")));
@@ -114,9 +125,21 @@ fn main() -> flashcore::Result<()> {
     Ok(())
 }
 
-/// The outputs of a step, its time per layer, on a GPU the host's time to enqueue a layer, and
-/// what ran.
-type Step = (Vec<Tensor<bf16>>, f64, Option<f64>, String);
+/// A step's outputs and times.
+struct Step {
+    /// Each layer's output (on the host) from the plan's runs.
+    outs: Vec<Tensor<bf16>>,
+    /// Time per layer, microseconds.
+    per_layer_us: f64,
+    /// On a GPU: the host's time to enqueue a layer.
+    host_us: Option<f64>,
+    /// On a GPU: each layer's output from the graph's launch, the graph's time per layer and
+    /// the host's time to enqueue the whole graph.
+    graph_outs: Option<Vec<Tensor<bf16>>>,
+    graph_us: Option<(f64, f64)>,
+    /// What ran.
+    ran: String,
+}
 
 /// The step on the CPU: one plan, one run per layer.
 fn on_cpu(model: &[Layer], pages: &PageTable, opts: &AttentionOptions) -> flashcore::Result<Step> {
@@ -143,7 +166,14 @@ fn on_cpu(model: &[Layer], pages: &PageTable, opts: &AttentionOptions) -> flashc
         plan.run(&layer.q, &layer.k_cache, &layer.v_cache, out, None)?;
     }
     let us = t0.elapsed().as_secs_f64() * 1e6 / model.len() as f64;
-    Ok((outs, us, None, plan.execution().backend.name().to_owned()))
+    Ok(Step {
+        outs,
+        per_layer_us: us,
+        host_us: None,
+        graph_outs: None,
+        graph_us: None,
+        ran: plan.execution().backend.name().to_owned(),
+    })
 }
 
 #[cfg(feature = "cuda")]
@@ -161,7 +191,7 @@ fn gpu_present() -> bool {
 /// to enqueue the layers is timed around the same runs (medians of 20 steps).
 #[cfg(feature = "cuda")]
 fn on_gpu(model: &[Layer], pages: &PageTable, opts: &AttentionOptions) -> flashcore::Result<Step> {
-    use flashcore::{Device, Event, Stream};
+    use flashcore::{Capture, Device, Event, Stream};
     let device = Device::open(0)?;
     let stream = Stream::new(&device)?;
     let pages = pages.to_device(&stream)?;
@@ -205,25 +235,53 @@ fn on_gpu(model: &[Layer], pages: &PageTable, opts: &AttentionOptions) -> flashc
         end.record(&stream)?;
         times.push(f64::from(start.elapsed_ms(&end)?) * 1e3 / model.len() as f64);
     }
-    times.sort_by(f64::total_cmp);
-    host_times.sort_by(f64::total_cmp);
-    let mut host = Vec::new();
-    for out in &outs {
-        host.push(out.to_host()?);
+    let median = |mut t: Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let to_host = |outs: &[Tensor<bf16>]| -> flashcore::Result<Vec<_>> {
+        outs.iter().map(Tensor::to_host).collect()
+    };
+    let host: Vec<_> = to_host(&outs)?;
+
+    // The same step recorded once into a CUDA graph, the outputs poisoned before its launches.
+    let mut capture = Capture::begin(&stream)?;
+    for (layer, out) in on_device.iter().zip(outs.iter_mut()) {
+        capture.run(&plan, &layer.q, &layer.k_cache, &layer.v_cache, out, None)?;
+    }
+    let graph = capture.finish()?;
+    let nan = Tensor::full(
+        bf16::NAN,
+        &[LENGTHS.len(), 1, HEADS_Q, HEAD_DIM],
+        Layout::Bshd,
+    )?;
+    for out in &mut outs {
+        out.copy_from(&nan)?;
+    }
+    graph.launch()?; // warm-up
+    let (mut graph_times, mut graph_host) = (Vec::new(), Vec::new());
+    for _ in 0..20 {
+        start.record(&stream)?;
+        let t0 = std::time::Instant::now();
+        graph.launch()?;
+        graph_host.push(t0.elapsed().as_secs_f64() * 1e6);
+        end.record(&stream)?;
+        graph_times.push(f64::from(start.elapsed_ms(&end)?) * 1e3 / model.len() as f64);
     }
     let e = plan.execution();
     let tile = e.tile.map(|r| r.tile);
-    let ran = format!(
-        "{} (tile {tile:?}, {} key splits)",
-        e.backend.name(),
-        e.splits
-    );
-    Ok((
-        host,
-        times[times.len() / 2],
-        Some(host_times[host_times.len() / 2]),
-        ran,
-    ))
+    Ok(Step {
+        outs: host,
+        per_layer_us: median(times),
+        host_us: Some(median(host_times)),
+        graph_outs: Some(to_host(&outs)?),
+        graph_us: Some((median(graph_times), median(graph_host))),
+        ran: format!(
+            "{} (tile {tile:?}, {} key splits)",
+            e.backend.name(),
+            e.splits
+        ),
+    })
 }
 
 #[cfg(not(feature = "cuda"))]

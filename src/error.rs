@@ -371,6 +371,27 @@ pub enum Error {
         /// What it overlaps; `None`: itself.
         other: Option<Operand>,
     },
+    /// [`Tensor::copy_from`](crate::Tensor) got a source whose dims or strides differ from
+    /// the destination's, or tensors with gaps between their elements (the copy is one range).
+    #[error(
+        "copy_from needs equal dims and strides without gaps (destination dims {dims:?}, source \
+         dims {src_dims:?})"
+    )]
+    CopyMismatch {
+        /// The destination's dims, ordered like [`crate::Shape::as_array`].
+        dims: [usize; 4],
+        /// The source's dims.
+        src_dims: [usize; 4],
+    },
+    /// A call recorded into a CUDA graph (`Capture::run`, feature `cuda`) has an operand (or the
+    /// plan has an offsets array, page table, slopes or bias) on a stream other than the
+    /// capture's: the graph is launched on that stream, which must order every buffer the graph
+    /// uses. Nothing was recorded.
+    #[error("{operand} is not on the stream the graph is captured for")]
+    GraphStream {
+        /// The first operand found on another stream.
+        operand: Operand,
+    },
 }
 
 /// `Result` with [`Error`].

@@ -113,7 +113,7 @@ pub use bias::Bias;
 #[doc(hidden)]
 pub use cuda::interop;
 #[cfg(feature = "cuda")]
-pub use cuda::{Device, Event, PoolUsage, Stream};
+pub use cuda::{Capture, Device, Event, Graph, PoolUsage, Stream};
 pub use dispatch::Execution;
 #[cfg(feature = "cuda")]
 #[doc(hidden)]

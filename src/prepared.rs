@@ -231,6 +231,60 @@ impl<T: AttentionElement> AttentionPlan<T> {
         out: &mut Tensor<T>,
         lse: Option<&mut Tensor<f32>>,
     ) -> Result<Execution> {
+        let call = self.call(q, k, v, out, lse)?;
+        match &self.target {
+            Target::Cpu(problem) => {
+                crate::dispatch::run_cpu(problem, call)?;
+            }
+            #[cfg(feature = "cuda")]
+            Target::Gpu(planned) => {
+                // C++ checks this run's addresses (alignment, overlapping outputs) before it
+                // launches.
+                let entry = crate::cuda::launch::Entry::Planned(planned, self.execution);
+                crate::cuda::launch::run(entry, &self.request, call)?;
+            }
+        }
+        Ok(self.execution)
+    }
+
+    /// [`AttentionPlan::run`] recorded on `capture`, a stream capturing a CUDA graph that
+    /// will be launched on `target` ([`crate::Capture::run`]).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn record(
+        &self,
+        call: (&Tensor<T>, &Tensor<T>, &Tensor<T>),
+        out: &mut Tensor<T>,
+        lse: Option<&mut Tensor<f32>>,
+        target: &crate::cuda::Stream,
+        capture: &crate::ffi::cuda::RawStream,
+    ) -> Result<Execution> {
+        let (q, k, v) = call;
+        let call = self.call(q, k, v, out, lse)?;
+        let Target::Gpu(planned) = &self.target else {
+            return Err(Error::BackendUnavailable {
+                backend: "cpu",
+                reason: "a plan for the CPU cannot be recorded into a CUDA graph".into(),
+            });
+        };
+        let entry = crate::cuda::launch::Entry::Captured {
+            planned,
+            execution: self.execution,
+            target,
+            capture,
+        };
+        crate::cuda::launch::run(entry, &self.request, call)?;
+        Ok(self.execution)
+    }
+
+    /// A run's call, once its operands are checked against the plan.
+    fn call<'a>(
+        &'a self,
+        q: &'a Tensor<T>,
+        k: &'a Tensor<T>,
+        v: &'a Tensor<T>,
+        out: &'a mut Tensor<T>,
+        lse: Option<&'a mut Tensor<f32>>,
+    ) -> Result<Call<'a, T>> {
         let r = &self.request;
         same(Operand::Q, &r.q, q)?;
         same(Operand::K, &r.k, k)?;
@@ -241,7 +295,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
             None if !r.has_lse => {}
             _ => return Err(Error::PlanMismatch(Operand::Lse)),
         }
-        let call = Call {
+        Ok(Call {
             q,
             k,
             v,
@@ -249,20 +303,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
             lse,
             batch: self.batch.as_batching(),
             scores: ScoreTensors::of(&self.opts),
-        };
-        match &self.target {
-            Target::Cpu(problem) => {
-                crate::dispatch::run_cpu(problem, call)?;
-            }
-            #[cfg(feature = "cuda")]
-            Target::Gpu(planned) => {
-                // C++ checks this run's addresses (alignment, overlapping outputs) before it
-                // launches.
-                let entry = crate::cuda::launch::Entry::Planned(planned, self.execution);
-                crate::cuda::launch::run(entry, r, call)?;
-            }
-        }
-        Ok(self.execution)
+        })
     }
 }
 

@@ -140,7 +140,7 @@ pub(crate) fn host_vec<T: Clone>(value: T, n: usize) -> Result<Vec<T>> {
 }
 
 /// Elements a view addresses: 1 + the largest offset, 0 when empty.
-fn addressed_len(shape: Shape, strides: [usize; 4]) -> Result<usize> {
+pub(crate) fn addressed_len(shape: Shape, strides: [usize; 4]) -> Result<usize> {
     let dims = shape.as_array();
     if dims.contains(&0) {
         return Ok(0);

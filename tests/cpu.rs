@@ -1119,3 +1119,44 @@ fn bias_matches_the_naive_formula() {
         .backend(flashcore::Backend::Kernel(Kernel::CutlassSm80));
     assert!(attention(&q, &k, &k, &opts).is_err());
 }
+
+/// `Tensor::copy_from` on the host: the elements are copied in place; other dims, other strides
+/// and tensors with gaps between their elements are refused, leaving the destination as it was.
+#[cfg(feature = "cuda")]
+#[test]
+fn copy_from_copies_in_place_and_refuses_other_dims_strides_and_gaps() {
+    let mut rng = Rng::fresh();
+    let d = [2, 5, 3, 8];
+    let src = randn::<f16>(&mut rng, &d, Layout::Bshd);
+    let mut dst = Tensor::full(f16::ZERO, &d, Layout::Bshd).unwrap();
+    dst.copy_from(&src).unwrap();
+    assert_eq!(dst.host_data(), src.host_data());
+
+    let before = dst.host_data().unwrap().to_vec();
+    let longer = Tensor::full(f16::ONE, &[2, 6, 3, 8], Layout::Bshd).unwrap();
+    let e = dst.copy_from(&longer).unwrap_err();
+    assert_eq!(
+        e,
+        Error::CopyMismatch {
+            dims: [2, 5, 3, 8],
+            src_dims: [2, 6, 3, 8],
+        }
+    );
+    // The same dims in the other layout: other strides.
+    let bhsd = Tensor::full(f16::ONE, &[2, 3, 5, 8], Layout::Bhsd).unwrap();
+    assert_eq!(bhsd.shape(), dst.shape());
+    assert!(matches!(
+        dst.copy_from(&bhsd),
+        Err(Error::CopyMismatch { .. })
+    ));
+    assert_eq!(dst.host_data().unwrap(), &before[..]);
+    // Gaps between rows (a view of every other row): refused on both sides.
+    let shape = Shape::new(1, 4, 1, 8);
+    let strided = |v: f16| Tensor::from_vec_strided(vec![v; 64], shape, [64, 16, 8, 1]).unwrap();
+    let mut gapped = strided(f16::ZERO);
+    assert!(matches!(
+        gapped.copy_from(&strided(f16::ONE)),
+        Err(Error::CopyMismatch { .. })
+    ));
+    assert!(gapped.host_data().unwrap().iter().all(|x| *x == f16::ZERO));
+}

@@ -19,8 +19,8 @@ use flashcore::plan::{
 use flashcore::{
     attention, attention_into, attention_paged, attention_paged_into, attention_varlen,
     attention_varlen_into, merge_state_into, merge_states, AlibiSlopes, AttentionElement,
-    AttentionOptions, AttentionPlan, AttentionState, Backend, BackendKind, Bias, Causal, DType,
-    Device, Error, Execution, Layout, OffsetRule, Operand, PageTable, Shape, Stream, Tensor,
+    AttentionOptions, AttentionPlan, AttentionState, Backend, BackendKind, Bias, Capture, Causal,
+    DType, Device, Error, Execution, Layout, OffsetRule, Operand, PageTable, Shape, Stream, Tensor,
     VarlenBatch,
 };
 use half::{bf16, f16};
@@ -1220,6 +1220,254 @@ fn chained_calls_read_and_overwrite_each_others_buffers() {
         }
     }
     assert_none_failed(&failures);
+}
+
+/// Inputs of a chain of planned calls recorded into one CUDA graph ([`graph_case`]).
+struct GraphChain<T: AttentionElement> {
+    x0: Tensor<T>,
+    kv: Vec<(Tensor<T>, Tensor<T>)>,
+    scales: Vec<f32>,
+}
+
+impl<T: AttentionElement> GraphChain<T> {
+    /// Fresh inputs, with the scales of `scales` (a recorded graph's plans fix them), or
+    /// chosen for these inputs.
+    fn fresh(
+        rng: &mut Rng,
+        (qs, ks): (Shape, Shape),
+        causal: Causal,
+        layers: usize,
+        scales: Option<&[f32]>,
+    ) -> Self {
+        let (qd, kd) = (dims(qs, Layout::Bshd), dims(ks, Layout::Bshd));
+        let x0 = randn::<T>(rng, &qd, Layout::Bshd);
+        let kv: Vec<_> = (0..layers)
+            .map(|_| {
+                let k = randn::<T>(rng, &kd, Layout::Bshd);
+                (k, randn::<T>(rng, &kd, Layout::Bshd))
+            })
+            .collect();
+        let scales = scales.map_or_else(|| chain_scales(&x0, &kv, causal), <[f32]>::to_vec);
+        GraphChain { x0, kv, scales }
+    }
+
+    /// The worst error of the GPU's outputs (`got[0]` the first query, `got[i + 1]` call i's
+    /// output) against each call's reference on the query it was given, and how far one stale
+    /// read (the query from two calls back) moves the last reference.
+    fn check(&self, got: &[Tensor<T>], causal: Causal) -> (f64, f64) {
+        let reference = |q: &Tensor<T>, i: usize| {
+            let (k, v) = &self.kv[i];
+            naive(q, k, v, f64::from(self.scales[i]), causal).0
+        };
+        let layers = self.kv.len();
+        let mut worst = 0.0f64;
+        for i in 0..layers {
+            let err = rel_l2(&logical(&got[i + 1]), &reference(&got[i], i));
+            worst = if err.is_nan() { err } else { worst.max(err) };
+        }
+        let last = layers - 1;
+        let control = rel_l2(
+            &reference(&got[last - 1], last),
+            &reference(&got[last], last),
+        );
+        (worst, control)
+    }
+}
+
+/// A chain of planned calls (each reads the previous output as its query) recorded into one
+/// CUDA graph and launched twice: on the inputs it was recorded with, then on fresh inputs
+/// copied into the same tensors, after every K and V tensor was dropped (the graph holds
+/// their memory) and new allocations took the pool's free memory. Checks that recording runs
+/// nothing, and each launch's every output against the reference. Returns the worst error of
+/// the two launches and the smaller negative control.
+fn graph_case<T: AttentionElement>(
+    s: &Stream,
+    kernel: Kernel,
+    shapes: (Shape, Shape),
+    causal: Causal,
+    layers: usize,
+) -> (f64, f64) {
+    let mut rng = Rng::fresh();
+    let first = GraphChain::<T>::fresh(&mut rng, shapes, causal, layers, None);
+    let qd = dims(shapes.0, Layout::Bshd);
+    let nan = Tensor::full(T::from_f64(f64::NAN), &qd, Layout::Bshd).unwrap();
+    let mut outs: Vec<_> = (0..=layers).map(|_| nan.to_device(s).unwrap()).collect();
+    outs[0].copy_from(&first.x0).unwrap();
+    let mut kv: Vec<_> = first
+        .kv
+        .iter()
+        .map(|(k, v)| (k.to_device(s).unwrap(), v.to_device(s).unwrap()))
+        .collect();
+    let mut capture = Capture::begin(s).unwrap();
+    for i in 0..layers {
+        let opts = AttentionOptions {
+            causal,
+            backend: Backend::from(kernel),
+            scale: Some(first.scales[i]),
+            ..Default::default()
+        };
+        let (k, v) = &kv[i];
+        let plan = AttentionPlan::new(&outs[i], k, v, &outs[i + 1], None, &opts).unwrap();
+        let (done, rest) = outs.split_at_mut(i + 1);
+        let exec = capture
+            .run(&plan, &done[i], k, v, &mut rest[0], None)
+            .unwrap();
+        assert_eq!(exec.backend, BackendKind::from(kernel));
+    }
+    assert_eq!(capture.calls(), layers);
+    let graph = capture.finish().unwrap();
+    let last = outs[layers].to_host().unwrap();
+    assert!(
+        logical(&last).iter().all(|x| x.is_nan()),
+        "recording ran nothing"
+    );
+    graph.launch().unwrap();
+    let got: Vec<_> = outs.iter().map(|o| o.to_host().unwrap()).collect();
+    let (err1, control1) = first.check(&got, causal);
+
+    // The second launch: fresh data in the same tensors, the K and V tensors dropped and
+    // their memory offered to new allocations, which hold NaN.
+    let second = GraphChain::<T>::fresh(&mut rng, shapes, causal, layers, Some(&first.scales));
+    let kd = dims(shapes.1, Layout::Bshd);
+    let nan_kv = Tensor::full(T::from_f64(f64::NAN), &kd, Layout::Bshd).unwrap();
+    let mut refills = Vec::new();
+    for ((k, v), (new_k, new_v)) in kv.iter_mut().zip(&second.kv) {
+        k.copy_from(new_k).unwrap();
+        v.copy_from(new_v).unwrap();
+    }
+    drop(kv);
+    s.synchronize().unwrap();
+    for _ in 0..2 * layers {
+        refills.push(nan_kv.to_device(s).unwrap());
+    }
+    outs[0].copy_from(&second.x0).unwrap();
+    for o in &mut outs[1..] {
+        o.copy_from(&nan).unwrap();
+    }
+    graph.launch().unwrap();
+    let got: Vec<_> = outs.iter().map(|o| o.to_host().unwrap()).collect();
+    let (err2, control2) = second.check(&got, causal);
+    let worst = if err1.is_nan() || err2.is_nan() {
+        f64::NAN
+    } else {
+        err1.max(err2)
+    };
+    drop(graph);
+    drop(refills);
+    (worst, control1.min(control2))
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn graphs_replay_planned_calls_on_current_data() {
+    let s = stream();
+    let decode = (Shape::new(1, 1, 32, 128), Shape::new(1, 4096, 8, 128));
+    let prefill = (Shape::new(2, 300, 8, 128), Shape::new(2, 300, 8, 128));
+    let mut failures = Vec::new();
+    for kernel in Kernel::ALL.into_iter().filter(|&k| runs_here(k)) {
+        for (name, shapes, causal) in [
+            ("decode", decode, Causal::None),
+            ("prefill", prefill, Causal::BottomRight),
+        ] {
+            for dtype in [DType::F16, DType::BF16] {
+                let ((err, control), tol) = if dtype == DType::F16 {
+                    let r = graph_case::<f16>(&s, kernel, shapes, causal, 4);
+                    (r, tolerance::<f16>())
+                } else {
+                    let r = graph_case::<bf16>(&s, kernel, shapes, causal, 4);
+                    (r, tolerance::<bf16>())
+                };
+                println!(
+                    "{kernel:?} {dtype:?} {name}: graph of 4 calls, two launches, worst rel L2 \
+                     {err:.2e} (one stale read: {control:.2e})"
+                );
+                if err.is_nan() || err >= tol {
+                    failures.push(format!("{kernel:?} {dtype:?} {name}: {err:.3e}"));
+                }
+                assert!(
+                    control > 10.0 * tol,
+                    "{kernel:?} {dtype:?} {name}: control {control}"
+                );
+            }
+        }
+    }
+    assert_none_failed(&failures);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn graph_capture_refuses_operands_off_its_stream_and_records_nothing() {
+    let s = stream();
+    let other = Stream::new(s.device()).unwrap();
+    let mut rng = Rng::fresh();
+    let d = [1, 64, 4, 64];
+    let x = randn::<f16>(&mut rng, &d, Layout::Bshd);
+    let (q, k, v) = (
+        x.to_device(&s).unwrap(),
+        x.to_device(&s).unwrap(),
+        x.to_device(&s).unwrap(),
+    );
+    let nan = Tensor::full(f16::NAN, &d, Layout::Bshd).unwrap();
+    let mut out = nan.to_device(&s).unwrap();
+    let plan = AttentionPlan::new(&q, &k, &v, &out, None, &AttentionOptions::default()).unwrap();
+    let mut capture = Capture::begin(&s).unwrap();
+    // K on another stream: refused, naming it, and nothing is recorded.
+    let k_other = x.to_device(&other).unwrap();
+    other.synchronize().unwrap();
+    let e = capture
+        .run(&plan, &q, &k_other, &v, &mut out, None)
+        .unwrap_err();
+    assert_eq!(
+        e,
+        Error::GraphStream {
+            operand: Operand::K
+        }
+    );
+    // The output on another stream.
+    let mut out_other = nan.to_device(&other).unwrap();
+    let e = capture
+        .run(&plan, &q, &k, &v, &mut out_other, None)
+        .unwrap_err();
+    assert_eq!(
+        e,
+        Error::GraphStream {
+            operand: Operand::Out
+        }
+    );
+    // A mismatched operand: the plan's own error.
+    let longer = Tensor::full(f16::ZERO, &[1, 65, 4, 64], Layout::Bshd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
+    let e = capture
+        .run(&plan, &longer, &k, &v, &mut out, None)
+        .unwrap_err();
+    assert_eq!(e, Error::PlanMismatch(Operand::Q));
+    // A CPU plan cannot be recorded.
+    let mut host_out = Tensor::full(f16::NAN, &d, Layout::Bshd).unwrap();
+    let cpu_plan =
+        AttentionPlan::new(&x, &x, &x, &host_out, None, &AttentionOptions::default()).unwrap();
+    let e = capture
+        .run(&cpu_plan, &x, &x, &x, &mut host_out, None)
+        .unwrap_err();
+    assert!(matches!(e, Error::BackendUnavailable { .. }), "{e}");
+    assert_eq!(capture.calls(), 0);
+    // An empty graph launches and does nothing; the output is untouched.
+    let graph = capture.finish().unwrap();
+    assert_eq!(graph.calls(), 0);
+    graph.launch().unwrap();
+    s.synchronize().unwrap();
+    assert!(logical(&out.to_host().unwrap()).iter().all(|x| x.is_nan()));
+    // A capture dropped unfinished leaves the stream usable: the same call then runs.
+    let mut capture = Capture::begin(&s).unwrap();
+    capture.run(&plan, &q, &k, &v, &mut out, None).unwrap();
+    drop(capture);
+    plan.run(&q, &k, &v, &mut out, None).unwrap();
+    let err = rel_l2(
+        &logical(&out.to_host().unwrap()),
+        &naive(&x, &x, &x, 0.125, Causal::None).0,
+    );
+    assert!(err < 2e-3, "rel L2 {err}");
 }
 
 /// `n` random sequence lengths up to `max_len` for `causal` ([`random_lengths`]).

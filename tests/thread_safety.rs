@@ -1,5 +1,6 @@
-//! Every public type is `Send` and `Sync` (the reasons are in the crate docs, "Threads"): this
-//! file stops compiling if a change takes either away.
+//! Every public type is `Send` and `Sync` (the reasons are in the crate docs, "Threads"), but
+//! `Graph`, which is `Send` only (CUDA serialises an executable graph's launches; its doc test
+//! checks that it is not `Sync`): this file stops compiling if a change takes either away.
 
 use flashcore::{
     AttentionOptions, AttentionOutput, AttentionPlan, AttentionState, Backend, Error, Execution,
@@ -8,6 +9,8 @@ use flashcore::{
 use half::{bf16, f16};
 
 fn send_sync<T: Send + Sync>() {}
+#[cfg(feature = "cuda")]
+fn send<T: Send>() {}
 
 #[test]
 fn public_types_are_send_and_sync() {
@@ -30,6 +33,8 @@ fn public_types_are_send_and_sync() {
         send_sync::<flashcore::Stream>();
         send_sync::<flashcore::Event>();
         send_sync::<flashcore::Device>();
+        send_sync::<flashcore::Capture>();
+        send::<flashcore::Graph>();
     }
 }
 

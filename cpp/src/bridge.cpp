@@ -182,6 +182,35 @@ void copy_device(int32_t ordinal, size_t dst, size_t src, size_t bytes, size_t s
              "cudaMemcpyAsync(device to device)");
 }
 
+void capture_begin(int32_t ordinal, size_t stream) {
+  use_device(ordinal);
+  check_cuda(cudaStreamBeginCapture(as_stream(stream), cudaStreamCaptureModeRelaxed),
+             "cudaStreamBeginCapture");
+}
+
+size_t capture_end(int32_t ordinal, size_t stream) {
+  use_device(ordinal);
+  cudaGraph_t graph = nullptr;
+  check_cuda(cudaStreamEndCapture(as_stream(stream), &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);  // the executable graph does not need it
+  check_cuda(e, "cudaGraphInstantiate");
+  return reinterpret_cast<size_t>(exec);
+}
+
+void graph_launch(int32_t ordinal, size_t exec, size_t stream) {
+  use_device(ordinal);
+  check_cuda(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(exec), as_stream(stream)),
+             "cudaGraphLaunch");
+}
+
+void graph_destroy(int32_t ordinal, size_t exec) {
+  use_device(ordinal);
+  check_cuda(cudaGraphExecDestroy(reinterpret_cast<cudaGraphExec_t>(exec)),
+             "cudaGraphExecDestroy");
+}
+
 namespace {
 
 LaunchedFfi launched(const Status& s, Kernel kernel, const TileRow* row, int32_t splits) {

@@ -81,6 +81,14 @@ void copy_to_device(int32_t ordinal, size_t dst, rust::Slice<const uint8_t> src,
 void copy_to_host(int32_t ordinal, rust::Slice<uint8_t> dst, size_t src, size_t stream);
 void copy_device(int32_t ordinal, size_t dst, size_t src, size_t bytes, size_t stream);
 
+// Stream capture into a CUDA graph (relaxed mode: only the capturing stream is affected).
+void capture_begin(int32_t ordinal, size_t stream);
+// Ends the capture on `stream` and instantiates what it recorded: the executable graph (the
+// recorded graph itself is destroyed). Throws, with the capture ended, where it was invalidated.
+size_t capture_end(int32_t ordinal, size_t stream);
+void graph_launch(int32_t ordinal, size_t exec, size_t stream);
+void graph_destroy(int32_t ordinal, size_t exec);
+
 LaunchedFfi attention(const RequestFfi& request, rust::Slice<const int32_t> host_q,
                       rust::Slice<const int32_t> host_k, const CapsFfi& caps, int32_t ordinal,
                       size_t stream);

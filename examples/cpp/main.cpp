@@ -1,7 +1,8 @@
 // A C++ program that owns its device buffers and stream, runs flashcore's attention on them
 // through the public C++ API, and checks the output and logsumexp against a float64 host
-// reference, once through attention_forward and then through a plan run per "layer" on fresh
-// inputs. Exit status 0 only when every check passes.
+// reference, once through attention_forward, then through a plan run per "layer" on fresh
+// inputs, then through a CUDA graph that recorded a plan run. Exit status 0 only when every
+// check passes.
 //
 //   flashcore_example            # f16 and bf16, GQA 4:1, causal (bottom-right), seq_q != seq_k
 #include <cuda_bf16.h>
@@ -173,7 +174,8 @@ bool run(flashcore::DType dtype, const char* name, double tolerance, cudaStream_
   flashcore::AttentionPlan plan;
   const flashcore::Status planned = flashcore::AttentionPlan::create(a, &plan);
   ok = ok && planned.ok() && bool(plan);
-  for (int layer = 0; ok && layer < 2; ++layer) {
+  // Fresh inputs in the same buffers, and the outputs poisoned again.
+  const auto refill = [&] {
     q = randn<T>(rng, p.batch, p.seq_q, p.heads_q, p.head_dim);
     k = randn<T>(rng, p.batch, p.seq_k, p.heads_kv, p.head_dim);
     v = randn<T>(rng, p.batch, p.seq_k, p.heads_kv, p.head_dim);
@@ -187,12 +189,46 @@ bool run(flashcore::DType dtype, const char* name, double tolerance, cudaStream_
     }
     std::fill(lse.begin(), lse.end(), std::numeric_limits<float>::quiet_NaN());
     CHECK_CUDA(cudaMemcpy(dlse, lse.data(), lse.size() * sizeof(float), cudaMemcpyHostToDevice));
+    // Copies from pageable memory may still be in flight, and `stream` does not wait for the
+    // legacy stream they ran on.
+    CHECK_CUDA(cudaDeviceSynchronize());
+  };
+  for (int layer = 0; ok && layer < 2; ++layer) {
+    refill();
     const flashcore::Status r = plan.run({dq, dk, dv, dout, dlse}, stream);
     if (!r.ok()) {
       std::printf("%s: AttentionPlan::run failed: %s: %s\n", name, flashcore::name(r.code),
                   r.message.c_str());
     }
     ok = r.ok() && matches(layer == 0 ? "plan run, layer 0" : "plan run, layer 1", plan.info());
+  }
+
+  // A plan's run recorded into a CUDA graph (global capture mode, the strictest), then the
+  // graph launched on fresh inputs in the same buffers, twice.
+  cudaGraphExec_t graph = nullptr;
+  if (ok) {
+    refill();
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const flashcore::Status r = plan.run({dq, dk, dv, dout, dlse}, stream);
+    cudaGraph_t recorded = nullptr;
+    CHECK_CUDA(cudaStreamEndCapture(stream, &recorded));
+    CHECK_CUDA(cudaGraphInstantiate(&graph, recorded, 0));
+    CHECK_CUDA(cudaGraphDestroy(recorded));
+    std::vector<T> after(out.size());
+    CHECK_CUDA(cudaMemcpy(after.data(), dout, out.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    const bool nothing_ran = std::all_of(after.begin(), after.end(),
+                                         [](T x) { return std::isnan(to_float(x)); });
+    std::printf("%s plan run captured: %s, nothing ran while recording: %s\n", name,
+                flashcore::name(r.code), nothing_ran ? "ok" : "FAILED");
+    ok = r.ok() && nothing_ran;
+  }
+  for (int launch = 0; ok && launch < 2; ++launch) {
+    refill();
+    CHECK_CUDA(cudaGraphLaunch(graph, stream));
+    ok = matches(launch == 0 ? "graph launch 0" : "graph launch 1", plan.info());
+  }
+  if (graph != nullptr) {
+    CHECK_CUDA(cudaGraphExecDestroy(graph));
   }
   // A run's bad arguments: each its own code, nothing launched.
   const flashcore::Code no_lse = plan.run({dq, dk, dv, dout, nullptr}, stream).code;

@@ -6,7 +6,7 @@ use crate::alibi::AlibiSlopes;
 use crate::bias::Bias;
 use crate::dispatch::{Batching, Call, Execution};
 use crate::element::{AttentionElement, Element};
-use crate::error::{Error, Result};
+use crate::error::{Error, Operand, Result};
 use crate::ffi::cuda::{self as ffi, IndexBuffers, MergeOperands, Operands, RawBuffer, RawEvent};
 use crate::ffi::RequestFfi;
 use crate::merge::AttentionState;
@@ -45,6 +45,15 @@ pub(crate) enum Entry<'a> {
     PublicCpp { host_copies: bool },
     /// A call planned once ([`crate::AttentionPlan`]): only the launch; what the plan runs.
     Planned(&'a ffi::Planned, Execution),
+    /// A planned call recorded into a CUDA graph ([`crate::Capture`]): launched on `capture`,
+    /// the capture's own stream, where it only records; every operand must be on `target`,
+    /// the stream the graph replays on, which then orders it.
+    Captured {
+        planned: &'a ffi::Planned,
+        execution: Execution,
+        target: &'a Stream,
+        capture: &'a ffi::RawStream,
+    },
 }
 
 /// Validates, plans and enqueues a call on the output's stream (a variable-length batch's
@@ -87,18 +96,31 @@ pub(crate) fn run<T: AttentionElement>(
     // location.
     let slopes = scores.alibi.and_then(AlibiSlopes::device);
     let bias = scores.bias.and_then(Bias::device);
+    let index_operand = match batch {
+        Batching::Paged(_) => Operand::BlockTable,
+        _ => Operand::CuSeqlensQ,
+    };
     let inputs = [
-        Some(qs),
-        Some(ks),
-        Some(vs),
-        lse_stream,
-        indices_stream,
-        slopes.map(|s| s.stream()),
-        bias.map(|(_, s)| s),
+        (Operand::Q, Some(qs)),
+        (Operand::K, Some(ks)),
+        (Operand::V, Some(vs)),
+        (Operand::Lse, lse_stream),
+        (index_operand, indices_stream),
+        (Operand::AlibiSlopes, slopes.map(|s| s.stream())),
+        (Operand::Bias, bias.map(|(_, s)| s)),
     ];
-    let inputs = inputs.iter().flatten().copied();
-    for s in inputs.clone() {
-        order_after(stream, &[s])?;
+    let inputs = inputs.iter().filter_map(|(op, s)| s.map(|s| (*op, s)));
+    if let Entry::Captured { target, .. } = &entry {
+        // Nothing runs now, so nothing can be ordered now: the graph is launched on `target`,
+        // which orders every operand that lives there, and only those.
+        let stray = std::iter::once((Operand::Out, stream)).chain(inputs.clone());
+        if let Some((operand, _)) = stray.into_iter().find(|(_, s)| !s.same_as(target)) {
+            return Err(Error::GraphStream { operand });
+        }
+    } else {
+        for (_, s) in inputs.clone() {
+            order_after(stream, &[s])?;
+        }
     }
     let mut operands = operands(q, k, v, out, lse)?;
     operands.alibi = slopes.map(|s| s.raw());
@@ -120,9 +142,18 @@ pub(crate) fn run<T: AttentionElement>(
             ffi::attention_planned(request, planned, stream.raw(), operands)?;
             execution
         }
+        Entry::Captured {
+            planned,
+            execution,
+            capture,
+            ..
+        } => {
+            ffi::attention_planned(request, planned, capture, operands)?;
+            return Ok(execution);
+        }
     };
     // Frees and copies later enqueued on the inputs' streams must follow the kernel.
-    for s in inputs {
+    for (_, s) in inputs {
         order_after(s, &[stream])?;
     }
     Ok(ran)

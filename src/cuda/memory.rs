@@ -95,11 +95,56 @@ impl<T: Element> Tensor<T> {
                 }
                 let mut buffer = DeviceBuffer::alloc(stream, src.len)?;
                 super::launch::order_after(stream, &[&src.stream])?;
-                buffer.raw.copy_from_device(&src.raw)?;
+                let bytes = src.len * std::mem::size_of::<T>();
+                buffer.raw.copy_from_device(&src.raw, bytes)?;
                 super::launch::order_after(&src.stream, &[stream])?;
                 Tensor::from_device(buffer, self.shape(), self.strides())
             }
         }
+    }
+
+    /// Overwrites this tensor's elements with `src`'s, in place: the storage (and a device
+    /// tensor's address, which a [`crate::Graph`] or an [`crate::AttentionPlan`]'s run may
+    /// rely on) stays. Host or device on either side; a copy into device memory is enqueued on
+    /// this tensor's stream, after the work enqueued on `src`'s (and work enqueued later on
+    /// `src`'s stream waits for it); a copy to the host waits for the copy.
+    ///
+    /// Both tensors must have the same dims and strides, and no gaps between their elements
+    /// (the copy is one range): [`Error::CopyMismatch`] otherwise. A device source on another
+    /// device is [`Error::DeviceMismatch`].
+    pub fn copy_from(&mut self, src: &Tensor<T>) -> Result<()> {
+        let (shape, strides) = (self.shape(), self.strides());
+        let n = crate::tensor::addressed_len(shape, strides)?;
+        if src.shape() != shape || src.strides() != strides || n != shape.numel()? {
+            return Err(Error::CopyMismatch {
+                dims: shape.as_array(),
+                src_dims: src.shape().as_array(),
+            });
+        }
+        let bytes = n * std::mem::size_of::<T>();
+        match (&mut self.storage, &src.storage) {
+            (Storage::Host(dst), Storage::Host(from)) => dst[..n].copy_from_slice(&from[..n]),
+            (Storage::Host(dst), Storage::Device(from)) => {
+                from.raw
+                    .copy_to_host(bytemuck::cast_slice_mut(&mut dst[..n]))?;
+            }
+            (Storage::Device(dst), Storage::Host(from)) => {
+                dst.raw.copy_from_host(bytemuck::cast_slice(&from[..n]))?;
+            }
+            (Storage::Device(dst), Storage::Device(from)) => {
+                if from.stream.ordinal() != dst.stream.ordinal() {
+                    return Err(Error::DeviceMismatch {
+                        operand: crate::error::Operand::Q,
+                        got: src.location(),
+                        expected: crate::tensor::Location::Cuda(dst.stream.ordinal()),
+                    });
+                }
+                super::launch::order_after(&dst.stream, &[&from.stream])?;
+                dst.raw.copy_from_device(&from.raw, bytes)?;
+                super::launch::order_after(&from.stream, &[&dst.stream])?;
+            }
+        }
+        Ok(())
     }
 
     /// Copies this tensor to the host (waits for the copy). A host tensor is cloned.

@@ -2,6 +2,7 @@
 
 mod device;
 mod event;
+mod graph;
 #[doc(hidden)]
 pub mod interop;
 pub(crate) mod launch;
@@ -11,6 +12,7 @@ mod stream;
 
 pub use device::Device;
 pub use event::Event;
+pub use graph::{Capture, Graph};
 pub(crate) use memory::DeviceBuffer;
 pub use pool::PoolUsage;
 pub use stream::Stream;

@@ -129,6 +129,50 @@ impl Drop for RawStream {
     }
 }
 
+impl RawStream {
+    /// Starts recording the work enqueued on this stream into a CUDA graph, instead of running
+    /// it (relaxed mode: other streams and threads are unaffected).
+    pub(crate) fn begin_capture(&self) -> Result<()> {
+        // SAFETY: the handle is a live stream of `ordinal` (type invariant).
+        unsafe { sys::capture_begin(self.ordinal, self.handle) }.map_err(map_err)
+    }
+
+    /// Ends the capture and instantiates what it recorded.
+    pub(crate) fn end_capture(&self) -> Result<RawGraph> {
+        // SAFETY: the handle is a live stream of `ordinal` (type invariant); C++ ends the
+        // capture (also when it fails) and returns an executable graph that we own.
+        let exec = unsafe { sys::capture_end(self.ordinal, self.handle) }.map_err(map_err)?;
+        Ok(RawGraph {
+            ordinal: self.ordinal,
+            exec,
+        })
+    }
+}
+
+/// An executable CUDA graph (`cudaGraphExec_t`), owned and destroyed once.
+#[derive(Debug)]
+pub(crate) struct RawGraph {
+    ordinal: i32,
+    exec: usize,
+}
+
+impl RawGraph {
+    /// Enqueues the whole graph on `stream` (of the graph's device: the caller checks).
+    pub(crate) fn launch(&self, stream: &RawStream) -> Result<()> {
+        // SAFETY: both handles are live (type invariants); the memory the graph's nodes use is
+        // kept allocated by the graph's owner (`cuda::Graph`) while it can be launched.
+        unsafe { sys::graph_launch(self.ordinal, self.exec, stream.handle) }.map_err(map_err)
+    }
+}
+
+impl Drop for RawGraph {
+    fn drop(&mut self) {
+        // SAFETY: we own the executable graph and destroy it once; CUDA lets launches already
+        // in flight finish and frees it afterwards.
+        let _ = unsafe { sys::graph_destroy(self.ordinal, self.exec) };
+    }
+}
+
 /// A CUDA event (with timing).
 #[derive(Debug)]
 pub(crate) struct RawEvent {
@@ -175,17 +219,24 @@ impl Drop for RawEvent {
 /// Device memory allocated stream-ordered (`cudaMallocAsync`) and freed on the same stream.
 ///
 /// Every access to the memory is a CUDA operation enqueued on a stream; work on other streams is
-/// ordered against this buffer's stream with events (see `cuda::launch`), so the free in `Drop`
-/// never overtakes a use.
+/// ordered against this buffer's stream with events (see `cuda::launch`), so the free never
+/// overtakes a use. The memory is freed when the buffer and every [`RawBuffer::share`] of it
+/// are gone (a CUDA graph that captured a launch on it holds a share).
 #[derive(Debug)]
 pub(crate) struct RawBuffer {
+    memory: Arc<Memory>,
+}
+
+/// The allocation behind a [`RawBuffer`] and its shares.
+#[derive(Debug)]
+struct Memory {
     ptr: usize,
     bytes: usize,
     stream: Arc<RawStream>,
     /// Allocated here (freed in `Drop`), or foreign memory borrowed through
     /// `Tensor::from_raw_device` (never freed here).
     owned: bool,
-    /// The foreign owner of borrowed memory (a cudarc slice), dropped with the buffer.
+    /// The foreign owner of borrowed memory (a cudarc slice), dropped with the memory.
     keepalive: Option<Keepalive>,
 }
 
@@ -198,67 +249,69 @@ impl RawBuffer {
             unsafe { sys::malloc_async(stream.ordinal, bytes, stream.handle) }.map_err(map_err)?
         };
         Ok(RawBuffer {
-            ptr,
-            bytes,
-            stream,
-            owned: true,
-            keepalive: None,
+            memory: Arc::new(Memory {
+                ptr,
+                bytes,
+                stream,
+                owned: true,
+                keepalive: None,
+            }),
         })
     }
 
     pub(crate) fn ptr(&self) -> usize {
-        self.ptr
+        self.memory.ptr
+    }
+
+    /// What keeps the memory allocated (and borrowed memory's foreign owner alive) after this
+    /// buffer is dropped: its free waits for the share too.
+    pub(crate) fn share(&self) -> Keepalive {
+        Box::new(Arc::clone(&self.memory))
     }
 
     /// Copies `src` into the start of the buffer (enqueued on the buffer's stream).
     pub(crate) fn copy_from_host(&mut self, src: &[u8]) -> Result<()> {
-        assert!(src.len() <= self.bytes, "copy_from_host beyond the buffer");
+        let m = &self.memory;
+        assert!(src.len() <= m.bytes, "copy_from_host beyond the buffer");
         if src.is_empty() {
             return Ok(());
         }
         // SAFETY: `src.len()` bytes fit the allocation (checked above); the C++ side returns
         // only after the pageable source has been staged, so `src` may be released afterwards.
-        unsafe { sys::copy_to_device(self.stream.ordinal, self.ptr, src, self.stream.handle) }
+        unsafe { sys::copy_to_device(m.stream.ordinal, m.ptr, src, m.stream.handle) }
             .map_err(map_err)
     }
 
     /// Copies the start of the buffer into `dst`, waiting for the copy (and earlier work).
     pub(crate) fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
-        assert!(dst.len() <= self.bytes, "copy_to_host beyond the buffer");
+        let m = &self.memory;
+        assert!(dst.len() <= m.bytes, "copy_to_host beyond the buffer");
         if dst.is_empty() {
             return Ok(());
         }
         // SAFETY: `dst.len()` bytes fit the allocation; the C++ side synchronises the stream
         // before returning, so the device never writes `dst` after its borrow ends.
-        unsafe { sys::copy_to_host(self.stream.ordinal, dst, self.ptr, self.stream.handle) }
-            .map_err(map_err)
+        unsafe { sys::copy_to_host(m.stream.ordinal, dst, m.ptr, m.stream.handle) }.map_err(map_err)
     }
 
-    /// Copies all of `src` into the start of `self`, on `self`'s stream.
-    pub(crate) fn copy_from_device(&mut self, src: &RawBuffer) -> Result<()> {
+    /// Copies the first `bytes` bytes of `src` into the start of `self`, on `self`'s stream.
+    pub(crate) fn copy_from_device(&mut self, src: &RawBuffer, bytes: usize) -> Result<()> {
+        let (m, src) = (&self.memory, &src.memory);
         assert!(
-            src.bytes <= self.bytes,
-            "copy_from_device beyond the buffer"
+            bytes <= src.bytes && bytes <= m.bytes,
+            "copy_from_device beyond a buffer"
         );
-        if src.bytes == 0 {
+        if bytes == 0 {
             return Ok(());
         }
-        // SAFETY: both allocations are live and large enough; the caller ordered `src`'s stream
-        // before this one (same stream, or an event wait).
-        unsafe {
-            sys::copy_device(
-                self.stream.ordinal,
-                self.ptr,
-                src.ptr,
-                src.bytes,
-                self.stream.handle,
-            )
-        }
-        .map_err(map_err)
+        // SAFETY: both allocations are live and hold `bytes` (checked above); the caller
+        // ordered `src`'s stream before this one (same stream, or an event wait).
+        unsafe { sys::copy_device(m.stream.ordinal, m.ptr, src.ptr, bytes, m.stream.handle) }
+            .map_err(map_err)
     }
 }
 
-impl Drop for RawBuffer {
+impl Drop for Memory {
     fn drop(&mut self) {
         if self.owned && self.ptr != 0 {
             // SAFETY: we allocated the pointer and free it once, stream-ordered after every use
@@ -300,28 +353,28 @@ pub(crate) struct IndexBuffers<'a> {
 /// (empty for a dense call).
 fn with_addresses<'a>(request: &RequestFfi, b: Operands<'a>) -> (RequestFfi, &'a [i32], &'a [i32]) {
     let mut r = *request;
-    r.q.address = b.q.ptr as u64;
-    r.k.address = b.k.ptr as u64;
-    r.v.address = b.v.ptr as u64;
-    r.out.address = b.out.ptr as u64;
+    r.q.address = b.q.ptr() as u64;
+    r.k.address = b.k.ptr() as u64;
+    r.v.address = b.v.ptr() as u64;
+    r.out.address = b.out.ptr() as u64;
     if let Some(l) = b.lse {
-        r.lse.address = l.ptr as u64;
+        r.lse.address = l.ptr() as u64;
     }
     if let Some(a) = b.alibi {
-        r.alibi.address = a.ptr as u64;
+        r.alibi.address = a.ptr() as u64;
     }
     if let Some(x) = b.bias {
-        r.bias.address = x.ptr as u64;
+        r.bias.address = x.ptr() as u64;
     }
     match b.indices {
         Some(i) if i.paged => {
-            r.pages.table = i.first.ptr as u64;
-            r.pages.seqlens = i.second.ptr as u64;
+            r.pages.table = i.first.ptr() as u64;
+            r.pages.seqlens = i.second.ptr() as u64;
             (r, i.host_first, i.host_second)
         }
         Some(i) => {
-            r.cu_q.address = i.first.ptr as u64;
-            r.cu_k.address = i.second.ptr as u64;
+            r.cu_q.address = i.first.ptr() as u64;
+            r.cu_k.address = i.second.ptr() as u64;
             (r, i.host_first, i.host_second)
         }
         None => (r, &[], &[]),
@@ -441,11 +494,11 @@ pub(crate) fn attention_planned(
     b: Operands<'_>,
 ) -> Result<()> {
     let addresses = sys::RunAddressesFfi {
-        q: b.q.ptr,
-        k: b.k.ptr,
-        v: b.v.ptr,
-        out: b.out.ptr,
-        lse: b.lse.as_ref().map_or(0, |l| l.ptr),
+        q: b.q.ptr(),
+        k: b.k.ptr(),
+        v: b.v.ptr(),
+        out: b.out.ptr(),
+        lse: b.lse.as_ref().map_or(0, |l| l.ptr()),
     };
     let call = planned
         .call
@@ -531,24 +584,29 @@ impl RawBuffer {
         keepalive: Option<Keepalive>,
     ) -> Self {
         RawBuffer {
-            ptr,
-            bytes,
-            stream,
-            owned: false,
-            keepalive,
+            memory: Arc::new(Memory {
+                ptr,
+                bytes,
+                stream,
+                owned: false,
+                keepalive,
+            }),
         }
     }
 
-    /// Takes the foreign owner back out (the buffer then refers to memory it no longer keeps).
+    /// Takes the foreign owner back out (the buffer then refers to memory it no longer keeps);
+    /// `None` while a share of the buffer (a CUDA graph) still holds the memory.
     #[cfg_attr(not(feature = "cudarc"), allow(dead_code))]
     pub(crate) fn take_keepalive(&mut self) -> Option<Keepalive> {
-        self.keepalive.take()
+        Arc::get_mut(&mut self.memory).and_then(|m| m.keepalive.take())
     }
 
     /// Puts back what [`RawBuffer::take_keepalive`] took.
     #[cfg_attr(not(feature = "cudarc"), allow(dead_code))]
     pub(crate) fn put_keepalive(&mut self, keepalive: Keepalive) {
-        self.keepalive = Some(keepalive);
+        if let Some(m) = Arc::get_mut(&mut self.memory) {
+            m.keepalive = Some(keepalive);
+        }
     }
 }
 
@@ -700,9 +758,9 @@ pub(crate) struct MergeOperands<'a> {
 /// Merges states through the public C++ API (`flashcore::merge_states`) on `stream`.
 pub(crate) fn merge_states(dtype: i32, stream: &RawStream, m: MergeOperands<'_>) -> Result<()> {
     let mut out = m.out_desc;
-    out.address = m.out.ptr as u64;
+    out.address = m.out.ptr() as u64;
     let lse = m.lse.map(|(b, mut d)| {
-        d.address = b.ptr as u64;
+        d.address = b.ptr() as u64;
         d
     });
     let described = super::Described::Merge {

@@ -61,7 +61,8 @@ impl<T: Element + DeviceRepr> Tensor<T> {
     }
 
     /// Gives the cudarc slice back (for a tensor made by [`Tensor::from_cudarc`]); any other
-    /// tensor is returned unchanged as the error value.
+    /// tensor, or one whose memory a [`crate::Graph`] still holds, is returned unchanged as
+    /// the error value.
     pub fn into_cudarc(mut self) -> std::result::Result<CudaSlice<T>, Box<Self>> {
         let taken = match &mut self.storage {
             Storage::Device(b) => b.raw_mut().take_keepalive(),

@@ -309,6 +309,14 @@ pub(crate) mod sys {
         unsafe fn copy_to_device(ordinal: i32, dst: usize, src: &[u8], stream: usize)
             -> Result<()>;
         #[cfg(feature = "cuda")]
+        unsafe fn capture_begin(ordinal: i32, stream: usize) -> Result<()>;
+        #[cfg(feature = "cuda")]
+        unsafe fn capture_end(ordinal: i32, stream: usize) -> Result<usize>;
+        #[cfg(feature = "cuda")]
+        unsafe fn graph_launch(ordinal: i32, exec: usize, stream: usize) -> Result<()>;
+        #[cfg(feature = "cuda")]
+        unsafe fn graph_destroy(ordinal: i32, exec: usize) -> Result<()>;
+        #[cfg(feature = "cuda")]
         unsafe fn copy_to_host(
             ordinal: i32,
             dst: &mut [u8],
