@@ -53,9 +53,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Threads: every public type is `Send` and `Sync`, and none implements either by hand (no
-//! `unsafe impl`): each gets them from its parts, and `tests/thread_safety.rs` fails to compile if
-//! one stops. Why that is sound:
+//! Threads: every public type is `Send` and `Sync` but `Graph` (`Send` only), and none implements
+//! either by hand (no `unsafe impl`): each gets them from its parts, and `tests/thread_safety.rs`
+//! fails to compile if one stops. Why that is sound:
 //! * [`Tensor`]: host storage is a `Vec`; device storage is an address and a length (plain
 //!   integers) plus its `Stream`. Shared (`&Tensor`) use only reads; every call that writes takes
 //!   `&mut Tensor`, so two threads can never write one output at once (the borrow checker refuses
@@ -67,6 +67,12 @@
 //!   A stream borrowed from cudarc keeps its owner alive through a `Send + Sync` box.
 //! * [`AttentionPlan`], [`VarlenBatch`], [`PageTable`], [`Execution`], [`Error`] and the
 //!   options: immutable values once built (a plan's run takes the output by `&mut`).
+//! * `Capture` and `Graph` (CUDA graphs): a graph writes its outputs at each launch without
+//!   borrowing them, but every tensor it uses lives on the graph's stream, which orders each
+//!   launch with every other call on those tensors (each call orders itself on the streams of
+//!   its tensors), so a launch's writes and other calls' reads and writes never overlap. The
+//!   graph holds a share of each tensor's memory, freed after the graph. `Graph` is not `Sync`:
+//!   CUDA requires one executable graph's launches to be serialised.
 //!
 //! ```compile_fail,E0499
 //! use flashcore::{attention_into, AttentionOptions, Layout, Tensor};

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -204,32 +205,49 @@ bool run(flashcore::DType dtype, const char* name, double tolerance, cudaStream_
   }
 
   // A plan's run recorded into a CUDA graph (global capture mode, the strictest), then the
-  // graph launched on fresh inputs in the same buffers, twice.
-  cudaGraphExec_t graph = nullptr;
-  if (ok) {
+  // graph launched on fresh inputs in the same buffers, twice: Auto's plan, then a plan forcing
+  // each family that runs on this device (their first launch in this process is the captured
+  // one, for the families Auto did not pick).
+  const auto graph_runs = [&](const flashcore::AttentionPlan& graph_plan, const char* label) {
     refill();
     CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    const flashcore::Status r = plan.run({dq, dk, dv, dout, dlse}, stream);
+    const flashcore::Status r = graph_plan.run({dq, dk, dv, dout, dlse}, stream);
     cudaGraph_t recorded = nullptr;
     CHECK_CUDA(cudaStreamEndCapture(stream, &recorded));
+    cudaGraphExec_t graph = nullptr;
     CHECK_CUDA(cudaGraphInstantiate(&graph, recorded, 0));
     CHECK_CUDA(cudaGraphDestroy(recorded));
     std::vector<T> after(out.size());
     CHECK_CUDA(cudaMemcpy(after.data(), dout, out.size() * sizeof(T), cudaMemcpyDeviceToHost));
     const bool nothing_ran = std::all_of(after.begin(), after.end(),
                                          [](T x) { return std::isnan(to_float(x)); });
-    std::printf("%s plan run captured: %s, nothing ran while recording: %s\n", name,
+    std::printf("%s %s: plan run captured: %s, nothing ran while recording: %s\n", name, label,
                 flashcore::name(r.code), nothing_ran ? "ok" : "FAILED");
-    ok = r.ok() && nothing_ran;
-  }
-  for (int launch = 0; ok && launch < 2; ++launch) {
-    refill();
-    CHECK_CUDA(cudaGraphLaunch(graph, stream));
-    ok = matches(launch == 0 ? "graph launch 0" : "graph launch 1", plan.info());
-  }
-  if (graph != nullptr) {
+    bool good = r.ok() && nothing_ran;
+    for (int launch = 0; good && launch < 2; ++launch) {
+      refill();
+      CHECK_CUDA(cudaGraphLaunch(graph, stream));
+      const std::string what = std::string(label) + ", graph launch " + std::to_string(launch);
+      good = matches(what.c_str(), graph_plan.info());
+    }
     CHECK_CUDA(cudaGraphExecDestroy(graph));
+    return good;
+  };
+  ok = ok && graph_runs(plan, "auto");
+  for (const flashcore::Backend backend : {flashcore::Backend::CutlassSm80, flashcore::Backend::Wmma,
+                                           flashcore::Backend::CutlassSm90}) {
+    flashcore::AttentionArgs forced = a;
+    forced.options.backend = backend;
+    flashcore::AttentionPlan forced_plan;
+    const flashcore::Status c = flashcore::AttentionPlan::create(forced, &forced_plan);
+    const auto family = flashcore::name(*flashcore::kernel_of(backend));
+    if (!c.ok()) {  // not on this device (or not built): its own code, nothing to record
+      std::printf("%s %s: not planned here: %s\n", name, family, flashcore::name(c.code));
+      continue;
+    }
+    ok = ok && graph_runs(forced_plan, family);
   }
+
   // A run's bad arguments: each its own code, nothing launched.
   const flashcore::Code no_lse = plan.run({dq, dk, dv, dout, nullptr}, stream).code;
   const flashcore::Code null_q = plan.run({nullptr, dk, dv, dout, dlse}, stream).code;

@@ -120,6 +120,12 @@ struct Prepared;
 // contents may change only within what the plan validated (with host copies) or, without host
 // copies, within the device contract of Sequences and Pages. A plan is immutable: copies share
 // it, and threads may run one plan at once on their own streams and outputs.
+//
+// run() may be recorded into a CUDA graph (cudaStreamBeginCapture on `stream`, any capture
+// mode): it then enqueues its kernels, and a split-KV call its scratch memory's stream-ordered
+// allocation and free, as graph nodes, and launches nothing. Each launch of the graph runs the
+// recorded calls on the buffers' contents at that time; the buffers must stay allocated while
+// the graph can be launched. A status other than Ok from a run while capturing recorded nothing.
 class AttentionPlan {
  public:
   // An empty plan: run() returns Code::PlanMismatch (operand None).
