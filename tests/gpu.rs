@@ -1110,128 +1110,18 @@ fn chain_scales<T: AttentionElement>(
     scales
 }
 
-/// A chain of calls enqueued back to back on one stream, as a model's layers run: each reads the
-/// previous call's output as its query (read after write). Where Q and V have one shape, each
-/// also writes its output over the V that the call before it read (write after read). Every
-/// call's output is then compared with the f64 reference of that call on the inputs it should
-/// have seen: the previous output as the GPU wrote it, and its own K and V as uploaded. Returns
-/// the worst error and, as a negative control, how far one stale read (a call given the output
-/// from two calls back) moves a reference.
-fn chain_case<T: AttentionElement>(
-    s: &Stream,
-    kernel: Kernel,
-    (qs, ks): (Shape, Shape),
-    causal: Causal,
-    layers: usize,
-) -> (f64, f64) {
-    let mut rng = Rng::fresh();
-    let (qd, kd) = (dims(qs, Layout::Bshd), dims(ks, Layout::Bshd));
-    let x0 = randn::<T>(&mut rng, &qd, Layout::Bshd);
-    let kv: Vec<_> = (0..layers)
-        .map(|_| {
-            let k = randn::<T>(&mut rng, &kd, Layout::Bshd);
-            (k, randn::<T>(&mut rng, &kd, Layout::Bshd))
-        })
-        .collect();
-    let scales = chain_scales(&x0, &kv, causal);
-    let poisoned = || {
-        Tensor::full(T::from_f64(f64::NAN), &qd, Layout::Bshd)
-            .unwrap()
-            .to_device(s)
-            .unwrap()
-    };
-    let ks_dev: Vec<_> = kv.iter().map(|(k, _)| k.to_device(s).unwrap()).collect();
-    let mut vs_dev: Vec<_> = kv
-        .iter()
-        .map(|(_, v)| Some(v.to_device(s).unwrap()))
-        .collect();
-    let overwrite_v = qs == ks;
-    let mut outs = vec![x0.to_device(s).unwrap()];
-    s.synchronize().unwrap();
-    for i in 0..layers {
-        let opts = AttentionOptions {
-            causal,
-            backend: Backend::from(kernel),
-            scale: Some(scales[i]),
-            ..Default::default()
-        };
-        let mut out = match i {
-            1.. if overwrite_v => vs_dev[i - 1].take().unwrap(),
-            _ => poisoned(),
-        };
-        let v = vs_dev[i].as_ref().unwrap();
-        let exec = attention_into(&outs[i], &ks_dev[i], v, &mut out, None, &opts).unwrap();
-        assert_eq!(exec.backend, BackendKind::from(kernel));
-        outs.push(out);
-    }
-    let got: Vec<_> = outs.iter().map(|o| o.to_host().unwrap()).collect();
-    let reference = |q: &Tensor<T>, i: usize| {
-        let (k, v) = &kv[i];
-        naive(q, k, v, f64::from(scales[i]), causal).0
-    };
-    let mut worst = 0.0f64;
-    for i in 0..layers {
-        let err = rel_l2(&logical(&got[i + 1]), &reference(&got[i], i));
-        worst = if err.is_nan() { err } else { worst.max(err) };
-    }
-    let last = layers - 1;
-    let control = rel_l2(
-        &reference(&got[last - 1], last),
-        &reference(&got[last], last),
-    );
-    (worst, control)
-}
-
-#[test]
-#[ignore = "needs a CUDA device"]
-fn chained_calls_read_and_overwrite_each_others_buffers() {
-    let s = stream();
-    // A split-KV decode (one query per head, the combine between the calls) and a causal
-    // prefill whose outputs overwrite the V before.
-    let decode = (Shape::new(1, 1, 32, 128), Shape::new(1, 4096, 8, 128));
-    let prefill = (Shape::new(2, 300, 8, 128), Shape::new(2, 300, 8, 128));
-    let mut failures = Vec::new();
-    for kernel in Kernel::ALL.into_iter().filter(|&k| runs_here(k)) {
-        for (name, shapes, causal) in [
-            ("decode", decode, Causal::None),
-            ("prefill", prefill, Causal::BottomRight),
-        ] {
-            for dtype in [DType::F16, DType::BF16] {
-                let ((err, control), tol) = if dtype == DType::F16 {
-                    let r = chain_case::<f16>(&s, kernel, shapes, causal, 6);
-                    (r, tolerance::<f16>())
-                } else {
-                    let r = chain_case::<bf16>(&s, kernel, shapes, causal, 6);
-                    (r, tolerance::<bf16>())
-                };
-                println!(
-                    "{kernel:?} {dtype:?} {name}: worst rel L2 {err:.2e} over 6 calls (one \
-                     stale read: {control:.2e})"
-                );
-                if err.is_nan() || err >= tol {
-                    failures.push(format!("{kernel:?} {dtype:?} {name}: {err:.3e}"));
-                }
-                // The test can fail: one stale read moves a result far past the tolerance.
-                assert!(
-                    control > 10.0 * tol,
-                    "{kernel:?} {dtype:?} {name}: control {control}"
-                );
-            }
-        }
-    }
-    assert_none_failed(&failures);
-}
-
-/// Inputs of a chain of planned calls recorded into one CUDA graph ([`graph_case`]).
-struct GraphChain<T: AttentionElement> {
+/// The inputs of a chain of calls, as a model's layers run them: the first query, each call's
+/// K and V, and each call's softmax scale. Each call reads the previous call's output as its
+/// query.
+struct Chain<T: AttentionElement> {
     x0: Tensor<T>,
     kv: Vec<(Tensor<T>, Tensor<T>)>,
     scales: Vec<f32>,
 }
 
-impl<T: AttentionElement> GraphChain<T> {
+impl<T: AttentionElement> Chain<T> {
     /// Fresh inputs, with the scales of `scales` (a recorded graph's plans fix them), or
-    /// chosen for these inputs.
+    /// chosen for these inputs ([`chain_scales`]).
     fn fresh(
         rng: &mut Rng,
         (qs, ks): (Shape, Shape),
@@ -1248,12 +1138,23 @@ impl<T: AttentionElement> GraphChain<T> {
             })
             .collect();
         let scales = scales.map_or_else(|| chain_scales(&x0, &kv, causal), <[f32]>::to_vec);
-        GraphChain { x0, kv, scales }
+        Chain { x0, kv, scales }
+    }
+
+    /// Call `i`'s options on `kernel`.
+    fn options(&self, i: usize, kernel: Kernel, causal: Causal) -> AttentionOptions {
+        AttentionOptions {
+            causal,
+            backend: Backend::from(kernel),
+            scale: Some(self.scales[i]),
+            ..Default::default()
+        }
     }
 
     /// The worst error of the GPU's outputs (`got[0]` the first query, `got[i + 1]` call i's
-    /// output) against each call's reference on the query it was given, and how far one stale
-    /// read (the query from two calls back) moves the last reference.
+    /// output) against each call's f64 reference on the query it was given (the previous output
+    /// as the GPU wrote it), and, as a negative control, how far one stale read (the query from
+    /// two calls back) moves the last reference.
     fn check(&self, got: &[Tensor<T>], causal: Causal) -> (f64, f64) {
         let reference = |q: &Tensor<T>, i: usize| {
             let (k, v) = &self.kv[i];
@@ -1274,12 +1175,109 @@ impl<T: AttentionElement> GraphChain<T> {
     }
 }
 
-/// A chain of planned calls (each reads the previous output as its query) recorded into one
-/// CUDA graph and launched twice: on the inputs it was recorded with, then on fresh inputs
-/// copied into the same tensors, after every K and V tensor was dropped (the graph holds
-/// their memory) and new allocations took the pool's free memory. Checks that recording runs
-/// nothing, and each launch's every output against the reference. Returns the worst error of
-/// the two launches and the smaller negative control.
+/// A chain of calls enqueued back to back on one stream. Where Q and V have one shape, each call
+/// also writes its output over the V that the call before it read (write after read). Returns
+/// [`Chain::check`] of the outputs.
+fn chain_case<T: AttentionElement>(
+    s: &Stream,
+    kernel: Kernel,
+    (qs, ks): (Shape, Shape),
+    causal: Causal,
+    layers: usize,
+) -> (f64, f64) {
+    let chain = Chain::<T>::fresh(&mut Rng::fresh(), (qs, ks), causal, layers, None);
+    let qd = dims(qs, Layout::Bshd);
+    let poisoned = || {
+        Tensor::full(T::from_f64(f64::NAN), &qd, Layout::Bshd)
+            .unwrap()
+            .to_device(s)
+            .unwrap()
+    };
+    let ks_dev: Vec<_> = chain
+        .kv
+        .iter()
+        .map(|(k, _)| k.to_device(s).unwrap())
+        .collect();
+    let mut vs_dev: Vec<_> = chain
+        .kv
+        .iter()
+        .map(|(_, v)| Some(v.to_device(s).unwrap()))
+        .collect();
+    let overwrite_v = qs == ks;
+    let mut outs = vec![chain.x0.to_device(s).unwrap()];
+    s.synchronize().unwrap();
+    for i in 0..layers {
+        let mut out = match i {
+            1.. if overwrite_v => vs_dev[i - 1].take().unwrap(),
+            _ => poisoned(),
+        };
+        let v = vs_dev[i].as_ref().unwrap();
+        let opts = chain.options(i, kernel, causal);
+        let exec = attention_into(&outs[i], &ks_dev[i], v, &mut out, None, &opts).unwrap();
+        assert_eq!(exec.backend, BackendKind::from(kernel));
+        outs.push(out);
+    }
+    let got: Vec<_> = outs.iter().map(|o| o.to_host().unwrap()).collect();
+    chain.check(&got, causal)
+}
+
+/// Runs `case` (returning a worst error and a negative control) for every family that runs
+/// here, f16 and bf16, on a split-KV decode (one query per head, GQA 32:8, 4096 keys) and a
+/// causal prefill (2x300x8x128), and fails on any error at or past the tolerance, or any
+/// control that would not have failed.
+fn chain_matrix(
+    what: &str,
+    case_f16: impl Fn(Kernel, (Shape, Shape), Causal) -> (f64, f64),
+    case_bf16: impl Fn(Kernel, (Shape, Shape), Causal) -> (f64, f64),
+) {
+    let decode = (Shape::new(1, 1, 32, 128), Shape::new(1, 4096, 8, 128));
+    let prefill = (Shape::new(2, 300, 8, 128), Shape::new(2, 300, 8, 128));
+    let mut failures = Vec::new();
+    for kernel in Kernel::ALL.into_iter().filter(|&k| runs_here(k)) {
+        for (name, shapes, causal) in [
+            ("decode", decode, Causal::None),
+            ("prefill", prefill, Causal::BottomRight),
+        ] {
+            for dtype in [DType::F16, DType::BF16] {
+                let ((err, control), tol) = if dtype == DType::F16 {
+                    (case_f16(kernel, shapes, causal), tolerance::<f16>())
+                } else {
+                    (case_bf16(kernel, shapes, causal), tolerance::<bf16>())
+                };
+                println!(
+                    "{kernel:?} {dtype:?} {name}: {what}, worst rel L2 {err:.2e} (one stale \
+                     read: {control:.2e})"
+                );
+                if err.is_nan() || err >= tol {
+                    failures.push(format!("{kernel:?} {dtype:?} {name}: {err:.3e}"));
+                }
+                // The test can fail: one stale read moves a result far past the tolerance.
+                assert!(
+                    control > 10.0 * tol,
+                    "{kernel:?} {dtype:?} {name}: control {control}"
+                );
+            }
+        }
+    }
+    assert_none_failed(&failures);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn chained_calls_read_and_overwrite_each_others_buffers() {
+    let s = stream();
+    chain_matrix(
+        "6 calls back to back",
+        |kernel, shapes, causal| chain_case::<f16>(&s, kernel, shapes, causal, 6),
+        |kernel, shapes, causal| chain_case::<bf16>(&s, kernel, shapes, causal, 6),
+    );
+}
+
+/// A chain of planned calls recorded into one CUDA graph and launched twice: on the inputs it
+/// was recorded with, then on fresh inputs copied into the same tensors, after every K and V
+/// tensor was dropped (the graph holds their memory) and new allocations took the pool's free
+/// memory. Checks that recording runs nothing, and each launch's every output
+/// ([`Chain::check`]). Returns the worst error of the two launches and the smaller control.
 fn graph_case<T: AttentionElement>(
     s: &Stream,
     kernel: Kernel,
@@ -1288,7 +1286,7 @@ fn graph_case<T: AttentionElement>(
     layers: usize,
 ) -> (f64, f64) {
     let mut rng = Rng::fresh();
-    let first = GraphChain::<T>::fresh(&mut rng, shapes, causal, layers, None);
+    let first = Chain::<T>::fresh(&mut rng, shapes, causal, layers, None);
     let qd = dims(shapes.0, Layout::Bshd);
     let nan = Tensor::full(T::from_f64(f64::NAN), &qd, Layout::Bshd).unwrap();
     let mut outs: Vec<_> = (0..=layers).map(|_| nan.to_device(s).unwrap()).collect();
@@ -1300,12 +1298,7 @@ fn graph_case<T: AttentionElement>(
         .collect();
     let mut capture = Capture::begin(s).unwrap();
     for i in 0..layers {
-        let opts = AttentionOptions {
-            causal,
-            backend: Backend::from(kernel),
-            scale: Some(first.scales[i]),
-            ..Default::default()
-        };
+        let opts = first.options(i, kernel, causal);
         let (k, v) = &kv[i];
         let plan = AttentionPlan::new(&outs[i], k, v, &outs[i + 1], None, &opts).unwrap();
         let (done, rest) = outs.split_at_mut(i + 1);
@@ -1327,19 +1320,18 @@ fn graph_case<T: AttentionElement>(
 
     // The second launch: fresh data in the same tensors, the K and V tensors dropped and
     // their memory offered to new allocations, which hold NaN.
-    let second = GraphChain::<T>::fresh(&mut rng, shapes, causal, layers, Some(&first.scales));
+    let second = Chain::<T>::fresh(&mut rng, shapes, causal, layers, Some(&first.scales));
     let kd = dims(shapes.1, Layout::Bshd);
     let nan_kv = Tensor::full(T::from_f64(f64::NAN), &kd, Layout::Bshd).unwrap();
-    let mut refills = Vec::new();
     for ((k, v), (new_k, new_v)) in kv.iter_mut().zip(&second.kv) {
         k.copy_from(new_k).unwrap();
         v.copy_from(new_v).unwrap();
     }
     drop(kv);
     s.synchronize().unwrap();
-    for _ in 0..2 * layers {
-        refills.push(nan_kv.to_device(s).unwrap());
-    }
+    let refills: Vec<_> = (0..2 * layers)
+        .map(|_| nan_kv.to_device(s).unwrap())
+        .collect();
     outs[0].copy_from(&second.x0).unwrap();
     for o in &mut outs[1..] {
         o.copy_from(&nan).unwrap();
@@ -1361,37 +1353,11 @@ fn graph_case<T: AttentionElement>(
 #[ignore = "needs a CUDA device"]
 fn graphs_replay_planned_calls_on_current_data() {
     let s = stream();
-    let decode = (Shape::new(1, 1, 32, 128), Shape::new(1, 4096, 8, 128));
-    let prefill = (Shape::new(2, 300, 8, 128), Shape::new(2, 300, 8, 128));
-    let mut failures = Vec::new();
-    for kernel in Kernel::ALL.into_iter().filter(|&k| runs_here(k)) {
-        for (name, shapes, causal) in [
-            ("decode", decode, Causal::None),
-            ("prefill", prefill, Causal::BottomRight),
-        ] {
-            for dtype in [DType::F16, DType::BF16] {
-                let ((err, control), tol) = if dtype == DType::F16 {
-                    let r = graph_case::<f16>(&s, kernel, shapes, causal, 4);
-                    (r, tolerance::<f16>())
-                } else {
-                    let r = graph_case::<bf16>(&s, kernel, shapes, causal, 4);
-                    (r, tolerance::<bf16>())
-                };
-                println!(
-                    "{kernel:?} {dtype:?} {name}: graph of 4 calls, two launches, worst rel L2 \
-                     {err:.2e} (one stale read: {control:.2e})"
-                );
-                if err.is_nan() || err >= tol {
-                    failures.push(format!("{kernel:?} {dtype:?} {name}: {err:.3e}"));
-                }
-                assert!(
-                    control > 10.0 * tol,
-                    "{kernel:?} {dtype:?} {name}: control {control}"
-                );
-            }
-        }
-    }
-    assert_none_failed(&failures);
+    chain_matrix(
+        "graph of 4 calls, two launches",
+        |kernel, shapes, causal| graph_case::<f16>(&s, kernel, shapes, causal, 4),
+        |kernel, shapes, causal| graph_case::<bf16>(&s, kernel, shapes, causal, 4),
+    );
 }
 
 #[test]
