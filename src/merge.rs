@@ -96,6 +96,36 @@ pub fn merge_states<T: AttentionElement>(
     }
 }
 
+/// [`merge_states`] recorded into a CUDA graph ([`crate::Capture::merge_states`]): validated the
+/// same way; a merge without rows records nothing; every tensor must be on the capture's stream.
+#[cfg(feature = "cuda")]
+pub(crate) fn record<T: AttentionElement>(
+    states: &[AttentionState<'_, T>],
+    out: &mut Tensor<T>,
+    lse: Option<&mut Tensor<f32>>,
+    recording: crate::cuda::launch::Recording<'_>,
+) -> Result<bool> {
+    let outs = states
+        .iter()
+        .map(|s| desc(s.out))
+        .collect::<Result<Vec<DescFfi>>>()?;
+    let lses = states
+        .iter()
+        .map(|s| desc(s.lse))
+        .collect::<Result<Vec<DescFfi>>>()?;
+    let lse_desc = lse.as_deref().map(desc).transpose()?;
+    if !validate::<T>(&outs, &lses, &desc(out)?, lse_desc.as_ref())? {
+        return Ok(false);
+    }
+    if out.location() == Location::Host {
+        return Err(crate::Error::GraphStream {
+            operand: crate::Operand::Out,
+        });
+    }
+    crate::cuda::launch::merge(states, out, lse, Some(recording))?;
+    Ok(true)
+}
+
 /// Merges `other` into the state `(out, lse)` in place: the incremental form of
 /// [`merge_states`] (ring attention's step, or a running state over several key sets), with the
 /// same formula and rules.
@@ -138,7 +168,7 @@ fn merge_gpu<T: AttentionElement>(
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<()> {
-    crate::cuda::launch::merge(states, out, lse)
+    crate::cuda::launch::merge(states, out, lse, None)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -247,16 +247,14 @@ impl<T: AttentionElement> AttentionPlan<T> {
         Ok(self.execution)
     }
 
-    /// [`AttentionPlan::run`] recorded on `capture`, a stream capturing a CUDA graph that
-    /// will be launched on `target` ([`crate::Capture::run`]).
+    /// [`AttentionPlan::run`] recorded into a CUDA graph ([`crate::Capture::run`]).
     #[cfg(feature = "cuda")]
     pub(crate) fn record(
         &self,
         call: (&Tensor<T>, &Tensor<T>, &Tensor<T>),
         out: &mut Tensor<T>,
         lse: Option<&mut Tensor<f32>>,
-        target: &crate::cuda::Stream,
-        capture: &crate::ffi::cuda::RawStream,
+        recording: crate::cuda::launch::Recording<'_>,
     ) -> Result<Execution> {
         let (q, k, v) = call;
         let call = self.call(q, k, v, out, lse)?;
@@ -266,12 +264,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
                 reason: "a plan for the CPU cannot be recorded into a CUDA graph".into(),
             });
         };
-        let entry = crate::cuda::launch::Entry::Captured {
-            planned,
-            execution: self.execution,
-            target,
-            capture,
-        };
+        let entry = crate::cuda::launch::Entry::Captured(planned, self.execution, recording);
         crate::cuda::launch::run(entry, &self.request, call)?;
         Ok(self.execution)
     }

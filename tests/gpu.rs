@@ -8,7 +8,7 @@ mod common;
 
 use common::{
     dims, logical, lse_values, naive, naive_paged, naive_varlen, randn, random_lengths,
-    random_pages, random_varlen, rel_l2, varlen_of_lengths, Rng,
+    random_pages, random_varlen, rel_l2, tokens, varlen_of_lengths, Rng,
 };
 use flashcore::interop::{
     cpp_attention_forward, cpp_attention_paged, cpp_attention_varlen, CppDeviceBuffer,
@@ -1360,6 +1360,101 @@ fn graphs_replay_planned_calls_on_current_data() {
     );
 }
 
+/// Cascade attention recorded into one graph: a shared prefix's state (no mask), the suffix's
+/// state (bottom-right causal) and their merge, launched twice on fresh queries copied into the
+/// same tensor. Returns the worst (output, logsumexp) errors against attention over the prefix
+/// and the suffix together.
+fn cascade_graph_case<T: AttentionElement>(s: &Stream) -> (f64, f64) {
+    let mut rng = Rng::fresh();
+    let (sq, prefix, heads, kv_heads, d) = (64, 700, 8, 2, 64);
+    let kd = [1, prefix + sq, kv_heads, d];
+    let (k, v) = (
+        randn::<T>(&mut rng, &kd, Layout::Bshd),
+        randn::<T>(&mut rng, &kd, Layout::Bshd),
+    );
+    let up = |t: &Tensor<T>| t.to_device(s).unwrap();
+    let (kp, vp) = (up(&tokens(&k, 0..prefix)), up(&tokens(&v, 0..prefix)));
+    let (ks, vs) = (
+        up(&tokens(&k, prefix..prefix + sq)),
+        up(&tokens(&v, prefix..prefix + sq)),
+    );
+    let qd = [1, sq, heads, d];
+    let nan = Tensor::full(T::from_f64(f64::NAN), &qd, Layout::Bshd).unwrap();
+    let nan_lse = Tensor::full(f32::NAN, &[1, heads, sq, 1], Layout::Bhsd).unwrap();
+    let mut q = up(&nan);
+    let [mut out_p, mut out_s, mut out] = [(); 3].map(|_| up(&nan));
+    let [mut lse_p, mut lse_s, mut lse] = [(); 3].map(|_| nan_lse.to_device(s).unwrap());
+    let prefix_opts = AttentionOptions::default().with_lse();
+    let suffix_opts = prefix_opts.clone().causal(Causal::BottomRight);
+    let plan_p = AttentionPlan::new(&q, &kp, &vp, &out_p, Some(&lse_p), &prefix_opts).unwrap();
+    let plan_s = AttentionPlan::new(&q, &ks, &vs, &out_s, Some(&lse_s), &suffix_opts).unwrap();
+    let mut capture = Capture::begin(s).unwrap();
+    capture
+        .run(&plan_p, &q, &kp, &vp, &mut out_p, Some(&mut lse_p))
+        .unwrap();
+    capture
+        .run(&plan_s, &q, &ks, &vs, &mut out_s, Some(&mut lse_s))
+        .unwrap();
+    let states = [
+        AttentionState {
+            out: &out_p,
+            lse: &lse_p,
+        },
+        AttentionState {
+            out: &out_s,
+            lse: &lse_s,
+        },
+    ];
+    capture
+        .merge_states(&states, &mut out, Some(&mut lse))
+        .unwrap();
+    assert_eq!(capture.calls(), 3);
+    let graph = capture.finish().unwrap();
+    let mut worst = (0.0f64, 0.0f64);
+    for _launch in 0..2 {
+        let q_host = randn::<T>(&mut rng, &qd, Layout::Bshd);
+        q.copy_from(&q_host).unwrap();
+        out.copy_from(&nan).unwrap();
+        lse.copy_from(&nan_lse).unwrap();
+        graph.launch().unwrap();
+        let (want, want_lse) = naive(
+            &q_host,
+            &k,
+            &v,
+            1.0 / (d as f64).sqrt(),
+            Causal::BottomRight,
+        );
+        let err = rel_l2(&logical(&out.to_host().unwrap()), &want);
+        let lse_err = rel_l2(&lse_values(&lse.to_host().unwrap()), &want_lse);
+        worst = if err.is_nan() || lse_err.is_nan() {
+            (f64::NAN, f64::NAN)
+        } else {
+            (worst.0.max(err), worst.1.max(lse_err))
+        };
+    }
+    worst
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn graphs_record_cascade_attention_and_its_merge() {
+    let s = stream();
+    let (f16_err, f16_lse) = cascade_graph_case::<f16>(&s);
+    let (bf16_err, bf16_lse) = cascade_graph_case::<bf16>(&s);
+    println!(
+        "cascade graph (prefix, suffix, merge), two launches: f16 rel L2 {f16_err:.2e} lse \
+         {f16_lse:.2e}, bf16 {bf16_err:.2e} lse {bf16_lse:.2e}"
+    );
+    assert!(
+        f16_err < tolerance::<f16>() && f16_lse < 1e-4,
+        "f16 {f16_err} {f16_lse}"
+    );
+    assert!(
+        bf16_err < tolerance::<bf16>() && bf16_lse < 1e-4,
+        "bf16 {bf16_err} {bf16_lse}"
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn graph_capture_refuses_operands_off_its_stream_and_records_nothing() {
@@ -1417,6 +1512,31 @@ fn graph_capture_refuses_operands_off_its_stream_and_records_nothing() {
         .run(&cpu_plan, &x, &x, &x, &mut host_out, None)
         .unwrap_err();
     assert!(matches!(e, Error::BackendUnavailable { .. }), "{e}");
+    // A merge whose second state's logsumexp is on another stream.
+    let lse_dims = [1, 4, 64, 1];
+    let lse_nan = Tensor::full(f32::NAN, &lse_dims, Layout::Bhsd).unwrap();
+    let (lse_here, lse_there) = (
+        lse_nan.to_device(&s).unwrap(),
+        lse_nan.to_device(&other).unwrap(),
+    );
+    other.synchronize().unwrap();
+    let states = [
+        AttentionState {
+            out: &q,
+            lse: &lse_here,
+        },
+        AttentionState {
+            out: &k,
+            lse: &lse_there,
+        },
+    ];
+    let e = capture.merge_states(&states, &mut out, None).unwrap_err();
+    assert_eq!(
+        e,
+        Error::GraphStream {
+            operand: Operand::StateLse(1)
+        }
+    );
     assert_eq!(capture.calls(), 0);
     // An empty graph launches and does nothing; the output is untouched.
     let graph = capture.finish().unwrap();

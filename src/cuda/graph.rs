@@ -4,16 +4,19 @@
 use std::cell::Cell;
 use std::marker::PhantomData;
 
+use super::launch::Recording;
 use super::stream::Stream;
 use crate::dispatch::Execution;
 use crate::element::AttentionElement;
 use crate::error::Result;
 use crate::ffi::cuda::{Keepalive, RawGraph, RawStream};
+use crate::merge::AttentionState;
 use crate::prepared::AttentionPlan;
 use crate::tensor::{Storage, Tensor};
 
-/// Records [`AttentionPlan`] runs into a CUDA graph, which [`Capture::finish`] turns into a
-/// [`Graph`] that replays them all with one launch on `stream`.
+/// Records [`AttentionPlan`] runs (and [`merge_states`](crate::merge_states) calls) into a CUDA
+/// graph, which [`Capture::finish`] turns into a [`Graph`] that replays them all with one launch
+/// on `stream`.
 ///
 /// Recording happens on a stream of the capture's own, so nothing else the program enqueues,
 /// on `stream` or elsewhere, ends up in the graph, and nothing runs while recording. Every
@@ -89,7 +92,7 @@ impl Capture {
     ) -> Result<Execution> {
         let lse_memory = lse.as_deref().and_then(memory);
         let used = [memory(q), memory(k), memory(v), memory(out), lse_memory];
-        let ran = plan.record((q, k, v), out, lse, &self.target, &self.recorder)?;
+        let ran = plan.record((q, k, v), out, lse, self.recording())?;
         self.kept.extend(used.into_iter().flatten());
         // The plan holds its offsets, page table, slopes and bias.
         self.kept.push(Box::new(plan.clone()));
@@ -97,9 +100,39 @@ impl Capture {
         Ok(ran)
     }
 
-    /// How many calls were recorded so far.
+    /// Records [`merge_states`](crate::merge_states) of `states` into `out` (and `lse`),
+    /// validated as that call validates them, with every tensor on the capture's stream
+    /// ([`crate::Error::GraphStream`] otherwise): cascade attention's prefix and suffix states,
+    /// or a ring step's, merged inside the graph. A merge without rows records nothing. On any
+    /// error nothing is recorded and the capture goes on.
+    pub fn merge_states<T: AttentionElement>(
+        &mut self,
+        states: &[AttentionState<'_, T>],
+        out: &mut Tensor<T>,
+        lse: Option<&mut Tensor<f32>>,
+    ) -> Result<()> {
+        let mut used: Vec<_> = states
+            .iter()
+            .flat_map(|s| [memory(s.out), memory(s.lse)])
+            .collect();
+        used.extend([memory(out), lse.as_deref().and_then(memory)]);
+        if crate::merge::record(states, out, lse, self.recording())? {
+            self.kept.extend(used.into_iter().flatten());
+            self.calls += 1;
+        }
+        Ok(())
+    }
+
+    /// How many calls (attention runs and merges) were recorded so far.
     pub fn calls(&self) -> usize {
         self.calls
+    }
+
+    fn recording(&self) -> Recording<'_> {
+        Recording {
+            target: &self.target,
+            capture: &self.recorder,
+        }
     }
 
     /// Ends the recording and makes the graph ([`crate::Error::Cuda`] where CUDA invalidated

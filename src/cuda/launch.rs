@@ -45,15 +45,34 @@ pub(crate) enum Entry<'a> {
     PublicCpp { host_copies: bool },
     /// A call planned once ([`crate::AttentionPlan`]): only the launch; what the plan runs.
     Planned(&'a ffi::Planned, Execution),
-    /// A planned call recorded into a CUDA graph ([`crate::Capture`]): launched on `capture`,
-    /// the capture's own stream, where it only records; every operand must be on `target`,
-    /// the stream the graph replays on, which then orders it.
-    Captured {
-        planned: &'a ffi::Planned,
-        execution: Execution,
-        target: &'a Stream,
-        capture: &'a ffi::RawStream,
-    },
+    /// A planned call recorded into a CUDA graph ([`crate::Capture`]).
+    Captured(&'a ffi::Planned, Execution, Recording<'a>),
+}
+
+/// Where a call recorded into a CUDA graph goes ([`crate::Capture`]): it is launched on
+/// `capture`, the capture's own stream, where it only records; every operand must be on
+/// `target`, the stream the graph is launched on, which then orders it.
+#[derive(Clone, Copy)]
+pub(crate) struct Recording<'a> {
+    pub target: &'a Stream,
+    pub capture: &'a ffi::RawStream,
+}
+
+impl Recording<'_> {
+    /// The first of `operands` (with the output's stream, `out`) not on the target stream, as
+    /// [`Error::GraphStream`]: nothing runs now, so nothing can be ordered now, and the graph's
+    /// launch on `target` orders only what lives there.
+    fn check<'s>(
+        &self,
+        out: &'s Stream,
+        operands: impl IntoIterator<Item = (Operand, &'s Stream)>,
+    ) -> Result<()> {
+        let all = std::iter::once((Operand::Out, out)).chain(operands);
+        match all.into_iter().find(|(_, s)| !s.same_as(self.target)) {
+            Some((operand, _)) => Err(Error::GraphStream { operand }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Validates, plans and enqueues a call on the output's stream (a variable-length batch's
@@ -110,13 +129,8 @@ pub(crate) fn run<T: AttentionElement>(
         (Operand::Bias, bias.map(|(_, s)| s)),
     ];
     let inputs = inputs.iter().filter_map(|(op, s)| s.map(|s| (*op, s)));
-    if let Entry::Captured { target, .. } = &entry {
-        // Nothing runs now, so nothing can be ordered now: the graph is launched on `target`,
-        // which orders every operand that lives there, and only those.
-        let stray = std::iter::once((Operand::Out, stream)).chain(inputs.clone());
-        if let Some((operand, _)) = stray.into_iter().find(|(_, s)| !s.same_as(target)) {
-            return Err(Error::GraphStream { operand });
-        }
+    if let Entry::Captured(_, _, recording) = &entry {
+        recording.check(stream, inputs.clone())?;
     } else {
         for (_, s) in inputs.clone() {
             order_after(stream, &[s])?;
@@ -142,13 +156,8 @@ pub(crate) fn run<T: AttentionElement>(
             ffi::attention_planned(request, planned, stream.raw(), operands)?;
             execution
         }
-        Entry::Captured {
-            planned,
-            execution,
-            capture,
-            ..
-        } => {
-            ffi::attention_planned(request, planned, capture, operands)?;
+        Entry::Captured(planned, execution, recording) => {
+            ffi::attention_planned(request, planned, recording.capture, operands)?;
             return Ok(execution);
         }
     };
@@ -230,16 +239,17 @@ fn device_buffer_mut<T: Element>(t: &mut Tensor<T>) -> Result<&mut RawBuffer> {
 }
 
 /// Merges device `states` into `out` (and `lse`) on `out`'s stream, ordered after pending work
-/// on the states' streams (and before later work there).
+/// on the states' streams (and before later work there), or records the merge (`recording`).
 pub(crate) fn merge<T: AttentionElement>(
     states: &[AttentionState<'_, T>],
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
+    recording: Option<Recording<'_>>,
 ) -> Result<()> {
     let mut inputs = Vec::with_capacity(2 * states.len() + 1);
-    for s in states {
-        inputs.push(device_stream(s.out)?.clone());
-        inputs.push(device_stream(s.lse)?.clone());
+    for (i, s) in states.iter().enumerate() {
+        inputs.push((Operand::State(i), device_stream(s.out)?.clone()));
+        inputs.push((Operand::StateLse(i), device_stream(s.lse)?.clone()));
     }
     let outs = states
         .iter()
@@ -249,7 +259,7 @@ pub(crate) fn merge<T: AttentionElement>(
         .iter()
         .map(|s| desc(s.lse))
         .collect::<Result<Vec<_>>>()?;
-    enqueue_merge::<T>(&inputs, &outs, &lses, out, lse)
+    enqueue_merge::<T>(&inputs, &outs, &lses, out, lse, recording)
 }
 
 /// Merges device `other` into `(out, lse)` in place on `out`'s stream. State 0 is the output
@@ -261,31 +271,41 @@ pub(crate) fn merge_in_place<T: AttentionElement>(
     other: AttentionState<'_, T>,
 ) -> Result<()> {
     let inputs = [
-        device_stream(other.out)?.clone(),
-        device_stream(other.lse)?.clone(),
+        (Operand::State(1), device_stream(other.out)?.clone()),
+        (Operand::StateLse(1), device_stream(other.lse)?.clone()),
     ];
     let outs = [desc(out)?, desc(other.out)?];
     let lses = [desc(lse)?, desc(other.lse)?];
-    enqueue_merge::<T>(&inputs, &outs, &lses, out, Some(lse))
+    enqueue_merge::<T>(&inputs, &outs, &lses, out, Some(lse), None)
 }
 
 /// Enqueues the merge of the states `outs` / `lses` (on the streams `inputs`) into `out` and
-/// `lse` on `out`'s stream, with the stream ordering of [`run`].
+/// `lse` on `out`'s stream, with the stream ordering of [`run`], or records it.
 fn enqueue_merge<T: AttentionElement>(
-    inputs: &[Stream],
+    inputs: &[(Operand, Stream)],
     outs: &[crate::ffi::DescFfi],
     lses: &[crate::ffi::DescFfi],
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
+    recording: Option<Recording<'_>>,
 ) -> Result<()> {
     let stream = device_stream(out)?.clone();
     let lse_stream = match lse.as_deref() {
-        Some(l) => Some(device_stream(l)?.clone()),
+        Some(l) => Some((Operand::Lse, device_stream(l)?.clone())),
         None => None,
     };
-    let inputs: Vec<&Stream> = inputs.iter().chain(lse_stream.as_ref()).collect();
-    for s in &inputs {
-        order_after(&stream, &[s])?;
+    let inputs: Vec<(Operand, &Stream)> = inputs
+        .iter()
+        .chain(lse_stream.as_ref())
+        .map(|(op, s)| (*op, s))
+        .collect();
+    match &recording {
+        Some(r) => r.check(&stream, inputs.iter().copied())?,
+        None => {
+            for (_, s) in &inputs {
+                order_after(&stream, &[s])?;
+            }
+        }
     }
     let out_desc = desc(out)?;
     let lse = match lse {
@@ -302,9 +322,12 @@ fn enqueue_merge<T: AttentionElement>(
         out_desc,
         lse,
     };
-    ffi::merge_states(crate::ffi::dtype_id(T::DTYPE), stream.raw(), operands)?;
-    for s in inputs {
-        order_after(s, &[&stream])?;
+    let on = recording.map_or(stream.raw().as_ref(), |r| r.capture);
+    ffi::merge_states(crate::ffi::dtype_id(T::DTYPE), on, operands)?;
+    if recording.is_none() {
+        for (_, s) in inputs {
+            order_after(s, &[&stream])?;
+        }
     }
     Ok(())
 }
