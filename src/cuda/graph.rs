@@ -80,7 +80,8 @@ impl Capture {
 
     /// Records `plan`'s run on these operands (checked as [`AttentionPlan::run`] checks them,
     /// and all on the capture's stream): a graph launch will run it, in the order recorded.
-    /// On any error nothing is recorded and the capture goes on.
+    /// A refused operand records nothing, and the capture goes on; a CUDA error may invalidate
+    /// the capture, which [`Capture::finish`] then reports.
     pub fn run<T: AttentionElement>(
         &mut self,
         plan: &AttentionPlan<T>,
@@ -103,8 +104,8 @@ impl Capture {
     /// Records [`merge_states`](crate::merge_states) of `states` into `out` (and `lse`),
     /// validated as that call validates them, with every tensor on the capture's stream
     /// ([`crate::Error::GraphStream`] otherwise): cascade attention's prefix and suffix states,
-    /// or a ring step's, merged inside the graph. A merge without rows records nothing. On any
-    /// error nothing is recorded and the capture goes on.
+    /// or a ring step's, merged inside the graph. A merge without rows records nothing; errors
+    /// are as for [`Capture::run`].
     pub fn merge_states<T: AttentionElement>(
         &mut self,
         states: &[AttentionState<'_, T>],
