@@ -175,6 +175,44 @@ fn files_with_extension(dir: &Path, ext: &str) -> Vec<PathBuf> {
     files
 }
 
+/// Every file under `cpp` that `source` includes with `#include "..."`, directly or through
+/// another such file: its path relative to `cpp` and its full path, sorted. A name resolves
+/// against the including file's folder, then `cpp/include` and `cpp/src`, as nvcc's `-I` flags
+/// do; names found elsewhere (CUTLASS's) are left to the family hash.
+fn local_includes(source: &Path, cpp: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let cpp = cpp.canonicalize().expect("cpp/ exists");
+    let roots = [cpp.join("include"), cpp.join("src")];
+    let mut found = std::collections::BTreeSet::new();
+    let mut pending = vec![source.to_path_buf()];
+    while let Some(file) = pending.pop() {
+        let text = fs::read_to_string(&file).unwrap_or_default();
+        for line in text.lines() {
+            let Some(rest) = line.trim_start().strip_prefix("#include") else {
+                continue;
+            };
+            let Some(name) = rest
+                .trim()
+                .strip_prefix('"')
+                .and_then(|r| r.split('"').next())
+            else {
+                continue;
+            };
+            let here = file.parent().map(|d| d.join(name));
+            let candidates = here.into_iter().chain(roots.iter().map(|r| r.join(name)));
+            if let Some(path) = candidates
+                .filter(|p| p.is_file())
+                .find_map(|p| p.canonicalize().ok())
+            {
+                if path.starts_with(&cpp) && found.insert(path.clone()) {
+                    pending.push(path);
+                }
+            }
+        }
+    }
+    let relative = |p: PathBuf| (p.strip_prefix(&cpp).unwrap_or(&p).to_path_buf(), p);
+    found.into_iter().map(relative).collect()
+}
+
 /// Hash of every file under `dir` (sorted), for the cache key.
 fn hash_tree(hasher: &mut Sha256, dir: &Path) {
     let mut entries: Vec<PathBuf> = fs::read_dir(dir)
@@ -234,47 +272,26 @@ impl Config<'_> {
         b
     }
 
-    /// The hash over everything that determines a unit's object.
+    /// The hash over everything that determines a unit's object: its family's hash, its source
+    /// and every header of cpp/ that it includes, directly or not ([`local_includes`]).
     fn key(&self, unit: &Unit, family: &Sha256) -> String {
         let mut h = family.clone();
         h.update(fs::read(&unit.source).expect("read a kernel source"));
+        for (name, header) in local_includes(&unit.source, self.cpp) {
+            h.update(name.to_string_lossy().as_bytes());
+            h.update(fs::read(&header).expect("read a kernel header"));
+        }
         format!("{:x}", h.finalize())
     }
 
-    /// The hash over what every TU of `family` depends on: compiler, flags, and the headers it
-    /// includes (the bridge, dispatch and host-only sources do not count).
+    /// The hash over what every TU of `family` depends on beyond cpp/'s headers: the compiler,
+    /// its flags and, for a CUTLASS family, CUTLASS's version and the example's folder.
     fn family_hash(&self, family: Family) -> Sha256 {
         let mut h = Sha256::new();
         h.update(self.cuda.version_text.as_bytes());
         let compiler = self.build(family).get_compiler();
         h.update(format!("{:?}", compiler.args()).as_bytes());
         h.update(compiler.path().to_string_lossy().as_bytes());
-        for file in [
-            "include/flashcore/types.h",
-            "include/flashcore/status.h",
-            "include/flashcore/plan.h",
-            "src/launcher.h",
-            "src/check.h",
-            "src/smem.h",
-        ] {
-            h.update(fs::read(self.cpp.join(file)).expect("read a kernel header under cpp/"));
-        }
-        // Every header of the family's folder (launcher and kernel) and its instances.inc (the
-        // sm90 schedules are read from it), so a new one cannot be missed, and the device headers
-        // the families share: cpp/src/*.cuh (fast_math.cuh) and cpp/src/split/ (the split-KV
-        // combine).
-        let src = self.cpp.join("src");
-        let dir = src.join(family.dir);
-        let headers = files_with_extension(&dir, "cuh")
-            .into_iter()
-            .chain(files_with_extension(&dir, "h"))
-            .chain(files_with_extension(&dir, "inc"))
-            .chain(files_with_extension(&src, "cuh"))
-            .chain(files_with_extension(&src.join("split"), "cuh"));
-        for path in headers {
-            h.update(path.file_name().unwrap().to_string_lossy().as_bytes());
-            h.update(fs::read(&path).expect("read a kernel header"));
-        }
         if let Some(example) = family.cutlass_example {
             h.update(fs::read(self.cutlass.join("include/cutlass/version.h")).unwrap_or_default());
             hash_tree(&mut h, &self.cutlass.join(example));
