@@ -75,16 +75,7 @@ pub fn merge_states<T: AttentionElement>(
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<()> {
-    let outs = states
-        .iter()
-        .map(|s| desc(s.out))
-        .collect::<Result<Vec<DescFfi>>>()?;
-    let lses = states
-        .iter()
-        .map(|s| desc(s.lse))
-        .collect::<Result<Vec<DescFfi>>>()?;
-    let lse_desc = lse.as_deref().map(desc).transpose()?;
-    if !validate::<T>(&outs, &lses, &desc(out)?, lse_desc.as_ref())? {
+    if !validate_states(states, out, lse.as_deref())? {
         return Ok(());
     }
     match out.location() {
@@ -105,16 +96,7 @@ pub(crate) fn record<T: AttentionElement>(
     lse: Option<&mut Tensor<f32>>,
     recording: crate::cuda::launch::Recording<'_>,
 ) -> Result<bool> {
-    let outs = states
-        .iter()
-        .map(|s| desc(s.out))
-        .collect::<Result<Vec<DescFfi>>>()?;
-    let lses = states
-        .iter()
-        .map(|s| desc(s.lse))
-        .collect::<Result<Vec<DescFfi>>>()?;
-    let lse_desc = lse.as_deref().map(desc).transpose()?;
-    if !validate::<T>(&outs, &lses, &desc(out)?, lse_desc.as_ref())? {
+    if !validate_states(states, out, lse.as_deref())? {
         return Ok(false);
     }
     if out.location() == Location::Host {
@@ -149,6 +131,24 @@ pub fn merge_state_into<T: AttentionElement>(
         #[cfg(not(feature = "cuda"))]
         Location::Cuda(_) => Err(crate::Error::CudaNotBuilt),
     }
+}
+
+/// Validates the merge of `states` into `out` (and `lse`); `Ok(false)` when it has no rows.
+fn validate_states<T: AttentionElement>(
+    states: &[AttentionState<'_, T>],
+    out: &Tensor<T>,
+    lse: Option<&Tensor<f32>>,
+) -> Result<bool> {
+    let outs = states
+        .iter()
+        .map(|s| desc(s.out))
+        .collect::<Result<Vec<DescFfi>>>()?;
+    let lses = states
+        .iter()
+        .map(|s| desc(s.lse))
+        .collect::<Result<Vec<DescFfi>>>()?;
+    let lse_desc = lse.map(desc).transpose()?;
+    validate::<T>(&outs, &lses, &desc(out)?, lse_desc.as_ref())
 }
 
 /// Validates a merge (C++ `core::validate_merge`); `Ok(false)` when it has no rows to merge.
