@@ -176,17 +176,16 @@ fn files_with_extension(dir: &Path, ext: &str) -> Vec<PathBuf> {
 }
 
 /// Every file under `cpp` that `source` includes with `#include "..."`, directly or through
-/// another such file: its path relative to `cpp` and its full path, sorted. A name resolves
-/// against the including file's folder, then `cpp/include` and `cpp/src`, as nvcc's `-I` flags
-/// do; names found elsewhere (CUTLASS's) are left to the family hash.
-fn local_includes(source: &Path, cpp: &Path) -> Vec<(PathBuf, PathBuf)> {
+/// another such file: its path relative to `cpp` and its contents (read once), sorted by path.
+/// A name resolves against the including file's folder, then `cpp/include` and `cpp/src`, as
+/// nvcc's `-I` flags do; names found elsewhere (CUTLASS's) are left to the family hash.
+fn local_includes(source: &Path, cpp: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let cpp = cpp.canonicalize().expect("cpp/ exists");
     let roots = [cpp.join("include"), cpp.join("src")];
-    let mut found = std::collections::BTreeSet::new();
-    let mut pending = vec![source.to_path_buf()];
-    while let Some(file) = pending.pop() {
-        let text = fs::read_to_string(&file).unwrap_or_default();
-        for line in text.lines() {
+    let mut found = std::collections::BTreeMap::new();
+    let mut pending = vec![(source.to_path_buf(), fs::read(source).unwrap_or_default())];
+    while let Some((file, bytes)) = pending.pop() {
+        for line in String::from_utf8_lossy(&bytes).lines() {
             let Some(rest) = line.trim_start().strip_prefix("#include") else {
                 continue;
             };
@@ -203,13 +202,16 @@ fn local_includes(source: &Path, cpp: &Path) -> Vec<(PathBuf, PathBuf)> {
                 .filter(|p| p.is_file())
                 .find_map(|p| p.canonicalize().ok())
             {
-                if path.starts_with(&cpp) && found.insert(path.clone()) {
-                    pending.push(path);
+                if path.starts_with(&cpp) && !found.contains_key(&path) {
+                    let contents = fs::read(&path).expect("read a kernel header");
+                    found.insert(path.clone(), contents.clone());
+                    pending.push((path, contents));
                 }
             }
         }
     }
-    let relative = |p: PathBuf| (p.strip_prefix(&cpp).unwrap_or(&p).to_path_buf(), p);
+    let relative =
+        |(p, bytes): (PathBuf, Vec<u8>)| (p.strip_prefix(&cpp).unwrap_or(&p).to_path_buf(), bytes);
     found.into_iter().map(relative).collect()
 }
 
@@ -277,9 +279,9 @@ impl Config<'_> {
     fn key(&self, unit: &Unit, family: &Sha256) -> String {
         let mut h = family.clone();
         h.update(fs::read(&unit.source).expect("read a kernel source"));
-        for (name, header) in local_includes(&unit.source, self.cpp) {
+        for (name, contents) in local_includes(&unit.source, self.cpp) {
             h.update(name.to_string_lossy().as_bytes());
-            h.update(fs::read(&header).expect("read a kernel header"));
+            h.update(contents);
         }
         format!("{:x}", h.finalize())
     }
