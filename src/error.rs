@@ -31,6 +31,8 @@ pub enum Operand {
     AlibiSlopes,
     /// An additive bias ([`crate::Bias`]).
     Bias,
+    /// The source of a copy (`Tensor::to_device`, `Tensor::copy_from`).
+    Source,
 }
 
 /// Which rule a paged KV cache breaks ([`Error::InvalidPageTable`]).
@@ -99,6 +101,7 @@ impl std::fmt::Display for Operand {
             Operand::SeqlensK => f.write_str("seqlens_k"),
             Operand::AlibiSlopes => f.write_str("alibi_slopes"),
             Operand::Bias => f.write_str("bias"),
+            Operand::Source => f.write_str("source"),
         }
     }
 }

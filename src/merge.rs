@@ -75,15 +75,15 @@ pub fn merge_states<T: AttentionElement>(
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<()> {
-    if !validate_states(states, out, lse.as_deref())? {
+    let Some(descs) = validate_states(states, out, lse.as_deref())? else {
         return Ok(());
-    }
+    };
     match out.location() {
         Location::Host => {
             crate::cpu::merge(states, out, lse);
             Ok(())
         }
-        Location::Cuda(_) => merge_gpu(states, out, lse),
+        Location::Cuda(_) => merge_gpu(states, &descs, out, lse),
     }
 }
 
@@ -96,15 +96,15 @@ pub(crate) fn record<T: AttentionElement>(
     lse: Option<&mut Tensor<f32>>,
     recording: crate::cuda::launch::Recording<'_>,
 ) -> Result<bool> {
-    if !validate_states(states, out, lse.as_deref())? {
+    let Some(descs) = validate_states(states, out, lse.as_deref())? else {
         return Ok(false);
-    }
+    };
     if out.location() == Location::Host {
         return Err(crate::Error::GraphStream {
             operand: crate::Operand::Out,
         });
     }
-    crate::cuda::launch::merge(states, out, lse, Some(recording))?;
+    crate::cuda::launch::merge(states, &descs, out, lse, Some(recording))?;
     Ok(true)
 }
 
@@ -133,12 +133,19 @@ pub fn merge_state_into<T: AttentionElement>(
     }
 }
 
-/// Validates the merge of `states` into `out` (and `lse`); `Ok(false)` when it has no rows.
+/// The descriptors of a merge's states, in their order: outputs and logsumexps.
+pub(crate) struct StateDescs {
+    pub(crate) outs: Vec<DescFfi>,
+    pub(crate) lses: Vec<DescFfi>,
+}
+
+/// Validates the merge of `states` into `out` (and `lse`): the states' descriptors, or `None`
+/// when it has no rows.
 fn validate_states<T: AttentionElement>(
     states: &[AttentionState<'_, T>],
     out: &Tensor<T>,
     lse: Option<&Tensor<f32>>,
-) -> Result<bool> {
+) -> Result<Option<StateDescs>> {
     let outs = states
         .iter()
         .map(|s| desc(s.out))
@@ -148,7 +155,8 @@ fn validate_states<T: AttentionElement>(
         .map(|s| desc(s.lse))
         .collect::<Result<Vec<DescFfi>>>()?;
     let lse_desc = lse.map(desc).transpose()?;
-    validate::<T>(&outs, &lses, &desc(out)?, lse_desc.as_ref())
+    let rows = validate::<T>(&outs, &lses, &desc(out)?, lse_desc.as_ref())?;
+    Ok(rows.then_some(StateDescs { outs, lses }))
 }
 
 /// Validates a merge (C++ `core::validate_merge`); `Ok(false)` when it has no rows to merge.
@@ -165,15 +173,17 @@ fn validate<T: AttentionElement>(
 #[cfg(feature = "cuda")]
 fn merge_gpu<T: AttentionElement>(
     states: &[AttentionState<'_, T>],
+    descs: &StateDescs,
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<()> {
-    crate::cuda::launch::merge(states, out, lse, None)
+    crate::cuda::launch::merge(states, descs, out, lse, None)
 }
 
 #[cfg(not(feature = "cuda"))]
 fn merge_gpu<T: AttentionElement>(
     _: &[AttentionState<'_, T>],
+    _: &StateDescs,
     _: &mut Tensor<T>,
     _: Option<&mut Tensor<f32>>,
 ) -> Result<()> {

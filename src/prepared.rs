@@ -251,12 +251,13 @@ impl<T: AttentionElement> AttentionPlan<T> {
     #[cfg(feature = "cuda")]
     pub(crate) fn record(
         &self,
-        call: (&Tensor<T>, &Tensor<T>, &Tensor<T>),
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
         out: &mut Tensor<T>,
         lse: Option<&mut Tensor<f32>>,
         recording: crate::cuda::launch::Recording<'_>,
     ) -> Result<Execution> {
-        let (q, k, v) = call;
         let call = self.call(q, k, v, out, lse)?;
         let Target::Gpu(planned) = &self.target else {
             return Err(Error::BackendUnavailable {

@@ -4,7 +4,7 @@
 use std::cell::Cell;
 use std::marker::PhantomData;
 
-use super::launch::Recording;
+use super::launch::{device_buffer, Recording};
 use super::stream::Stream;
 use crate::dispatch::Execution;
 use crate::element::AttentionElement;
@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::ffi::cuda::{Keepalive, RawGraph, RawStream};
 use crate::merge::AttentionState;
 use crate::prepared::AttentionPlan;
-use crate::tensor::{Storage, Tensor};
+use crate::tensor::Tensor;
 
 /// Records [`AttentionPlan`] runs (and [`merge_states`](crate::merge_states) calls) into a CUDA
 /// graph, which [`Capture::finish`] turns into a [`Graph`] that replays them all with one launch
@@ -93,7 +93,7 @@ impl Capture {
     ) -> Result<Execution> {
         let lse_memory = lse.as_deref().and_then(memory);
         let used = [memory(q), memory(k), memory(v), memory(out), lse_memory];
-        let ran = plan.record((q, k, v), out, lse, self.recording())?;
+        let ran = plan.record(q, k, v, out, lse, self.recording())?;
         self.kept.extend(used.into_iter().flatten());
         // The plan holds its offsets, page table, slopes and bias.
         self.kept.push(Box::new(plan.clone()));
@@ -162,10 +162,7 @@ impl Drop for Capture {
 
 /// The memory behind a device tensor, shared (a host tensor never reaches a recorded call).
 fn memory<T: crate::Element>(t: &Tensor<T>) -> Option<Keepalive> {
-    match &t.storage {
-        Storage::Device(b) => Some(b.raw().share()),
-        Storage::Host(_) => None,
-    }
+    device_buffer(t).ok().map(|b| b.share())
 }
 
 /// Recorded calls ([`Capture`]), replayed by [`Graph::launch`] on the stream they were recorded

@@ -9,7 +9,7 @@ use crate::element::{AttentionElement, Element};
 use crate::error::{Error, Operand, Result};
 use crate::ffi::cuda::{self as ffi, IndexBuffers, MergeOperands, Operands, RawBuffer, RawEvent};
 use crate::ffi::RequestFfi;
-use crate::merge::AttentionState;
+use crate::merge::{AttentionState, StateDescs};
 use crate::tensor::{Storage, Tensor};
 use crate::validate::desc;
 
@@ -219,7 +219,7 @@ fn operands<'a, T: Element>(
     })
 }
 
-fn device_buffer<T: Element>(t: &Tensor<T>) -> Result<&RawBuffer> {
+pub(crate) fn device_buffer<T: Element>(t: &Tensor<T>) -> Result<&RawBuffer> {
     match &t.storage {
         Storage::Device(b) => Ok(b.raw()),
         Storage::Host(_) => Err(not_on_device()),
@@ -238,10 +238,12 @@ fn device_buffer_mut<T: Element>(t: &mut Tensor<T>) -> Result<&mut RawBuffer> {
     device_parts(t).map(|(_, buffer)| buffer)
 }
 
-/// Merges device `states` into `out` (and `lse`) on `out`'s stream, ordered after pending work
-/// on the states' streams (and before later work there), or records the merge (`recording`).
+/// Merges device `states` (validated, with their descriptors `descs`) into `out` (and `lse`) on
+/// `out`'s stream, ordered after pending work on the states' streams (and before later work
+/// there), or records the merge (`recording`).
 pub(crate) fn merge<T: AttentionElement>(
     states: &[AttentionState<'_, T>],
+    descs: &StateDescs,
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
     recording: Option<Recording<'_>>,
@@ -251,15 +253,7 @@ pub(crate) fn merge<T: AttentionElement>(
         inputs.push((Operand::State(i), device_stream(s.out)?.clone()));
         inputs.push((Operand::StateLse(i), device_stream(s.lse)?.clone()));
     }
-    let outs = states
-        .iter()
-        .map(|s| desc(s.out))
-        .collect::<Result<Vec<_>>>()?;
-    let lses = states
-        .iter()
-        .map(|s| desc(s.lse))
-        .collect::<Result<Vec<_>>>()?;
-    enqueue_merge::<T>(&inputs, &outs, &lses, out, lse, recording)
+    enqueue_merge::<T>(&inputs, &descs.outs, &descs.lses, out, lse, recording)
 }
 
 /// Merges device `other` into `(out, lse)` in place on `out`'s stream. State 0 is the output

@@ -77,7 +77,8 @@ impl<T: Element> Tensor<T> {
     }
 
     /// Copies this tensor (storage and strides as they are) to the device of `stream`.
-    /// A device tensor is copied device-to-device.
+    /// A device tensor is copied device-to-device; one on another device is
+    /// [`Error::DeviceMismatch`] (operand [`Source`](crate::Operand::Source)).
     pub fn to_device(&self, stream: &Stream) -> Result<Self> {
         match &self.storage {
             Storage::Host(data) => {
@@ -88,7 +89,7 @@ impl<T: Element> Tensor<T> {
             Storage::Device(src) => {
                 if src.stream.ordinal() != stream.ordinal() {
                     return Err(Error::DeviceMismatch {
-                        operand: crate::error::Operand::Q,
+                        operand: crate::error::Operand::Source,
                         got: self.location(),
                         expected: crate::tensor::Location::Cuda(stream.ordinal()),
                     });
@@ -111,7 +112,7 @@ impl<T: Element> Tensor<T> {
     ///
     /// Both tensors must have the same dims and strides, and no gaps between their elements
     /// (the copy is one range): [`Error::CopyMismatch`] otherwise. A device source on another
-    /// device is [`Error::DeviceMismatch`].
+    /// device is [`Error::DeviceMismatch`] (operand [`Source`](crate::Operand::Source)).
     pub fn copy_from(&mut self, src: &Tensor<T>) -> Result<()> {
         let (shape, strides) = (self.shape(), self.strides());
         let n = crate::tensor::addressed_len(shape, strides)?;
@@ -134,7 +135,7 @@ impl<T: Element> Tensor<T> {
             (Storage::Device(dst), Storage::Device(from)) => {
                 if from.stream.ordinal() != dst.stream.ordinal() {
                     return Err(Error::DeviceMismatch {
-                        operand: crate::error::Operand::Q,
+                        operand: crate::error::Operand::Source,
                         got: src.location(),
                         expected: crate::tensor::Location::Cuda(dst.stream.ordinal()),
                     });

@@ -605,7 +605,8 @@ impl Described<'_> {
                 | Operand::CuSeqlensK
                 | Operand::BlockTable
                 | Operand::SeqlensK
-                | Operand::AlibiSlopes => r.out,
+                | Operand::AlibiSlopes
+                | Operand::Source => r.out,
             }),
             (Described::Merge { outs, .. }, Operand::State(i)) => outs.get(i).copied(),
             (Described::Merge { lses, .. }, Operand::StateLse(i)) => lses.get(i).copied(),

@@ -18,6 +18,7 @@
 
 #include "../check.h"
 #include "../launcher.h"
+#include "../programmatic.h"
 #include "../smem.h"
 #include "sm90/kernel.cuh"
 #include "sm90/schedules.h"
@@ -175,17 +176,8 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   // previous kernel finishes, and waits for it before it touches global memory (kernel.cuh).
   // Layer after layer of a serving step, each call's start then overlaps the last one's end.
   const auto enqueue = [&](const char* what) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = Kern::Scheduler::grid_shape(params.scheduler);
-    config.blockDim = dim3(Kern::kThreads);
-    config.dynamicSmemBytes = Kern::kSmemBytes;
-    config.stream = stream;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    check_cuda(cudaLaunchKernelEx(&config, kernel, params), what);
+    launch_programmatic(kernel, Kern::Scheduler::grid_shape(params.scheduler),
+                        dim3(Kern::kThreads), Kern::kSmemBytes, stream, true, what, params);
   };
   if (splits == 1) {
     enqueue("launch fmha_sm90_kernel");

@@ -16,9 +16,9 @@
 #include <cstdint>
 #include <string>
 
-#include "../check.h"
 #include "../launcher.h"
 #include "../merge/state.cuh"
+#include "../programmatic.h"
 #include "../scratch.h"
 #include "units.cuh"
 
@@ -195,17 +195,9 @@ class Partials {
     // no split to read and add zeros).
     const int threads = std::max(32, combine_groups(a.head_dim, splits_) *
                                          static_cast<int>(a.head_dim / kCombineVector));
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(rows_));
-    config.blockDim = dim3(static_cast<unsigned>(threads));
-    config.stream = stream;
-    config.attrs = &attr;
-    config.numAttrs = programmatic ? 1 : 0;
-    check_cuda(cudaLaunchKernelEx(&config, combine_kernel<T>, c),
-               "launch the split-KV combine kernel");
+    launch_programmatic(combine_kernel<T>, dim3(static_cast<unsigned>(rows_)),
+                        dim3(static_cast<unsigned>(threads)), 0, stream, programmatic,
+                        "launch the split-KV combine kernel", c);
   }
 
  private:
