@@ -11,7 +11,9 @@ nvcc="${NVCC:-third_party/cuda/bin/nvcc}"
 cutlass="${CUTLASS_DIR:-third_party/cutlass}"
 out=target/sm90-sweep
 mkdir -p "$out" dist
-flags=(-std=c++17 --expt-relaxed-constexpr -O3 -DNDEBUG
+# CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED: without it CuTe picks wgmma widths of powers of two
+# (and 96 and 192) only, so a 176-key tile's QK product ran as eleven n = 16 wgmmas (round 46).
+flags=(-std=c++17 --expt-relaxed-constexpr -O3 -DNDEBUG -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
   -Xcudafe=--diag_suppress=esa_on_defaulted_function_ignored
   -gencode=arch=compute_90a,code=sm_90a -Icpp/include -Icpp/src -Ibenches/sm90_sweep
   "-I$cutlass/include" "-I$cutlass/tools/util/include" "-I$cutlass/examples/88_hopper_fmha")

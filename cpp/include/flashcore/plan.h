@@ -84,17 +84,29 @@ constexpr int64_t sm90_kv_stages(Tile t) {
   return fit < 5 ? fit : 5;
 }
 
-// Shared memory of the Hopper kernel at `t` for 2-byte elements: one Q buffer per consumer
-// warpgroup of 64 rows (the block's rows), sm90_kv_stages() pipeline stages each holding a K or a
-// V tile, and the barriers (16 bytes per K/V stage, 32 per consumer warpgroup for its Q stage and
-// its turn, 8 to start the loaders), rounded up to 16 bytes. Each sm90 instantiation
-// static_asserts that its SharedStorage takes exactly this much.
-constexpr int64_t sm90_smem_bytes(Tile t) {
+// Shared memory of the Hopper kernel's pipeline at `t` for 2-byte elements: one Q buffer per
+// consumer warpgroup of 64 rows (the block's rows), sm90_kv_stages() pipeline stages each holding
+// a K or a V tile, and the barriers (16 bytes per K/V stage, 32 per consumer warpgroup for its Q
+// stage and its turn, 8 to start the loaders), rounded up to 16 bytes.
+constexpr int64_t sm90_pipeline_bytes(Tile t) {
   const int64_t bq = t.queries_per_block, bk = t.keys_per_block, d = t.max_head_dim;
   const int64_t stages = sm90_kv_stages(t);
   const int64_t barriers = stages * 16 + bq / 64 * 32 + 8;
   return (bq * d + stages * bk * d) * 2 + (barriers + 15) / 16 * 16;
 }
+
+// Shared memory through which the Hopper kernel at `t` stores its output (2-byte elements): the
+// block's output rows, each warpgroup's 64, where they fit beside the pipeline in the 227 KB a
+// block may opt in to; 0 where they do not, and the output goes straight from registers to
+// global memory (cpp/src/sm90/epilogue.cuh; docs/HOPPER.md, round 46).
+constexpr int64_t sm90_staging_bytes(Tile t) {
+  const int64_t rows = t.queries_per_block * t.max_head_dim * 2;
+  return sm90_pipeline_bytes(t) + rows <= 227 * 1024 ? rows : 0;
+}
+
+// Shared memory of the Hopper kernel at `t` for 2-byte elements: its pipeline and its output
+// staging. Each sm90 instantiation static_asserts that its SharedStorage takes exactly this much.
+constexpr int64_t sm90_smem_bytes(Tile t) { return sm90_pipeline_bytes(t) + sm90_staging_bytes(t); }
 
 // The class of a compute capability; empty below 8.0 and from 10.0 (no kernels built there).
 std::optional<ArchClass> arch_class(int32_t major, int32_t minor) noexcept;

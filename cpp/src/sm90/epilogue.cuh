@@ -1,15 +1,19 @@
 // The epilogue of flashcore's Hopper kernel: each consumer warpgroup writes its normalised output
-// rows straight from registers to global memory (two adjacent columns per store, at constant
-// offsets from the row's address: docs/HOPPER.md, round 29), and the logsumexp when asked for.
-// Unlike example 88's TMA epilogue it takes any output strides the validator accepts, GQA's
-// nested heads, partial query tiles and an optional LSE; rows at or past seq_q and columns at or
-// past head_dim are never written. A variable-length batch's sequence writes its rows from its
-// first token on (the problem's q_start).
+// rows to global memory, and the logsumexp when asked for. Where the tile leaves shared memory
+// for it (plan.h's sm90_staging_bytes), the warpgroup stages its rows there and stores whole
+// 16-byte pieces of them (docs/HOPPER.md, round 46); otherwise it stores two adjacent columns
+// per store straight from registers, at constant offsets from the row's address (round 29).
+// Unlike example 88's TMA epilogue it takes any output strides the validator accepts (multiples
+// of 8 elements from a 16-byte aligned address), GQA's nested heads, partial query tiles and an
+// optional LSE; rows at or past seq_q and columns at or past head_dim are never written. A
+// variable-length batch's sequence writes its rows from its first token on (the problem's
+// q_start).
 #pragma once
 
 #include <cstdint>
 
 #include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
 #include "sm90/problem.cuh"
 #include "sm90/rows.cuh"
 
@@ -61,6 +65,14 @@ struct Epilogue {
     }
   }
 
+  // Whether value k of row i of a thread's accumulator view and value k + 1 are adjacent columns
+  // (a pair, as the accumulator layout holds them); a constant once loops over them unroll.
+  template <class CoordMN>
+  CUTLASS_DEVICE static bool pairs_with_next(CoordMN const& coord, int i, int k) {
+    using namespace cute;
+    return k + 1 < size<1>(coord) && get<1>(coord(i, k + 1)) == get<1>(coord(i, k)) + 1;
+  }
+
   // Stores each of this thread's rows below `rows`: `row_at(row)` is the row's first element
   // (column 0), and `put(dst, a, b, pair)` stores a at dst and, for a pair (two adjacent columns,
   // as the accumulator layout holds them), b after it. Columns at or past `dim` are never
@@ -81,13 +93,11 @@ struct Epilogue {
       auto* dst = row_at(row) + col0;
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < size<1>(acc); ++k) {
-        const int at = get<1>(coord(i, k)) - col0;  // a constant once unrolled
-        const bool pair =
-            k + 1 < size<1>(acc) && get<1>(coord(i, k + 1)) - col0 == at + 1;
-        const bool second = k > 0 && get<1>(coord(i, k - 1)) - col0 == at - 1;
-        if (second) {
+        if (k > 0 && pairs_with_next(coord, i, k - 1)) {
           continue;  // stored with the first of its pair
         }
+        const int at = get<1>(coord(i, k)) - col0;  // a constant once unrolled
+        const bool pair = pairs_with_next(coord, i, k);
         if (at < room) {
           put(dst + at, acc(i, k), pair ? acc(i, k + 1) : 0.f, pair);
         }
@@ -95,20 +105,84 @@ struct Epilogue {
     }
   }
 
+  // A warpgroup's staging of its output rows: `rows`, its rows x the tile's head dim in shared
+  // memory (unused, and may be null, where the kernel stores from registers), and the named
+  // barrier (a user id past the issue turns', turns.cuh) its 128 threads sync on.
+  struct Staging {
+    Element* rows;
+    uint32_t barrier;
+  };
+
+  // Stores this warpgroup's rows below `rows` through `stage` (kRows x kDim elements): each
+  // thread writes its pairs of columns there, the warpgroup syncs, then each thread stores
+  // whole 16-byte pieces (8 columns) of rows, a warp's store covering consecutive pieces of
+  // one or two rows. A row's pieces are swizzled (piece p of row r at p ^ (r % 8)), so that
+  // neither the pairs' writes (a warp's lanes hold 8 rows at the same columns) nor the pieces'
+  // reads meet in a shared memory bank. The warpgroup syncs before the writes too: the last
+  // unit's pieces are then all read. `row_at` is as for store_rows; `dim` a multiple of 8.
+  template <int kRows, int kDim, class AccMN, class CoordMN, class RowAt>
+  CUTLASS_DEVICE static void store_staged(AccMN const& acc, CoordMN const& coord,
+                                          Staging stage, int m_rows, int rows, int dim,
+                                          RowAt&& row_at) {
+    using namespace cute;
+    constexpr int kPieces = kDim / 8;
+    static_assert(kDim % 64 == 0, "a row spans the swizzle's 8 pieces");
+    constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
+    const auto at = [](int r, int piece) { return r * kDim + ((piece ^ (r % 8)) * 8); };
+    cutlass::arch::NamedBarrier::sync(kThreads, stage.barrier);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size<0>(acc); ++i) {
+      const int r = get<0>(coord(i, 0));
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < size<1>(acc); ++k) {
+        if (k > 0 && pairs_with_next(coord, i, k - 1)) {
+          continue;  // written with the first of its pair
+        }
+        const int c = get<1>(coord(i, k));
+        Element* to = stage.rows + at(r, c / 8) + c % 8;
+        if (pairs_with_next(coord, i, k)) {  // c is even: both columns lie in one piece
+          cutlass::Array<Element, 2> two;
+          two[0] = Element(acc(i, k));
+          two[1] = Element(acc(i, k + 1));
+          *reinterpret_cast<cutlass::Array<Element, 2>*>(to) = two;
+        } else {
+          to[0] = Element(acc(i, k));
+        }
+      }
+    }
+    cutlass::arch::NamedBarrier::sync(kThreads, stage.barrier);
+    static_assert(kRows * kPieces % kThreads == 0, "every thread stores as many pieces");
+    const int t = threadIdx.x % kThreads;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kRows * kPieces / kThreads; ++j) {
+      const int n = t + j * kThreads, r = n / kPieces, piece = n % kPieces;
+      const int row = m_rows + r;
+      if (row < rows && piece * 8 < dim) {
+        *reinterpret_cast<uint4*>(row_at(row) + piece * 8) =
+            *reinterpret_cast<const uint4*>(stage.rows + at(r, piece));
+      }
+    }
+  }
+
   // `acc` and `lse` are one warpgroup's (rows of the P.V tile, head dim) accumulator and its
   // per-row logsumexp; `m_rows` is the warpgroup's first query row of the sequence, whose tokens
-  // start at q_start(p) in batch entry `batch`.
-  template <class TileShapePV, class Acc, class Lse, class TiledMma>
+  // start at q_start(p) in batch entry `batch`; `stage` its staging where kStaged.
+  template <bool kStaged, class TileShapePV, class Acc, class Lse, class TiledMma>
   CUTLASS_DEVICE static void store(TileShapePV const& tile, Acc const& acc, Lse const& lse,
                                    TiledMma const& mma, ProblemShape const& p,
-                                   Params const& params, int m_rows, int batch, int head) {
+                                   Params const& params, int m_rows, int batch, int head,
+                                   Staging stage) {
     using namespace cute;
     const int rows = seq_q(p);
     Tensor coord = coords_mn(tile, mma);
     Element* base = params.out + batch * params.o_batch + head * params.o_head +
                     int64_t(q_start(p)) * params.o_seq;
-    store_rows(
-        as_rows(mma, acc), coord, m_rows, rows, get<4>(p), [&](int row) { return base + row * params.o_seq; },
+    const auto row_at = [&](int row) { return base + row * params.o_seq; };
+    if constexpr (kStaged) {
+      store_staged<decltype(size<0>(tile))::value, decltype(size<1>(tile))::value>(
+          as_rows(mma, acc), coord, stage, m_rows, rows, get<4>(p), row_at);
+    } else {
+      store_rows(as_rows(mma, acc), coord, m_rows, rows, get<4>(p), row_at,
         [](Element* dst, float a, float b, bool pair) {
           if (pair) {
             cutlass::Array<Element, 2> two;
@@ -119,6 +193,7 @@ struct Epilogue {
             dst[0] = Element(a);
           }
         });
+    }
 
     if (params.lse != nullptr) {
       float* lse_head = params.lse + lse_index(params, p, batch, head);

@@ -1,7 +1,7 @@
 // flashcore's Hopper (sm_90a) attention kernel: CUTLASS example 88's warp-specialized mainloop
 // collective (TMA loads, wgmma, online softmax) under our own kernel layer: the problem shape
 // with nested GQA heads and a runtime causal offset (problem.cuh), the mask fusion (mask.cuh), the
-// tile scheduler (scheduler.cuh) and a register epilogue (epilogue.cuh).
+// tile scheduler (scheduler.cuh) and our epilogue (epilogue.cuh).
 //
 // One producer warpgroup loads (warp 0: K and V, and Q unless a second warp does; warp 2: Q when
 // `kSeparateQ`) and gives up registers; `kMmaWarpGroups` consumer warpgroups take them, each
@@ -95,13 +95,22 @@ struct Kernel {
   using PipelineQ = typename Mainloop::MainloopPipelineQ;
   using OrderBarrier = cutlass::OrderedSequenceBarrier<2, kMmaWarpGroups>;
 
-  struct SharedStorage {
+  struct PipelineStorage {
     typename Mainloop::SharedStorage mainloop;
     alignas(16) typename PipelineKV::SharedStorage pipeline_kv;
     alignas(16) typename PipelineQ::SharedStorage pipeline_q;
     alignas(16) typename OrderBarrier::SharedStorage order;
     alignas(16) cutlass::arch::ClusterBarrier q_started;  // kSeparateQ: both loaders start together
   };
+  // The output rows of each consumer warpgroup, staged for 16-byte stores (epilogue.cuh), where
+  // plan.h's sm90_staging_bytes() finds room for them.
+  static constexpr int kStagedElements =
+      int(sm90_staging_bytes(Tile{kBlockQ, kBlockK, kHeadDim}) / int64_t(sizeof(Element)));
+  static constexpr bool kStagedOutput = kStagedElements > 0;
+  struct StagedStorage : PipelineStorage {
+    alignas(16) Element out_rows[kStagedOutput ? kStagedElements : 1];
+  };
+  using SharedStorage = std::conditional_t<kStagedOutput, StagedStorage, PipelineStorage>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static constexpr int kThreads = (kMmaWarpGroups + 1) * cutlass::NumThreadsPerWarpGroup;
   static constexpr int kQueryRowsPerWarpGroup = kBlockQ / kMmaWarpGroups;
@@ -356,9 +365,15 @@ struct Kernel {
                            typename Mainloop::TiledMmaPV{}, problem, sp.part_out, sp.part_lse,
                            row0, params.out.lse_row, m_rows, sp.rows, u.absent);
       } else {
-        Out::store(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
-                   typename Mainloop::TiledMmaPV{}, problem, params.out, m_rows,
-                   memory_batch(params, u.batch), get<2, 1>(blk));
+        Element* staging = nullptr;
+        if constexpr (kStagedOutput) {
+          staging = storage.out_rows + consumer * kQueryRowsPerWarpGroup * kHeadDim;
+        }
+        Out::template store<kStagedOutput>(
+            typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
+            typename Mainloop::TiledMmaPV{}, problem, params.out, m_rows,
+            memory_batch(params, u.batch), get<2, 1>(blk),
+            typename Out::Staging{staging, uint32_t(kMmaWarpGroups + consumer)});
       }
       if constexpr (kOrderedEpilogue) {
         order.arrive();

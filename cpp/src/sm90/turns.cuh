@@ -3,7 +3,8 @@
 // tile and passes the turn on once they are issued, so the warpgroups' products do not contend
 // for the tensor cores and one warpgroup's softmax runs while the next one's products do.
 //
-// One named barrier per warpgroup (user ids 0 to kWarpGroups - 1, above CUTLASS's reserved ones):
+// One named barrier per warpgroup (user ids 0 to kWarpGroups - 1, above CUTLASS's reserved ones;
+// the epilogue's staging takes the next kWarpGroups, epilogue.cuh):
 // its 128 threads wait on it, and the 128 threads of the warpgroup before it in the cycle arrive
 // on it. Warpgroup 0 is given the first turn. Every warpgroup of a block takes the same number of
 // turns per work unit (one per key tile the block visits, with an empty turn for each tile that
