@@ -113,23 +113,30 @@ struct Epilogue {
     uint32_t barrier;
   };
 
-  // Stores this warpgroup's rows below `rows` through `stage` (kRows x kDim elements): each
-  // thread writes its pairs of columns there, the warpgroup syncs, then each thread stores
-  // whole 16-byte pieces (8 columns) of rows, a warp's store covering consecutive pieces of
-  // one or two rows. A row's pieces are swizzled (piece p of row r at p ^ (r % 8)), so that
-  // neither the pairs' writes (a warp's lanes hold 8 rows at the same columns) nor the pieces'
-  // reads meet in a shared memory bank. The warpgroup syncs before the writes too: the last
-  // unit's pieces are then all read. `row_at` is as for store_rows; `dim` a multiple of 8.
-  template <int kRows, int kDim, class AccMN, class CoordMN, class RowAt>
-  CUTLASS_DEVICE static void store_staged(AccMN const& acc, CoordMN const& coord,
-                                          Staging stage, int m_rows, int rows, int dim,
-                                          RowAt&& row_at) {
+  // Output rows staged and not yet stored: `rows` rows (0: none) from `first`, `stride` apart,
+  // `dim` columns each.
+  struct Pending {
+    Element* first = nullptr;
+    int64_t stride = 0;
+    int rows = 0;
+    int dim = 0;
+  };
+
+  template <int kDim>
+  CUTLASS_DEVICE static int staged_at(int r, int piece) {
+    return r * kDim + ((piece ^ (r % 8)) * 8);
+  }
+
+  // Writes this warpgroup's rows into `stage` (kRows x kDim elements), for flush to store.
+  // Unless kSynced (the caller's own barriers order them so), the warpgroup syncs before the
+  // writes (the last flush read everything) and after them (every write is visible to every
+  // thread's flush).
+  template <int kRows, int kDim, bool kSynced, class AccMN, class CoordMN>
+  CUTLASS_DEVICE static void stage_rows(AccMN const& acc, CoordMN const& coord, Staging stage) {
     using namespace cute;
-    constexpr int kPieces = kDim / 8;
-    static_assert(kDim % 64 == 0, "a row spans the swizzle's 8 pieces");
-    constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
-    const auto at = [](int r, int piece) { return r * kDim + ((piece ^ (r % 8)) * 8); };
-    cutlass::arch::NamedBarrier::sync(kThreads, stage.barrier);
+    if constexpr (!kSynced) {
+      sync(stage);
+    }
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size<0>(acc); ++i) {
       const int r = get<0>(coord(i, 0));
@@ -139,7 +146,7 @@ struct Epilogue {
           continue;  // written with the first of its pair
         }
         const int c = get<1>(coord(i, k));
-        Element* to = stage.rows + at(r, c / 8) + c % 8;
+        Element* to = stage.rows + staged_at<kDim>(r, c / 8) + c % 8;
         if (pairs_with_next(coord, i, k)) {  // c is even: both columns lie in one piece
           cutlass::Array<Element, 2> two;
           two[0] = Element(acc(i, k));
@@ -150,39 +157,59 @@ struct Epilogue {
         }
       }
     }
-    cutlass::arch::NamedBarrier::sync(kThreads, stage.barrier);
+    if constexpr (!kSynced) {
+      sync(stage);
+    }
+  }
+
+  // Syncs the warpgroup's threads on its staging barrier.
+  CUTLASS_DEVICE static void sync(Staging stage) {
+    cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, stage.barrier);
+  }
+
+  // Stores the pending rows from `stage`: each thread whole 16-byte pieces, predicated.
+  template <int kRows, int kDim>
+  CUTLASS_DEVICE static void flush(Pending const& pending, Staging stage) {
+    constexpr int kPieces = kDim / 8;
+    constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
+    static_assert(kDim % 64 == 0, "a row spans the swizzle's 8 pieces");
     static_assert(kRows * kPieces % kThreads == 0, "every thread stores as many pieces");
     const int t = threadIdx.x % kThreads;
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < kRows * kPieces / kThreads; ++j) {
       const int n = t + j * kThreads, r = n / kPieces, piece = n % kPieces;
-      const int row = m_rows + r;
-      if (row < rows && piece * 8 < dim) {
-        *reinterpret_cast<uint4*>(row_at(row) + piece * 8) =
-            *reinterpret_cast<const uint4*>(stage.rows + at(r, piece));
+      if (r < pending.rows && piece * 8 < pending.dim) {
+        *reinterpret_cast<uint4*>(pending.first + r * pending.stride + piece * 8) =
+            *reinterpret_cast<const uint4*>(stage.rows + staged_at<kDim>(r, piece));
       }
     }
   }
 
   // `acc` and `lse` are one warpgroup's (rows of the P.V tile, head dim) accumulator and its
   // per-row logsumexp; `m_rows` is the warpgroup's first query row of the sequence, whose tokens
-  // start at q_start(p) in batch entry `batch`; `stage` its staging where kStaged.
-  template <bool kStaged, class TileShapePV, class Acc, class Lse, class TiledMma>
+  // start at q_start(p) in batch entry `batch`. Where kStaged, the rows go to `stage` and
+  // `pending` says where they belong (flush stores them; kSynced as for stage_rows); else they
+  // are stored now.
+  template <bool kStaged, bool kSynced, class TileShapePV, class Acc, class Lse, class TiledMma>
   CUTLASS_DEVICE static void store(TileShapePV const& tile, Acc const& acc, Lse const& lse,
                                    TiledMma const& mma, ProblemShape const& p,
                                    Params const& params, int m_rows, int batch, int head,
-                                   Staging stage) {
+                                   Staging stage, Pending& pending) {
     using namespace cute;
     const int rows = seq_q(p);
     Tensor coord = coords_mn(tile, mma);
     Element* base = params.out + batch * params.o_batch + head * params.o_head +
                     int64_t(q_start(p)) * params.o_seq;
-    const auto row_at = [&](int row) { return base + row * params.o_seq; };
     if constexpr (kStaged) {
-      store_staged<decltype(size<0>(tile))::value, decltype(size<1>(tile))::value>(
-          as_rows(mma, acc), coord, stage, m_rows, rows, get<4>(p), row_at);
+      stage_rows<decltype(size<0>(tile))::value, decltype(size<1>(tile))::value, kSynced>(
+          as_rows(mma, acc), coord, stage);
+      pending.first = base + int64_t(m_rows) * params.o_seq;
+      pending.stride = params.o_seq;
+      pending.rows = cute::max(0, cute::min(int(size<0>(tile)), rows - m_rows));
+      pending.dim = get<4>(p);
     } else {
-      store_rows(as_rows(mma, acc), coord, m_rows, rows, get<4>(p), row_at,
+      store_rows(as_rows(mma, acc), coord, m_rows, rows, get<4>(p),
+                 [&](int row) { return base + row * params.o_seq; },
         [](Element* dst, float a, float b, bool pair) {
           if (pair) {
             cutlass::Array<Element, 2> two;

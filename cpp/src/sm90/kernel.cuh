@@ -337,6 +337,22 @@ struct Kernel {
 
     cutlass::arch::warpgroup_reg_alloc<kMmaRegisters>();
     IssueTurns<kMmaWarpGroups, kIssueTurns>::start(consumer);
+    Element* staging = nullptr;
+    if constexpr (kStagedOutput) {
+      staging = storage.out_rows + consumer * kQueryRowsPerWarpGroup * kHeadDim;
+    }
+    const typename Out::Staging stage{staging, uint32_t(kMmaWarpGroups + consumer)};
+    // The last unit's staged output rows, stored while the next unit's first product runs
+    // (mainloop.cuh). With issue turns, the turns order the staging's writes and reads for the
+    // warpgroup's threads; otherwise the epilogue syncs them itself.
+    constexpr bool kStagingSynced = kIssueTurns;
+    typename Out::Pending pending;
+    const auto flush = [&] {
+      if constexpr (kStagedOutput) {
+        Out::template flush<kQueryRowsPerWarpGroup, kHeadDim>(pending, stage);
+        pending.rows = 0;
+      }
+    };
     for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
       auto blk = s.get_block_coord();
       const Unit u = unit_of(params, get<2, 0>(blk));
@@ -348,9 +364,18 @@ struct Kernel {
       auto wg = blk;
       get<0>(wg) = kMmaWarpGroups * get<0>(blk) + consumer;
       q_read.advance(consumer * Mainloop::kOuterLoads);  // each consumer has its own Q buffer
-      auto result = mainloop.compute(blk, wg, params.mainloop, problem, pipeline_kv, kv_read,
-                                     pipeline_q, q_read, unused_reducer, unused_reducer_state,
-                                     storage.mainloop, order);
+      auto result = [&] {
+        if constexpr (kOurLoop) {
+          return mainloop.compute(blk, wg, params.mainloop, problem, pipeline_kv, kv_read,
+                                  pipeline_q, q_read, unused_reducer, unused_reducer_state,
+                                  storage.mainloop, order, flush);
+        } else {
+          flush();
+          return mainloop.compute(blk, wg, params.mainloop, problem, pipeline_kv, kv_read,
+                                  pipeline_q, q_read, unused_reducer, unused_reducer_state,
+                                  storage.mainloop, order);
+        }
+      }();
       q_read.advance(Mainloop::kOuterLoads * (kMmaWarpGroups - consumer));
       if constexpr (kOrderedEpilogue) {
         order.wait();
@@ -365,20 +390,19 @@ struct Kernel {
                            typename Mainloop::TiledMmaPV{}, problem, sp.part_out, sp.part_lse,
                            row0, params.out.lse_row, m_rows, sp.rows, u.absent);
       } else {
-        Element* staging = nullptr;
-        if constexpr (kStagedOutput) {
-          staging = storage.out_rows + consumer * kQueryRowsPerWarpGroup * kHeadDim;
-        }
-        Out::template store<kStagedOutput>(
+        Out::template store<kStagedOutput, kStagingSynced>(
             typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
             typename Mainloop::TiledMmaPV{}, problem, params.out, m_rows,
-            memory_batch(params, u.batch), get<2, 1>(blk),
-            typename Out::Staging{staging, uint32_t(kMmaWarpGroups + consumer)});
+            memory_batch(params, u.batch), get<2, 1>(blk), stage, pending);
       }
       if constexpr (kOrderedEpilogue) {
         order.arrive();
       }
     }
+    if constexpr (kStagedOutput && kStagingSynced) {
+      Out::sync(stage);  // no turn follows the last unit's writes
+    }
+    flush();
 #endif
   }
 };

@@ -475,10 +475,11 @@ struct ConsumerLoop : Base {
   // the unit's queries (a decode's packed rows fill the first warpgroup; a last query block may
   // fill one): its Q stage, the first product's turn (or ordered barrier), then every tile's
   // stages and turn as skip_tiles() takes them, and no product.
-  template <class OrderBarrier>
+  // `flush` runs right after the first turn, as in compute().
+  template <class OrderBarrier, class Flush>
   CUTLASS_DEVICE static void idle(int tiles, int consumer, MainloopPipeline& pipeline,
                                   PipelineState& read, MainloopPipelineQ& pipeline_q,
-                                  PipelineStateQ& read_q, OrderBarrier& order) {
+                                  PipelineStateQ& read_q, OrderBarrier& order, Flush&& flush) {
     pipeline_q.consumer_wait(read_q);
     if constexpr (kTurns) {
       Turns::wait(consumer);
@@ -487,6 +488,7 @@ struct ConsumerLoop : Base {
       order.wait();
       order.arrive();
     }
+    flush();
     skip_tiles(0, tiles, consumer, pipeline, read);
     if constexpr (Base::kIsPersistent) {
       pipeline_q.consumer_release(read_q);
@@ -495,12 +497,12 @@ struct ConsumerLoop : Base {
 
   // Row max and row sum of one thread's rows, and the P.V accumulator, for the epilogue.
   template <class BlkCoord, class ProblemShape, class Unused1, class Unused2, class OrderBarrier,
-            class Fusion = CausalBandMask>
+            class Flush, class Fusion = CausalBandMask>
   CUTLASS_DEVICE auto compute(BlkCoord const& blk, BlkCoord const& wg, Params const& params,
                               ProblemShape const& problem, MainloopPipeline& pipeline,
                               PipelineState& read, MainloopPipelineQ& pipeline_q,
                               PipelineStateQ& read_q, Unused1&, Unused2&, SharedStorage& storage,
-                              OrderBarrier& order) {
+                              OrderBarrier& order, Flush&& flush) {
     using namespace cute;
     using cutlass::fmha::collective::gemm_zero_acc;
     using cutlass::fmha::collective::make_acc_into_op;
@@ -560,7 +562,7 @@ struct ConsumerLoop : Base {
               key_first(problem), (first + tiles) * kTileKeys);
 
     if (get<0>(wg) * int(get<0>(TileShapeQK{})) >= seq_q(problem)) {
-      idle(tiles, consumer, pipeline, read, pipeline_q, read_q, order);
+      idle(tiles, consumer, pipeline, read, pipeline_q, read_q, order, flush);
       Tensor lse = make_tensor<float>(Int<kRows>{});
       fill(lse, -INFINITY);
       return make_tuple(acc_o, lse);  // rows the epilogue never stores
@@ -584,6 +586,11 @@ struct ConsumerLoop : Base {
     } else {
       order.arrive();
     }
+    // The last unit's staged output (kernel.cuh), stored while S = Q K0^T runs. With turns, the
+    // wait for this product's turn and the next one order it after that unit's writes to the
+    // staging and before this unit's, for every thread of the warpgroup (Turns::wait syncs all
+    // of its 128 threads).
+    flush();
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     pipeline.consumer_release(read);  // K0
