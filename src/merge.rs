@@ -133,7 +133,9 @@ pub fn merge_state_into<T: AttentionElement>(
     }
 }
 
-/// The descriptors of a merge's states, in their order: outputs and logsumexps.
+/// The descriptors of a merge's states, in their order: outputs and logsumexps. Only the GPU
+/// merge reads them (the CPU merge reads the tensors), so a build without `cuda` never does.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct StateDescs {
     pub(crate) outs: Vec<DescFfi>,
     pub(crate) lses: Vec<DescFfi>,

@@ -122,16 +122,20 @@ struct Epilogue {
     int dim = 0;
   };
 
+  // Where piece `piece` (columns 8 * piece to 8 * piece + 7) of staged row r lies, in elements:
+  // a row's 16-byte pieces are swizzled by the row (p ^ (r % 8)), so that neither the pairs'
+  // writes (a warp's lanes hold 8 rows at the same columns) nor a warp's reads of consecutive
+  // pieces meet in a shared memory bank.
   template <int kDim>
   CUTLASS_DEVICE static int staged_at(int r, int piece) {
     return r * kDim + ((piece ^ (r % 8)) * 8);
   }
 
-  // Writes this warpgroup's rows into `stage` (kRows x kDim elements), for flush to store.
+  // Writes this warpgroup's rows into `stage` (its rows x kDim elements), for flush to store.
   // Unless kSynced (the caller's own barriers order them so), the warpgroup syncs before the
   // writes (the last flush read everything) and after them (every write is visible to every
   // thread's flush).
-  template <int kRows, int kDim, bool kSynced, class AccMN, class CoordMN>
+  template <int kDim, bool kSynced, class AccMN, class CoordMN>
   CUTLASS_DEVICE static void stage_rows(AccMN const& acc, CoordMN const& coord, Staging stage) {
     using namespace cute;
     if constexpr (!kSynced) {
@@ -167,7 +171,9 @@ struct Epilogue {
     cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, stage.barrier);
   }
 
-  // Stores the pending rows from `stage`: each thread whole 16-byte pieces, predicated.
+  // Stores the pending rows from `stage` (kRows x kDim elements): each thread whole 16-byte
+  // pieces, consecutive threads consecutive pieces (a warp 512 bytes), each predicated on its
+  // row and columns.
   template <int kRows, int kDim>
   CUTLASS_DEVICE static void flush(Pending const& pending, Staging stage) {
     constexpr int kPieces = kDim / 8;
@@ -201,8 +207,7 @@ struct Epilogue {
     Element* base = params.out + batch * params.o_batch + head * params.o_head +
                     int64_t(q_start(p)) * params.o_seq;
     if constexpr (kStaged) {
-      stage_rows<decltype(size<0>(tile))::value, decltype(size<1>(tile))::value, kSynced>(
-          as_rows(mma, acc), coord, stage);
+      stage_rows<decltype(size<1>(tile))::value, kSynced>(as_rows(mma, acc), coord, stage);
       pending.first = base + int64_t(m_rows) * params.o_seq;
       pending.stride = params.o_seq;
       pending.rows = cute::max(0, cute::min(int(size<0>(tile)), rows - m_rows));

@@ -496,6 +496,9 @@ struct ConsumerLoop : Base {
   }
 
   // Row max and row sum of one thread's rows, and the P.V accumulator, for the epilogue.
+  // `flush()` runs once: right after the first QK product is issued and its turn passed, or for
+  // a warpgroup without rows in the unit, after its first turn (kernel.cuh stores the last
+  // unit's staged output there).
   template <class BlkCoord, class ProblemShape, class Unused1, class Unused2, class OrderBarrier,
             class Flush, class Fusion = CausalBandMask>
   CUTLASS_DEVICE auto compute(BlkCoord const& blk, BlkCoord const& wg, Params const& params,
