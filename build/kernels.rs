@@ -175,44 +175,53 @@ fn files_with_extension(dir: &Path, ext: &str) -> Vec<PathBuf> {
     files
 }
 
-/// Every file under `cpp` that `source` includes with `#include "..."`, directly or through
-/// another such file: its path relative to `cpp` and its contents (read once), sorted by path.
-/// A name resolves against the including file's folder, then `cpp/include` and `cpp/src`, as
-/// nvcc's `-I` flags do; names found elsewhere (CUTLASS's) are left to the family hash.
-fn local_includes(source: &Path, cpp: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+/// Every file under `cpp` that `source` (whose contents are `source_bytes`) includes with
+/// `#include "..."`, directly or through another such file: its path relative to `cpp` and its
+/// contents (each read once), sorted by path. Names found elsewhere (CUTLASS's) are left to the
+/// family hash.
+fn local_includes(source: &Path, source_bytes: &[u8], cpp: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let cpp = cpp.canonicalize().expect("cpp/ exists");
     let roots = [cpp.join("include"), cpp.join("src")];
     let mut found = std::collections::BTreeMap::new();
-    let mut pending = vec![(source.to_path_buf(), fs::read(source).unwrap_or_default())];
-    while let Some((file, bytes)) = pending.pop() {
-        for line in String::from_utf8_lossy(&bytes).lines() {
-            let Some(rest) = line.trim_start().strip_prefix("#include") else {
-                continue;
-            };
-            let Some(name) = rest
-                .trim()
-                .strip_prefix('"')
-                .and_then(|r| r.split('"').next())
-            else {
-                continue;
-            };
-            let here = file.parent().map(|d| d.join(name));
-            let candidates = here.into_iter().chain(roots.iter().map(|r| r.join(name)));
-            if let Some(path) = candidates
-                .filter(|p| p.is_file())
-                .find_map(|p| p.canonicalize().ok())
-            {
-                if path.starts_with(&cpp) && !found.contains_key(&path) {
-                    let contents = fs::read(&path).expect("read a kernel header");
-                    found.insert(path.clone(), contents.clone());
-                    pending.push((path, contents));
-                }
-            }
+    let mut pending = included_files(source, source_bytes, &roots);
+    while let Some(path) = pending.pop() {
+        if path.starts_with(&cpp) && !found.contains_key(&path) {
+            let contents = fs::read(&path).expect("read a kernel header");
+            pending.extend(included_files(&path, &contents, &roots));
+            found.insert(path, contents);
         }
     }
     let relative =
         |(p, bytes): (PathBuf, Vec<u8>)| (p.strip_prefix(&cpp).unwrap_or(&p).to_path_buf(), bytes);
     found.into_iter().map(relative).collect()
+}
+
+/// The files that `file` (whose contents are `bytes`) names with `#include "..."`, canonical. A
+/// name resolves against the including file's folder, then `roots` (`cpp/include` and
+/// `cpp/src`), as nvcc's `-I` flags do; a name found nowhere is skipped.
+fn included_files(file: &Path, bytes: &[u8], roots: &[PathBuf]) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for line in String::from_utf8_lossy(bytes).lines() {
+        let Some(rest) = line.trim_start().strip_prefix("#include") else {
+            continue;
+        };
+        let Some(name) = rest
+            .trim()
+            .strip_prefix('"')
+            .and_then(|r| r.split('"').next())
+        else {
+            continue;
+        };
+        let here = file.parent().map(|d| d.join(name));
+        let candidates = here.into_iter().chain(roots.iter().map(|r| r.join(name)));
+        if let Some(path) = candidates
+            .filter(|p| p.is_file())
+            .find_map(|p| p.canonicalize().ok())
+        {
+            files.push(path);
+        }
+    }
+    files
 }
 
 /// Hash of every file under `dir` (sorted), for the cache key.
@@ -278,8 +287,9 @@ impl Config<'_> {
     /// and every header of cpp/ that it includes, directly or not ([`local_includes`]).
     fn key(&self, unit: &Unit, family: &Sha256) -> String {
         let mut h = family.clone();
-        h.update(fs::read(&unit.source).expect("read a kernel source"));
-        for (name, contents) in local_includes(&unit.source, self.cpp) {
+        let source = fs::read(&unit.source).expect("read a kernel source");
+        h.update(&source);
+        for (name, contents) in local_includes(&unit.source, &source, self.cpp) {
             h.update(name.to_string_lossy().as_bytes());
             h.update(contents);
         }

@@ -303,8 +303,7 @@ impl<T: AttentionElement> AttentionPlan<T> {
 
 /// `t` has the dims, strides and location the plan validated in `planned`.
 fn same<U: crate::Element>(op: Operand, planned: &DescFfi, t: &Tensor<U>) -> Result<()> {
-    let d = crate::validate::desc(t)?;
-    if d.shape == planned.shape && d.stride == planned.stride && d.location == planned.location {
+    if planned.describes(t.shape(), t.strides(), t.location()) {
         Ok(())
     } else {
         Err(Error::PlanMismatch(op))

@@ -44,9 +44,8 @@ struct Candidate {
 // kernel.cuh's ScheduleFlags in words.
 std::string schedule(int flags) {
   std::string s = flags & 1 ? "persistent" : "one unit per block";
-  if (flags & 2) s += ", turns in softmax";
   if (flags & 4) s += ", free epilogue";
-  if (flags & 488) s += flags & 8 ? ", our loop overlapped" : ", our loop serial";
+  s += flags & 8 ? ", overlapped" : ", serial";
   if (flags & 32) s += ", lazy rescale";
   if (flags & 64) s += ", issue turns";
   return s;

@@ -828,6 +828,23 @@ pub(crate) fn limits() -> (usize, usize, usize, usize) {
     )
 }
 
+impl DescFfi {
+    /// Whether this descriptor has these dims, strides and location (its address aside): what
+    /// [`desc`] would give them, compared without building a descriptor.
+    pub(crate) fn describes(&self, shape: Shape, strides: [usize; 4], location: Location) -> bool {
+        let equal = |ours: &[i64; 4], theirs: &[usize; 4]| {
+            ours.iter()
+                .zip(theirs)
+                .all(|(&a, &b)| i64::try_from(b) == Ok(a))
+        };
+        let place = match location {
+            Location::Host => self.location == -1,
+            Location::Cuda(i) => i32::try_from(i) == Ok(self.location),
+        };
+        equal(&self.shape, &shape.as_array()) && equal(&self.stride, &strides) && place
+    }
+}
+
 /// The bridge's view of one operand.
 pub(crate) fn desc(
     address: u64,

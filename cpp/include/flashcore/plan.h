@@ -75,12 +75,26 @@ constexpr int64_t wmma_smem_bytes(Tile t) {
   return (br + 4 * bc) * (d + 8) * 2;
 }
 
+// Shared memory one block may opt in to on `arch`, and per SM (bytes): the one source of both
+// for the tables, the Hopper kernel's layout below and the planner's checks.
+constexpr int64_t smem_per_block_optin(ArchClass arch) noexcept {
+  return arch == ArchClass::Sm80       ? 163 * 1024
+         : arch == ArchClass::Sm86Sm89 ? 99 * 1024
+                                       : 227 * 1024;
+}
+constexpr int64_t smem_per_sm(ArchClass arch) noexcept {
+  return arch == ArchClass::Sm80       ? 164 * 1024
+         : arch == ArchClass::Sm86Sm89 ? 100 * 1024
+                                       : 228 * 1024;
+}
+
 // K/V pipeline stages of the Hopper kernel (cpp/src/sm90/) at `t` for 2-byte elements: five,
-// example 88's default, or as many as fit beside the Q buffers in the 227 KB a block may opt in to
-// on compute capability 9.0 (1 KB kept for the barriers); each stage holds one K or one V tile.
+// example 88's default, or as many as fit beside the Q buffers in the shared memory a block may opt
+// in to on compute capability 9.0 (1 KB kept for the barriers); each stage holds one K or one V
+// tile.
 constexpr int64_t sm90_kv_stages(Tile t) {
   const int64_t bq = t.queries_per_block, bk = t.keys_per_block, d = t.max_head_dim;
-  const int64_t fit = (227 * 1024 - 1024 - bq * d * 2) / (bk * d * 2);
+  const int64_t fit = (smem_per_block_optin(ArchClass::Sm90) - 1024 - bq * d * 2) / (bk * d * 2);
   return fit < 5 ? fit : 5;
 }
 
@@ -96,12 +110,12 @@ constexpr int64_t sm90_pipeline_bytes(Tile t) {
 }
 
 // Shared memory through which the Hopper kernel at `t` stores its output (2-byte elements): the
-// block's output rows, each warpgroup's 64, where they fit beside the pipeline in the 227 KB a
-// block may opt in to; 0 where they do not, and the output goes straight from registers to
+// block's output rows, each warpgroup's 64, where they fit beside the pipeline in the shared
+// memory a block may opt in to; 0 where they do not, and the output goes straight from registers to
 // global memory (cpp/src/sm90/epilogue.cuh; docs/HOPPER.md, round 46).
 constexpr int64_t sm90_staging_bytes(Tile t) {
   const int64_t rows = t.queries_per_block * t.max_head_dim * 2;
-  return sm90_pipeline_bytes(t) + rows <= 227 * 1024 ? rows : 0;
+  return sm90_pipeline_bytes(t) + rows <= smem_per_block_optin(ArchClass::Sm90) ? rows : 0;
 }
 
 // Shared memory of the Hopper kernel at `t` for 2-byte elements: its pipeline and its output
@@ -110,9 +124,6 @@ constexpr int64_t sm90_smem_bytes(Tile t) { return sm90_pipeline_bytes(t) + sm90
 
 // The class of a compute capability; empty below 8.0 and from 10.0 (no kernels built there).
 std::optional<ArchClass> arch_class(int32_t major, int32_t minor) noexcept;
-// Shared memory one block may opt in to on `arch`, and per SM (bytes).
-int64_t smem_per_block_optin(ArchClass arch) noexcept;
-int64_t smem_per_sm(ArchClass arch) noexcept;
 
 // The row of `kernel`'s tables for `arch` serving `head_dim` with `query_rows` query rows per
 // head, or nullptr above the largest tier.

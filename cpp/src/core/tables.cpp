@@ -172,10 +172,6 @@ constexpr Tile kSm90Instances[] = {
 #undef FLASHCORE_TILE
 };
 
-constexpr int64_t optin(ArchClass a) {
-  return a == ArchClass::Sm80 ? 163 * 1024 : a == ArchClass::Sm86Sm89 ? 99 * 1024 : 227 * 1024;
-}
-
 template <size_t N, size_t M>
 constexpr bool well_formed(const TileRow (&rows)[N], const Tile (&instances)[M]) {
   for (size_t i = 0; i < N; ++i) {
@@ -183,7 +179,7 @@ constexpr bool well_formed(const TileRow (&rows)[N], const Tile (&instances)[M])
     for (size_t j = 0; j < M; ++j) {
       instantiated = instantiated || instances[j] == rows[i].tile;
     }
-    const bool fits = rows[i].smem_bytes <= optin(rows[i].arch) &&
+    const bool fits = rows[i].smem_bytes <= smem_per_block_optin(rows[i].arch) &&
                       rows[i].max_head_dim <= rows[i].tile.max_head_dim;
     const bool ascends = i == 0 || rows[i - 1].arch != rows[i].arch ||
                          rows[i - 1].max_head_dim < rows[i].max_head_dim;
@@ -237,12 +233,6 @@ Table tile_table(Kernel kernel) noexcept {
 Table decode_table(Kernel kernel) noexcept {
   const auto k = static_cast<size_t>(kernel);
   return k < std::size(kDecodeTables) ? kDecodeTables[k] : Table{nullptr, 0};
-}
-
-int64_t smem_per_block_optin(ArchClass arch) noexcept { return optin(arch); }
-
-int64_t smem_per_sm(ArchClass arch) noexcept {
-  return arch == ArchClass::Sm80 ? 164 * 1024 : arch == ArchClass::Sm86Sm89 ? 100 * 1024 : 228 * 1024;
 }
 
 }  // namespace flashcore

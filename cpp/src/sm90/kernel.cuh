@@ -34,13 +34,11 @@ enum ScheduleFlags : int {
   // loaded by its own warp into a buffer per warpgroup, released once the warpgroup's last QK
   // product of a unit has landed (mainloop.cuh); without it, one block per unit.
   kFlagPersistent = 1,
-  // The consumers also take turns through every softmax, not only the first tile's QK product,
-  // so one warpgroup's softmax runs while the other's matrix products do.
-  kFlagTurnsInSoftmax = 2,
+  // (2, example 88's turns through every softmax, went with its consumer loop: see Kernel.)
   // The consumers store their output without taking turns.
   kFlagFreeEpilogue = 4,
-  // The next five select our own consumer loop (mainloop.cuh) instead of example 88's.
-  // Each warpgroup's softmax overlaps its own P.V product.
+  // A schedule names at least one of the next five: they select options of our consumer loop
+  // (mainloop.cuh). Each warpgroup's softmax overlaps its own P.V product.
   kFlagOverlap = 8,
   // O rescaled only when a row's max grows by more than 2^8 (16 is retired: see docs/HOPPER.md).
   kFlagLazyRescale = 32,
@@ -73,21 +71,21 @@ struct Kernel {
       cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kNumMmaWarpGroups,
                                     cute::Int<kMmaWarpGroups>>,
       cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesKV,
-                                    cute::Int<int(sm90_kv_stages(Tile{kBlockQ, kBlockK, kHeadDim}))>>,
-      cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsMainloopLocked,
-                                    cute::bool_constant<(kFlags & kFlagTurnsInSoftmax) != 0>>>;
+                                    cute::Int<int(sm90_kv_stages(Tile{kBlockQ, kBlockK, kHeadDim}))>>>;
   static constexpr bool kIssueTurns = (kFlags & kFlagIssueTurns) != 0;
-  // Our loop; only it visits a sliding window's band alone (example 88's starts at key 0).
-  static constexpr bool kOurLoop = (kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns |
-                                               kFlagOurLoop | kFlagModifiers)) != 0;
+  // Example 88's own consumer loop (rounds 1-2 of docs/HOPPER.md) served no row since round 43
+  // and was retired: its collective gives our loop its types, loads and layouts, and the
+  // schedule numbers that named no option of ours (0-7) are refused here rather than taken to
+  // mean something else.
+  static_assert((kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns | kFlagOurLoop |
+                           kFlagModifiers)) != 0 &&
+                    (kFlags & 2) == 0,
+                "a schedule selects our consumer loop (flags 8-256); example 88's was retired");
   static constexpr bool kModifiers = (kFlags & kFlagModifiers) != 0;
   static constexpr bool kBias = (kFlags & kFlagBias) != 0;
   static_assert(kModifiers || !kBias, "the bias rides on the modifier schedule");
-  using Mainloop = std::conditional_t<
-      kOurLoop,
-      ConsumerLoop<Example88Mainloop, (kFlags & kFlagOverlap) != 0,
-                   (kFlags & kFlagLazyRescale) != 0, kIssueTurns, kModifiers, kBias>,
-      Example88Mainloop>;
+  using Mainloop = ConsumerLoop<Example88Mainloop, (kFlags & kFlagOverlap) != 0,
+                                (kFlags & kFlagLazyRescale) != 0, kIssueTurns, kModifiers, kBias>;
   using Scheduler = TileScheduler<kPersistent>;
   using Out = Epilogue<Element>;
 
@@ -199,14 +197,12 @@ struct Kernel {
       u.problem = make_problem(1, cute::get<1>(params.problem), rows, k.end - k.begin,
                                cute::get<4>(params.problem), s.band, first_row, k.begin);
     }
-    if constexpr (kOurLoop) {
-      auto const& pages = params.mainloop.pages;
-      if (pages.table != nullptr) {  // a paged cache: the sequence's own key count
-        u.problem = make_problem(
-            cute::get<0>(params.problem), cute::get<1>(params.problem), seq_q(params.problem),
-            paged_keys(pages.seqlens_k, u.batch, pages.pages_per_seq, pages.page_shift),
-            cute::get<4>(params.problem), s.band);
-      }
+    auto const& pages = params.mainloop.pages;
+    if (pages.table != nullptr) {  // a paged cache: the sequence's own key count
+      u.problem = make_problem(
+          cute::get<0>(params.problem), cute::get<1>(params.problem), seq_q(params.problem),
+          paged_keys(pages.seqlens_k, u.batch, pages.pages_per_seq, pages.page_shift),
+          cute::get<4>(params.problem), s.band);
     }
     if (params.splits.count > 1) {
       const int64_t keys = params.splits.keys;
@@ -303,7 +299,6 @@ struct Kernel {
     typename Mainloop::PipelineStateQ q_write = cutlass::make_producer_start_state<PipelineQ>();
     typename Mainloop::PipelineState kv_read;
     typename Mainloop::PipelineStateQ q_read;
-    int unused_reducer = 0, unused_reducer_state = 0;  // example 88's reducer warp is a no-op
 
     if (producer) {
       cutlass::arch::warpgroup_reg_dealloc<kLoadRegisters>();
@@ -364,18 +359,8 @@ struct Kernel {
       auto wg = blk;
       get<0>(wg) = kMmaWarpGroups * get<0>(blk) + consumer;
       q_read.advance(consumer * Mainloop::kOuterLoads);  // each consumer has its own Q buffer
-      auto result = [&] {
-        if constexpr (kOurLoop) {
-          return mainloop.compute(blk, wg, params.mainloop, problem, pipeline_kv, kv_read,
-                                  pipeline_q, q_read, unused_reducer, unused_reducer_state,
-                                  storage.mainloop, order, flush);
-        } else {
-          flush();
-          return mainloop.compute(blk, wg, params.mainloop, problem, pipeline_kv, kv_read,
-                                  pipeline_q, q_read, unused_reducer, unused_reducer_state,
-                                  storage.mainloop, order);
-        }
-      }();
+      auto result = mainloop.compute(blk, wg, params.mainloop, problem, pipeline_kv, kv_read,
+                                     pipeline_q, q_read, storage.mainloop, order, flush);
       q_read.advance(Mainloop::kOuterLoads * (kMmaWarpGroups - consumer));
       if constexpr (kOrderedEpilogue) {
         order.wait();

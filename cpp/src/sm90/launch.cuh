@@ -61,10 +61,6 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                           "sm90 kernel: head dim " + std::to_string(a.head_dim) +
                               " is not a multiple of 8 up to " + std::to_string(D));
   }
-  const bool windowed = a.window_left >= 0 || a.window_right >= 0;
-  if (windowed && !Kern::kOurLoop) {
-    throw detail::Failure(Code::Launch, "", "sm90 kernel: example 88's loop takes no window");
-  }
   if (needs_modifiers(a) && !Kern::kModifiers) {
     throw detail::Failure(Code::Launch, "",
                           "sm90 kernel: a softcap or ALiBi needs the modifier schedule");
@@ -74,11 +70,6 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   }
   const bool varlen = a.cu_seqlens_q != nullptr;
   const bool paged = a.block_table != nullptr;
-  if ((varlen || paged || a.splits > 1) && !Kern::kOurLoop) {
-    throw detail::Failure(Code::Launch, "",
-                          "sm90 kernel: example 88's loop takes no variable-length batch, paged "
-                          "cache or key splits");
-  }
   // Keys per split, whole key tiles; with per-sequence splits, each sequence's own count of them
   // (the table of their first work units).
   const split::KeySplits key_splits = split::key_splits(a, K);
@@ -162,12 +153,10 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   if constexpr (Kern::kBias) {
     params.mainloop.bias = BiasParams::make(a);
   }
-  if constexpr (Kern::kOurLoop) {
-    // A paged cache: K and V are read through the pages' descriptors (pages.cuh); the dense
-    // ones above, built over the same pointers, are never used.
-    if (paged) {
-      params.mainloop.pages = Kern::Mainloop::Pages::make(a);
-    }
+  // A paged cache: K and V are read through the pages' descriptors (pages.cuh); the dense ones
+  // above, built over the same pointers, are never used.
+  if (paged) {
+    params.mainloop.pages = Kern::Mainloop::Pages::make(a);
   }
 
   constexpr auto kernel = fmha_sm90_kernel<Kern>;

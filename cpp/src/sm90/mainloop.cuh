@@ -499,13 +499,13 @@ struct ConsumerLoop : Base {
   // `flush()` runs once: right after the first QK product is issued and its turn passed, or for
   // a warpgroup without rows in the unit, after its first turn (kernel.cuh stores the last
   // unit's staged output there).
-  template <class BlkCoord, class ProblemShape, class Unused1, class Unused2, class OrderBarrier,
-            class Flush, class Fusion = CausalBandMask>
+  template <class BlkCoord, class ProblemShape, class OrderBarrier, class Flush,
+            class Fusion = CausalBandMask>
   CUTLASS_DEVICE auto compute(BlkCoord const& blk, BlkCoord const& wg, Params const& params,
                               ProblemShape const& problem, MainloopPipeline& pipeline,
                               PipelineState& read, MainloopPipelineQ& pipeline_q,
-                              PipelineStateQ& read_q, Unused1&, Unused2&, SharedStorage& storage,
-                              OrderBarrier& order, Flush&& flush) {
+                              PipelineStateQ& read_q, SharedStorage& storage, OrderBarrier& order,
+                              Flush&& flush) {
     using namespace cute;
     using cutlass::fmha::collective::gemm_zero_acc;
     using cutlass::fmha::collective::make_acc_into_op;

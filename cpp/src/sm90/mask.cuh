@@ -8,8 +8,7 @@
 // that cross one of its sides or hold the last, partial key tile are masked. Without a window
 // every query row sees key 0 (validation refuses rows with no visible key), so the first tile
 // gives every row a finite max; with one, a row may see no key of the block's first tiles, which
-// our consumer loop allows for (mainloop.cuh). Example 88's loop visits every tile from 0 and
-// masks only the first and the upper side's: the launcher gives it no window.
+// our consumer loop allows for (mainloop.cuh).
 #pragma once
 
 #include <cstdint>
