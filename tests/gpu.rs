@@ -327,6 +327,46 @@ fn hopper_causal_pairs_cover_every_query_block() {
 
 #[test]
 #[ignore = "needs a CUDA device"]
+fn hopper_causal_leading_rows() {
+    // Under a causal mask the Hopper kernel pads a sequence whose last query block would be
+    // partial at its start instead, in whole warpgroups of 64 rows (sm90/problem.cuh's
+    // lead_rows): 64 or 128 leading rows in the 192-row blocks of d = 64, 64 in the 128-row
+    // blocks of d = 128, none where the remainder leaves less than a warpgroup. Each such row
+    // count, both alignments, Sq != Sk both ways, GQA, both layouts and the lse of every row.
+    // (Key splits, packed heads, a window and a bias take none: sm90/launch.cuh's leads_rows.)
+    let (tl, br) = (Causal::TopLeft, Causal::BottomRight);
+    let (bshd, bhsd) = (Layout::Bshd, Layout::Bhsd);
+    // ((batch, heads, kv heads, seq_q, seq_k, d), causal, layout): leading rows
+    let cases: Vec<Case> = [
+        ((1, 8, 2, 2048, 2048, 64), br, bshd),  // 64
+        ((1, 8, 8, 1930, 2100, 64), br, bhsd),  // 128
+        ((2, 4, 1, 2000, 1900, 64), tl, bshd),  // 64
+        ((1, 8, 4, 1900, 1900, 64), tl, bshd),  // none: 172 of 192 rows
+        ((1, 8, 2, 2049, 2049, 128), tl, bshd), // 64
+        ((1, 6, 3, 1050, 1500, 128), br, bhsd), // 64
+        ((1, 6, 6, 1150, 1000, 128), tl, bshd), // none: 126 of 128 rows
+        ((1, 4, 4, 1030, 1030, 256), br, bshd), // 64
+    ]
+    .into_iter()
+    .map(|((b, hq, hk, sq, sk, d), causal, layout)| Case {
+        b,
+        sq,
+        sk,
+        hq,
+        hk,
+        d,
+        causal,
+        layout,
+        lse: true,
+        backend: Some(Kernel::CutlassSm90),
+        ..case(0, 0, 0, 0)
+    })
+    .collect();
+    both_dtypes(&cases);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
 fn head_dims() {
     let cases: Vec<Case> = [8, 64, 72, 96, 128, 160, 256]
         .into_iter()

@@ -125,12 +125,15 @@ struct Kernel {
   // Its one-query heads packed (FmhaArgs::packed_group, 0: none): each unit is a (sequence, kv
   // head) of packed_rows rows, whose Q and output rows advance by the head stride, the
   // sequence's query token starting token_rows rows (head strides) per token along that axis.
+  // `lead`: each unit's problem takes lead_rows (problem.cuh): the launcher sets it under a
+  // causal mask without a window, key splits, packed heads or a bias.
   struct Sequences {
     const int32_t* cu_q = nullptr;
     const int32_t* cu_k = nullptr;
     int total_q = 0, total_k = 0;
     Band band;
     int packed_rows = 0, token_rows = 1;
+    bool lead = false;
   };
 
   // Split-KV (count 1: none): the keys of each (batch entry, head) in splits of `keys` keys (the
@@ -203,6 +206,9 @@ struct Kernel {
           cute::get<0>(params.problem), cute::get<1>(params.problem), seq_q(params.problem),
           paged_keys(pages.seqlens_k, u.batch, pages.pages_per_seq, pages.page_shift),
           cute::get<4>(params.problem), s.band);
+    }
+    if (s.lead) {
+      u.problem = lead_rows<kBlockQ>(u.problem);
     }
     if (params.splits.count > 1) {
       const int64_t keys = params.splits.keys;
@@ -365,8 +371,12 @@ struct Kernel {
       if constexpr (kOrderedEpilogue) {
         order.wait();
       }
-      const int m_rows = get<0>(wg) * kQueryRowsPerWarpGroup;
-      if (params.splits.count > 1) {
+      // The warpgroup's first row of the sequence; below 0 for one of the leading rows alone,
+      // which stores nothing.
+      const int m_rows = get<0>(wg) * kQueryRowsPerWarpGroup - lead(problem);
+      if (m_rows < 0) {
+        // Leading rows alone: nothing to store (compute()'s flush has emptied `pending`).
+      } else if (params.splits.count > 1) {
         Splits const& sp = params.splits;
         const int64_t row0 =
             u.split * sp.rows +
@@ -377,7 +387,7 @@ struct Kernel {
       } else {
         Out::template store<kStagedOutput, kStagingSynced>(
             typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
-            typename Mainloop::TiledMmaPV{}, problem, params.out, m_rows,
+            typename Mainloop::TiledMmaPV{}, own_rows(problem), params.out, m_rows,
             memory_batch(params, u.batch), get<2, 1>(blk), stage, pending);
       }
       if constexpr (kOrderedEpilogue) {

@@ -53,6 +53,16 @@ inline bool needs_modifiers(const FmhaArgs& a) {
 }
 inline bool needs_bias(const FmhaArgs& a) { return a.bias != nullptr; }
 
+// Whether each unit pads its sequence at the start rather than the end (problem.cuh's
+// lead_rows): under a causal mask without a window, where the first query block is the
+// shortest, and without what indexes rows otherwise (key splits' partial states, packed heads,
+// a bias).
+inline bool leads_rows(const FmhaArgs& a, int splits) {
+  const bool windowed = a.window_left >= 0 || a.window_right >= 0;
+  return a.causal != Causal::None && !windowed && splits == 1 && a.packed_group == 0 &&
+         !needs_bias(a);
+}
+
 template <typename T, int Q, int K, int D, int kFlags>
 void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   using Kern = Kernel<T, Q, K, D, kFlags>;
@@ -135,7 +145,7 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
       Kern::Scheduler::make(work, Q, sm_count(), splits == 1 ? a.sequence_order : nullptr),
       typename Kern::Sequences{a.cu_seqlens_q, a.cu_seqlens_k, static_cast<int>(a.total_q),
                                static_cast<int>(a.total_k), band, static_cast<int>(packed),
-                               static_cast<int>(a.token_rows)},
+                               static_cast<int>(a.token_rows), leads_rows(a, splits)},
       typename Kern::Splits{}};
   // Example 88 derives the scale from the head dim; ours is the caller's. With a softcap the
   // scores reach the softmax as tanh(scale * s / cap), and the cap is its scale.

@@ -564,7 +564,9 @@ struct ConsumerLoop : Base {
     Bias bias(params.bias, kBias && factors.bias != 0.f, get<2, 0>(blk), get<2, 1>(blk), tPcP_mn,
               key_first(problem), (first + tiles) * kTileKeys);
 
-    if (get<0>(wg) * int(get<0>(TileShapeQK{})) >= seq_q(problem)) {
+    // Rows all past the sequence's last, or all leading ones (problem.cuh's lead_rows): idle.
+    const int wg_row = get<0>(wg) * int(get<0>(TileShapeQK{}));
+    if (wg_row >= seq_q(problem) || wg_row < lead(problem)) {
       idle(tiles, consumer, pipeline, read, pipeline_q, read_q, order, flush);
       Tensor lse = make_tensor<float>(Int<kRows>{});
       fill(lse, -INFINITY);

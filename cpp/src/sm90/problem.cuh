@@ -2,7 +2,7 @@
 // it (get<0..4>) plus modes of ours:
 //
 //   (batch, (group, heads_kv), seq_q, seq_k, head_dim, causal_offset, window_offset, diagonal,
-//    q_start, k_start, key_first)
+//    q_start, k_start, key_first, lead)
 //
 // - The head mode is nested: query head h = hkv * group + g is the flat index of (g, hkv) in
 //   (group, heads_kv), so K and V take stride 0 over `group` and GQA/MQA need no copies (CuTe
@@ -19,6 +19,8 @@
 //   of one batch entry, the sequence's offsets (each work unit has its own problem).
 // - key_first: the unit's first key counted within its sequence: a key split's first key, else
 //   0. An additive bias indexes its keys from the sequence's first (bias.cuh).
+// - lead: query rows that pad the sequence at its start (see lead_rows), 0 but under a causal
+//   mask; seq_q, q_start and the offsets count them.
 // The fusion (mask.cuh) is default-constructed inside the collective, so the offsets travel in
 // the problem shape rather than in the fusion.
 #pragma once
@@ -30,7 +32,7 @@
 namespace flashcore::sm90 {
 
 using ProblemShape =
-    cute::tuple<int, cute::tuple<int, int>, int, int, int, int, int, int, int, int, int>;
+    cute::tuple<int, cute::tuple<int, int>, int, int, int, int, int, int, int, int, int, int>;
 
 // Strides in elements, CuTe style: (seq, head_dim = 1, (batch, (group, heads_kv))).
 using StrideQO = cute::tuple<int, cute::_1, cute::tuple<int64_t, cute::tuple<int64_t, int64_t>>>;
@@ -52,6 +54,8 @@ template <class P>
 CUTLASS_HOST_DEVICE int k_start(P const& p) { return cute::get<9>(p); }
 template <class P>
 CUTLASS_HOST_DEVICE int key_first(P const& p) { return cute::get<10>(p); }
+template <class P>
+CUTLASS_HOST_DEVICE int lead(P const& p) { return cute::get<11>(p); }
 
 // A call's band rule, the same for every sequence of a batch (core::Problem's band): key j is
 // visible to query i when i + diagonal - left <= j <= i + diagonal + right, the diagonal being 0
@@ -87,6 +91,7 @@ CUTLASS_HOST_DEVICE ProblemShape make_problem(int batch, cute::tuple<int, int> h
                       int(diag),
                       q_start,
                       k_start,
+                      0,
                       0};
 }
 
@@ -102,6 +107,34 @@ CUTLASS_HOST_DEVICE ProblemShape key_split(ProblemShape p, int64_t first, int64_
   cute::get<9>(p) = int(k_start(p) + first);
   cute::get<10>(p) = int(key_first(p) + first);
   cute::get<3>(p) = int(keys);
+  return p;
+}
+
+// Where a sequence's last query block would be partial, `p` with the block's missing rows, in
+// whole warpgroups (64 rows), moved to the sequence's start: `rows` leading rows that no query
+// holds. Under a causal mask the last block is the longest, and now runs with every warpgroup;
+// the one short of rows is the first, the shortest (docs/HOPPER.md, round 48). Every row keeps
+// its keys, its band and its ALiBi distance: seq_q, q_start, the offsets and the diagonal count
+// the leading rows, whose warpgroups compute and store nothing (mainloop.cuh, kernel.cuh), and
+// whose Q loads fall before the sequence's first token (TMA zero-fills them in a dense batch,
+// or reads the tokens before in a variable-length one).
+template <int kBlockRows>
+CUTLASS_HOST_DEVICE ProblemShape lead_rows(ProblemShape p) {
+  const int rows = (kBlockRows - seq_q(p) % kBlockRows) % kBlockRows / 64 * 64;
+  cute::get<2>(p) = seq_q(p) + rows;
+  cute::get<5>(p) = causal_offset(p) - rows;
+  cute::get<6>(p) = clamp_offset(int64_t(window_offset(p)) - rows, seq_q(p), seq_k(p));
+  cute::get<7>(p) = diagonal(p) - rows;
+  cute::get<8>(p) = q_start(p) - rows;
+  cute::get<11>(p) = rows;
+  return p;
+}
+
+// `p`'s seq_q and q_start without lead_rows' leading rows, which is all the epilogue reads.
+CUTLASS_HOST_DEVICE ProblemShape own_rows(ProblemShape p) {
+  cute::get<2>(p) = seq_q(p) - lead(p);
+  cute::get<8>(p) = q_start(p) + lead(p);
+  cute::get<11>(p) = 0;
   return p;
 }
 
