@@ -34,7 +34,8 @@ enum ScheduleFlags : int {
   // loaded by its own warp into a buffer per warpgroup, released once the warpgroup's last QK
   // product of a unit has landed (mainloop.cuh); without it, one block per unit.
   kFlagPersistent = 1,
-  // (2, example 88's turns through every softmax, went with its consumer loop: see Kernel.)
+  // Retired with example 88's consumer loop (its turns through every softmax); refused.
+  kFlagRetiredTurnsInSoftmax = 2,
   // The consumers store their output without taking turns.
   kFlagFreeEpilogue = 4,
   // A schedule names at least one of the next five: they select options of our consumer loop
@@ -64,14 +65,14 @@ struct Kernel {
   static constexpr int kMmaWarpGroups = kBlockQ / 64;
   static constexpr bool kSeparateQ = kPersistent;
   using TileShape = cute::Shape<cute::Int<kBlockQ>, cute::Int<kBlockK>, cute::Int<kHeadDim>>;
+  static constexpr int kStagesKV = int(sm90_kv_stages(Tile{kBlockQ, kBlockK, kHeadDim}));
   using Example88Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
       Element, float, float, TileShape, StrideQO, StrideKV, StrideKV, CausalBandMask,
       cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsPersistent,
                                     cute::bool_constant<kPersistent>>,
       cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kNumMmaWarpGroups,
                                     cute::Int<kMmaWarpGroups>>,
-      cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesKV,
-                                    cute::Int<int(sm90_kv_stages(Tile{kBlockQ, kBlockK, kHeadDim}))>>>;
+      cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesKV, cute::Int<kStagesKV>>>;
   static constexpr bool kIssueTurns = (kFlags & kFlagIssueTurns) != 0;
   // Example 88's own consumer loop (rounds 1-2 of docs/HOPPER.md) served no row since round 43
   // and was retired: its collective gives our loop its types, loads and layouts, and the
@@ -79,7 +80,7 @@ struct Kernel {
   // mean something else.
   static_assert((kFlags & (kFlagOverlap | kFlagLazyRescale | kFlagIssueTurns | kFlagOurLoop |
                            kFlagModifiers)) != 0 &&
-                    (kFlags & 2) == 0,
+                    (kFlags & kFlagRetiredTurnsInSoftmax) == 0,
                 "a schedule selects our consumer loop (flags 8-256); example 88's was retired");
   static constexpr bool kModifiers = (kFlags & kFlagModifiers) != 0;
   static constexpr bool kBias = (kFlags & kFlagBias) != 0;
