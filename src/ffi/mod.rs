@@ -837,11 +837,19 @@ impl DescFfi {
                 .zip(theirs)
                 .all(|(&a, &b)| i64::try_from(b) == Ok(a))
         };
-        let place = match location {
-            Location::Host => self.location == -1,
-            Location::Cuda(i) => i32::try_from(i) == Ok(self.location),
-        };
-        equal(&self.shape, &shape.as_array()) && equal(&self.stride, &strides) && place
+        equal(&self.shape, &shape.as_array())
+            && equal(&self.stride, &strides)
+            && location_code(location) == Some(self.location)
+    }
+}
+
+/// The bridge's code for a location: -1 for the host, else the device ordinal; `None` for an
+/// ordinal that does not fit an `i32` ([`desc`] refuses it; the other views pass `i32::MAX`,
+/// which matches no device).
+pub(crate) fn location_code(location: Location) -> Option<i32> {
+    match location {
+        Location::Host => Some(-1),
+        Location::Cuda(i) => i32::try_from(i).ok(),
     }
 }
 
