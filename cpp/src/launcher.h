@@ -116,6 +116,9 @@ struct FmhaArgs {
   int64_t page_size = 0, pages_per_seq = 0, num_pages = 0;
 };
 
+// Whether the call has a sliding window (either side; core::Problem::windowed's rule).
+inline bool windowed(const FmhaArgs& a) { return a.window_left >= 0 || a.window_right >= 0; }
+
 // One-query GQA heads packed into rows (core::Problem::packs_heads): Q's or the output's
 // (batch, seq, head) strides become those of rows that step by the head stride, in "heads" (one
 // per kv head) that step by `group` heads. A dense batch's arguments are packed so (a view); a

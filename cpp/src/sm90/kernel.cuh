@@ -373,11 +373,10 @@ struct Kernel {
         order.wait();
       }
       // The warpgroup's first row of the sequence; below 0 for one of the leading rows alone,
-      // which stores nothing.
+      // which stores nothing (compute()'s flush has emptied `pending`). Only a causal call
+      // without key splits takes leading rows (launch.cuh's leads_rows).
       const int m_rows = get<0>(wg) * kQueryRowsPerWarpGroup - lead(problem);
-      if (m_rows < 0) {
-        // Leading rows alone: nothing to store (compute()'s flush has emptied `pending`).
-      } else if (params.splits.count > 1) {
+      if (params.splits.count > 1) {
         Splits const& sp = params.splits;
         const int64_t row0 =
             u.split * sp.rows +
@@ -385,7 +384,7 @@ struct Kernel {
         Out::store_partial(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
                            typename Mainloop::TiledMmaPV{}, problem, sp.part_out, sp.part_lse,
                            row0, params.out.lse_row, m_rows, sp.rows, u.absent);
-      } else {
+      } else if (m_rows >= 0) {
         Out::template store<kStagedOutput, kStagingSynced>(
             typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
             typename Mainloop::TiledMmaPV{}, own_rows(problem), params.out, m_rows,

@@ -58,8 +58,7 @@ inline bool needs_bias(const FmhaArgs& a) { return a.bias != nullptr; }
 // shortest, and without what indexes rows otherwise (key splits' partial states, packed heads,
 // a bias).
 inline bool leads_rows(const FmhaArgs& a, int splits) {
-  const bool windowed = a.window_left >= 0 || a.window_right >= 0;
-  return a.causal != Causal::None && !windowed && splits == 1 && a.packed_group == 0 &&
+  return a.causal != Causal::None && !windowed(a) && splits == 1 && a.packed_group == 0 &&
          !needs_bias(a);
 }
 

@@ -68,18 +68,18 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   // band follows the bottom-right diagonal, and its upper side (if any) is the causal limit
   // moved right by window_right; a causal mask bounds the upper side at the diagonal itself.
   // ALiBi's distances follow the same diagonal.
-  const bool windowed = a.window_left >= 0 || a.window_right >= 0;
+  const bool window = windowed(a);
   const bool alibi = a.alibi_slopes != nullptr;
   const bool upper_window = a.causal == Causal::None && a.window_right >= 0;
   p.causal = a.causal != Causal::None || upper_window;
   p.bottom_right =
-      a.causal == Causal::BottomRight || (a.causal == Causal::None && (windowed || alibi));
+      a.causal == Causal::BottomRight || (a.causal == Causal::None && (window || alibi));
   p.window_right = upper_window ? static_cast<int32_t>(a.window_right) : 0;
   p.window_left = static_cast<int32_t>(a.window_left);
   // With a softcap, ALiBi or a bias the kernel's modifier pass forms the exponents in log2 units
   // (cap * log2(e) * tanh(scale s / cap), or scale * log2(e) * s, minus ALiBi's, plus the bias
-  // times log2(e)), so the softmax's factor is 1. (scale / cap may underflow to 0: every score is then 0, the limit; cap *
-  // log2(e) is kept finite.)
+  // times log2(e)), so the softmax's factor is 1. (scale / cap may underflow to 0: every score
+  // is then 0, the limit; cap * log2(e) is kept finite.)
   constexpr float kLog2e = 1.4426950408889634f;
   p.softcap_in = a.softcap > 0.0f ? 2.0f * kLog2e * (a.scale / a.softcap) : 0.0f;
   p.softcap_out = a.softcap > 0.0f ? std::fmin(a.softcap * kLog2e, FLT_MAX) : 0.0f;
@@ -128,7 +128,7 @@ void launch_wmma(const FmhaArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(m_blocks * p.splits), static_cast<unsigned>(heads),
                   static_cast<unsigned>(a.batch));
   // Problems with a score modifier run the instantiation that applies them.
-  const bool mods = a.softcap > 0.0f || windowed || alibi || biased;
+  const bool mods = a.softcap > 0.0f || window || alibi || biased;
   const auto enqueue_attention = [&](const char* what) {
     if (mods) {
       enqueue<T, BR, BC, D, true>(grid, p, stream, what);
