@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Operand, Result};
-use crate::ffi::{location_code, AlibiFfi};
+use crate::ffi::{view_location_code, AlibiFfi};
 use crate::tensor::Location;
 
 /// The slopes of ALiBi ([`crate::AttentionOptions::alibi`]): query head `h` of sequence `b`
@@ -190,7 +190,7 @@ impl AlibiSlopes {
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         AlibiFfi {
             address: self.address(),
-            location: location_code(self.location()).unwrap_or(i32::MAX),
+            location: view_location_code(self.location()),
             batch: count(self.batch),
             heads: count(self.heads),
         }

@@ -4,7 +4,7 @@
 use crate::dispatch::{self, Batching, Execution};
 use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
-use crate::ffi::{location_code, PagesFfi};
+use crate::ffi::{view_location_code, PagesFfi};
 use crate::options::AttentionOptions;
 use crate::tensor::{Location, Tensor};
 
@@ -179,7 +179,7 @@ impl PageTable {
     /// The bridge's view.
     pub(crate) fn ffi(&self) -> PagesFfi {
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        let location = location_code(self.location()).unwrap_or(i32::MAX);
+        let location = view_location_code(self.location());
         let (table, seqlens) = self.addresses();
         PagesFfi {
             table,

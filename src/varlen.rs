@@ -4,7 +4,7 @@
 use crate::dispatch::{self, Batching, Execution};
 use crate::element::AttentionElement;
 use crate::error::{Error, Operand, Result};
-use crate::ffi::{location_code, OffsetsFfi};
+use crate::ffi::{view_location_code, OffsetsFfi};
 use crate::options::AttentionOptions;
 use crate::tensor::{Location, Tensor};
 
@@ -53,7 +53,7 @@ impl SeqOffsets {
 
     /// The bridge's view.
     fn ffi(&self) -> OffsetsFfi {
-        let location = location_code(self.location()).unwrap_or(i32::MAX);
+        let location = view_location_code(self.location());
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         OffsetsFfi {
             address: self.address(),

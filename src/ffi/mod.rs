@@ -844,13 +844,19 @@ impl DescFfi {
 }
 
 /// The bridge's code for a location: -1 for the host, else the device ordinal; `None` for an
-/// ordinal that does not fit an `i32` ([`desc`] refuses it; the other views pass `i32::MAX`,
-/// which matches no device).
+/// ordinal that does not fit an `i32` ([`desc`] refuses it; the other views use
+/// [`view_location_code`]).
 pub(crate) fn location_code(location: Location) -> Option<i32> {
     match location {
         Location::Host => Some(-1),
         Location::Cuda(i) => i32::try_from(i).ok(),
     }
+}
+
+/// [`location_code`] for the ALiBi, page-table and offsets views: an ordinal that does not fit
+/// an `i32` becomes `i32::MAX`, which matches no device, so the core refuses the view.
+pub(crate) fn view_location_code(location: Location) -> i32 {
+    location_code(location).unwrap_or(i32::MAX)
 }
 
 /// The bridge's view of one operand.
