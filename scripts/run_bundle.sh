@@ -39,8 +39,10 @@ rm -f "$marker"
       "$sanitizer" --tool racecheck --racecheck-report all --error-exitcode 3 \
         "$here/example-attention" $shape --backend wmma || touch "$marker"
     done
-    echo "== compute-sanitizer memcheck and racecheck: Hopper kernel, seeds and a throughput shape"
-    for shape in "1 8 512 64" "4 8 256 64" "1 8 1024 64" "4 8 1024 128 --causal --bf16"; do
+    echo "== compute-sanitizer memcheck and racecheck: Hopper kernel, seeds, a throughput shape and"
+    echo "   a last wave in pieces (140 units on 132 SMs)"
+    for shape in "1 8 512 64" "4 8 256 64" "1 8 1024 64" "4 8 1024 128 --causal --bf16" \
+      "1 70 129 128 --kv-heads 10 --seq-k 4100 --bf16"; do
       for tool in memcheck racecheck; do
         # shellcheck disable=SC2086
         "$sanitizer" --tool $tool --error-exitcode 3 \

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over every GPU kernel family, on
 # the seeds' shapes, an odd shape (S = 17, d = 72), GQA and decode (split-KV on WMMA), and over
-# the merge, variable-length, split-KV, paged, score-modifier, Hopper causal-pair and window GPU
-# tests, the test of calls enqueued back to back (the Hopper kernel's programmatic launches) and
-# the CUDA graph tests (calls recorded once, launched twice).
+# the merge, variable-length, split-KV, paged, score-modifier, Hopper causal-pair, window and
+# last-wave GPU tests, the test of calls enqueued back to back (the Hopper kernel's programmatic
+# launches) and the CUDA graph tests (calls recorded once, launched twice).
 # Run on the GPU host from an unpacked bundle (scripts/bundle.sh copies it to bundle/sanitize.sh):
 #   bash bundle/sanitize.sh [OUT_DIR]
 # Each run's log goes to OUT_DIR (default .); a line per run says clean or FAILED; the exit status
@@ -51,7 +51,8 @@ for tool in $tools; do
         "$here/example-attention" $shape --backend "$backend" --iters 1
     done
   done
-  for tests in merge_ varlen_ split_kv paged_ score_modifiers alibi_ bias_ hopper_causal_pairs hopper_window chained_calls graph; do
+  for tests in merge_ varlen_ split_kv paged_ score_modifiers alibi_ bias_ hopper_causal_pairs \
+    hopper_window hopper_last_wave chained_calls graph; do
     check "$tool-tests-$tests" "$sanitizer" --tool "$tool" --error-exitcode 3 \
       "$here/test-gpu" --include-ignored --test-threads=1 "$tests"
   done

@@ -367,6 +367,40 @@ fn hopper_causal_leading_rows() {
 
 #[test]
 #[ignore = "needs a CUDA device"]
+fn hopper_last_wave_in_pieces_matches_the_reference() {
+    // Without a mask the Hopper kernel's persistent blocks walk equal units; where the units
+    // hold at least 32 key tiles and the last wave would leave blocks idle for at least 4 key
+    // tiles each (plan.h sm90_tail_units), the d = 128 row (schedule flag 2048, instances.inc)
+    // cuts the last wave's units into key tiles dealt evenly to every block and merges each
+    // unit's pieces (scheduler.cuh's Tail). On an H100 or H200 (132 SMs) each case here takes
+    // that path: 140-144 units of 32-40 key tiles, 8-12 of them cut, 11-17 pieces a unit; a
+    // query block of one row, partial key tiles, GQA and MQA, two batch entries, a head dim below
+    // the tile's, both layouts, the lse of every row.
+    // ((batch, heads, kv heads, seq_q, seq_k, d), layout)
+    let cases: Vec<Case> = [
+        ((1, 70, 10, 129, 4100, 128), Layout::Bshd),
+        ((2, 36, 1, 250, 3990, 128), Layout::Bhsd),
+        ((1, 35, 35, 500, 5000, 96), Layout::Bshd),
+    ]
+    .into_iter()
+    .map(|((b, hq, hk, sq, sk, d), layout)| Case {
+        b,
+        sq,
+        sk,
+        hq,
+        hk,
+        d,
+        layout,
+        lse: true,
+        backend: Some(Kernel::CutlassSm90),
+        ..case(0, 0, 0, 0)
+    })
+    .collect();
+    both_dtypes(&cases);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
 fn head_dims() {
     let cases: Vec<Case> = [8, 64, 72, 96, 128, 160, 256]
         .into_iter()

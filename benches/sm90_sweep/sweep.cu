@@ -48,6 +48,7 @@ std::string schedule(int flags) {
   s += flags & 8 ? ", overlapped" : ", serial";
   if (flags & 32) s += ", lazy rescale";
   if (flags & 64) s += ", issue turns";
+  if (flags & 2048) s += ", last wave in pieces";
   return s;
 }
 

@@ -1530,6 +1530,29 @@ void additive_bias() {
          "a call without a bias runs on the Hopper kernel without its bias kernels: " + s.message);
 }
 
+// The Hopper kernel's last wave in pieces: which walks cut their last wave's units (the units
+// must hold kSm90TailUnitTiles key tiles, the idle tail kSm90TailIdleTiles per block), and how
+// many.
+void last_wave_in_pieces() {
+  using flashcore::sm90_tail_units;
+  // 2 x 16 heads x 8192 tokens at d = 128: 2048 units of 64 key tiles, 132 blocks, 68 left over.
+  expect(sm90_tail_units(2048, 132, 64) == 68, "2x16x8192x128: 68 units in pieces");
+  // 8 x 16 x 2048 at d = 128: the same walk of units of 16 key tiles, too short to cut
+  // (measured: plan.h).
+  expect(sm90_tail_units(2048, 132, 16) == 0, "units of 16 key tiles stay whole");
+  expect(sm90_tail_units(2048, 132, 31) == 0 && sm90_tail_units(2048, 132, 32) == 68,
+         "the length bound is 32 key tiles");
+  // 130 of 132 blocks busy for the last wave: 2 idle blocks x 64 tiles are below 4 per block.
+  expect(sm90_tail_units(130 + 132, 132, 64) == 0, "a short idle tail stays whole");
+  expect(sm90_tail_units(1980, 132, 64) == 0, "whole waves: nothing to cut");
+  expect(sm90_tail_units(100, 132, 64) == 0, "fewer units than blocks: one wave");
+  expect(sm90_tail_units(133, 132, 1000) == 1, "one unit left over");
+  expect(sm90_tail_units(140, 132, 32) == 0 && sm90_tail_units(141, 132, 32) == 9,
+         "fewer than two key tiles per block: whole");
+  expect(sm90_tail_units(2048, 0, 64) == 0 && sm90_tail_units(2048, 132, 0) == 0,
+         "no blocks or no key tiles: nothing");
+}
+
 int main() {
   valid_call_passes();
   negative_sizes_and_strides();
@@ -1550,6 +1573,7 @@ int main() {
   key_splits();
   sequence_key_splits();
   sequence_walk_order();
+  last_wave_in_pieces();
   if (failures != 0) {
     std::printf("core_test: %d check(s) FAILED\n", failures);
     return 1;

@@ -154,6 +154,29 @@ constexpr int64_t kSm90QueriesPerBlock = 128;
 // 16 keys (cpp/src/sm90/pages.cuh). Auto's rule for wide paged decode batches reads it.
 constexpr int64_t kSm90WideSlabKeys = 64;
 
+// The Hopper kernel's last wave in pieces (cpp/src/sm90/scheduler.cuh, Tail): a persistent grid
+// of `grid` blocks walking `units` equal work units of `unit_tiles` key tiles each leaves
+// grid - units % grid blocks idle for the last, partial wave. Where the units are long (at least
+// kSm90TailUnitTiles key tiles) and that idle time is at least kSm90TailIdleTiles key tiles per
+// block, the last wave's units are cut into key tiles instead, and every block takes an equal
+// contiguous range of them (stream-K's idea for GEMM tails), two tiles at least; the pieces of a
+// unit are merged as key splits are (split/combine.cuh). The idle bound covers a piece's fixed
+// costs (its Q load, its first and last products, the epilogue: about 1.5 key tiles at d = 128,
+// docs/HOPPER.md round 27) twice over and the merge. The length bound is measured (rounds 37,
+// 50 and 51): on units of 16 key tiles (8x16x2048x128) the cut was 0.6-5% slower under the
+// bench's back-to-back calls, on units of 64 (2x16x8192x128) 2-4% faster. Returns the units cut
+// (0: none).
+constexpr int64_t kSm90TailIdleTiles = 4;
+constexpr int64_t kSm90TailUnitTiles = 32;
+constexpr int64_t sm90_tail_units(int64_t units, int64_t grid, int64_t unit_tiles) {
+  if (grid <= 0 || units <= grid || unit_tiles < kSm90TailUnitTiles) {
+    return 0;
+  }
+  const int64_t cut = units % grid;
+  const bool idle = (grid - cut) * unit_tiles >= kSm90TailIdleTiles * grid;
+  return cut != 0 && idle && cut * unit_tiles >= 2 * grid ? cut : 0;
+}
+
 // The kernel Backend::Auto runs for a problem of `query_rows` query rows per head (after the
 // packing of one-query GQA problems) on `batch_heads` (batch x heads, as packed) heads, `seq_k`
 // keys and head dim `head_dim`, on a device of class `arch` with `multiprocessors` SMs, where

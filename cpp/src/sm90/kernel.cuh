@@ -53,11 +53,15 @@ enum ScheduleFlags : int {
   // With kFlagModifiers: an additive bias too (bias.cuh). Its own kernel, so that the registers
   // its loads hold cost the softcap and ALiBi nothing; the other kernels refuse a bias.
   kFlagBias = 512,
+  // With kFlagPersistent: the last wave of a walk of equal units in pieces where it would leave
+  // blocks idle (scheduler.cuh's Tail; 1024 is retired: docs/HOPPER.md, round 28).
+  kFlagTailPieces = 2048,
 };
 
 template <class Element, int kBlockQ, int kBlockK, int kHeadDim, int kFlags>
 struct Kernel {
   static constexpr bool kPersistent = (kFlags & kFlagPersistent) != 0;
+  static constexpr bool kTailPieces = kPersistent && (kFlags & kFlagTailPieces) != 0;
   static constexpr bool kOrderedEpilogue = (kFlags & kFlagFreeEpilogue) == 0;
   // Each consumer warpgroup computes 64 query rows (one wgmma row block): 128 rows take two,
   // 192 rows three.
@@ -87,7 +91,7 @@ struct Kernel {
   static_assert(kModifiers || !kBias, "the bias rides on the modifier schedule");
   using Mainloop = ConsumerLoop<Example88Mainloop, (kFlags & kFlagOverlap) != 0,
                                 (kFlags & kFlagLazyRescale) != 0, kIssueTurns, kModifiers, kBias>;
-  using Scheduler = TileScheduler<kPersistent>;
+  using Scheduler = TileScheduler<kPersistent, kTailPieces>;
   using Out = Epilogue<Element>;
 
   using PipelineKV = typename Mainloop::MainloopPipeline;
@@ -140,20 +144,27 @@ struct Kernel {
   // Split-KV (count 1: none): the keys of each (batch entry, head) in splits of `keys` keys (the
   // last may hold fewer), the scheduler's batch index running over (batch entry or sequence,
   // split): `count` splits each, or with per-sequence splits (`sequences`) each sequence's own
-  // number of them, at most `count`. Each split writes its partial state in f32 to part_out and
-  // part_lse (split s's state of the row whose logsumexp index is n at row s * rows + n:
-  // split/combine.cuh's Partials), which the launcher combines; a sequence's last split also
-  // gives the slots after its own the weightless state (logsumexp -inf), which the combine never
-  // reads further. A sequence of a variable-length batch shorter than the longest may get splits
-  // past its keys: their rows end as 0 and logsumexp -inf, weight 0.
+  // number of them, at most `count`. Each split writes its partial state to Parts (split s's
+  // state of the row whose logsumexp index is n at row s * rows + n), which the launcher
+  // combines; a sequence's last split also gives the slots after its own the weightless state
+  // (logsumexp -inf), which the combine never reads further. A sequence of a variable-length
+  // batch shorter than the longest may get splits past its keys: their rows end as 0 and
+  // logsumexp -inf, weight 0.
   struct Splits {
     int count = 1;
     int keys = 0;
-    int64_t rows = 0;
     cutlass::FastDivmod div;  // scheduler batch index -> (batch entry, split)
     split::SequenceUnits sequences;
-    float* part_out = nullptr;
-    float* part_lse = nullptr;
+  };
+
+  // The partial states of key splits or of the last wave's pieces (scheduler.cuh's Tail), in
+  // f32: split/combine.cuh's Partials, `rows` rows per slot. A piece's slot holds row r of its
+  // query block at row (unit - Tail::first) * kBlockQ + r (the combine's UnitRows); null where
+  // no unit stores a partial state.
+  struct Parts {
+    float* out = nullptr;
+    float* lse = nullptr;
+    int64_t rows = 0;
   };
 
   // `problem`: the dense batch's; for a variable-length batch, the packed tensors' (one batch
@@ -166,6 +177,7 @@ struct Kernel {
     typename Scheduler::Params scheduler;
     Sequences seqs;
     Splits splits;
+    Parts parts;
   };
 
   // A work unit's problem, batch entry or sequence, and key split; `absent`: the split slots
@@ -230,11 +242,25 @@ struct Kernel {
     return cute::get<0>(blk) * kBlockQ < seq_q(problem);
   }
 
+  // The unit at the scheduler's `blk` (unit_of), cut to its piece's key tiles in the tail.
+  template <class BlkCoord>
+  CUTLASS_DEVICE static Unit unit_at(Params const& params, Scheduler const& s,
+                                     BlkCoord const& blk) {
+    Unit u = unit_of(params, cute::get<2, 0>(blk));
+    if (s.in_tail()) {
+      const Piece piece = s.piece();
+      u.problem = key_split(u.problem, int64_t(piece.first_tile) * kBlockK,
+                            int64_t(piece.tiles) * kBlockK);
+    }
+    return u;
+  }
+
   // For the loaders: the unit at the scheduler's `blk`, whose batch coordinate becomes that of
   // its loads; false when its query block holds no row (no load, as the consumers skip it).
   template <class BlkCoord>
-  CUTLASS_DEVICE static bool load_unit(Params const& params, BlkCoord& blk, Unit& u) {
-    u = unit_of(params, cute::get<2, 0>(blk));
+  CUTLASS_DEVICE static bool load_unit(Params const& params, Scheduler const& s, BlkCoord& blk,
+                                       Unit& u) {
+    u = unit_at(params, s, blk);
     if (!has_rows(blk, u.problem)) {
       return false;
     }
@@ -314,7 +340,7 @@ struct Kernel {
         for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
           auto blk = s.get_block_coord();
           Unit u;
-          if (!load_unit(params, blk, u)) {
+          if (!load_unit(params, s, blk, u)) {
             continue;
           }
           mainloop.template load_kv_maybe_q<!kSeparateQ>(
@@ -326,7 +352,7 @@ struct Kernel {
         for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
           auto blk = s.get_block_coord();
           Unit u;
-          if (!load_unit(params, blk, u)) {
+          if (!load_unit(params, s, blk, u)) {
             continue;
           }
           mainloop.load_maybe_q(blk, params.mainloop, u.problem, pipeline_q, q_write,
@@ -357,7 +383,7 @@ struct Kernel {
     };
     for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
       auto blk = s.get_block_coord();
-      const Unit u = unit_of(params, get<2, 0>(blk));
+      const Unit u = unit_at(params, s, blk);
       const ProblemShape& problem = u.problem;
       if (!has_rows(blk, problem)) {
         continue;
@@ -376,14 +402,24 @@ struct Kernel {
       // which stores nothing (compute()'s flush has emptied `pending`). Only a causal call
       // without key splits takes leading rows (launch.cuh's leads_rows).
       const int m_rows = get<0>(wg) * kQueryRowsPerWarpGroup - lead(problem);
-      if (params.splits.count > 1) {
-        Splits const& sp = params.splits;
-        const int64_t row0 =
-            u.split * sp.rows +
-            Out::lse_index(params.out, problem, memory_batch(params, u.batch), get<2, 1>(blk));
+      if (params.splits.count > 1 || s.in_tail()) {
+        // A key split's state at its row's logsumexp index; a piece's, at its unit's rows:
+        // query row r of the unit's block at row (unit - first) * kBlockQ + r - block * kBlockQ.
+        Parts const& parts = params.parts;
+        int64_t row0 = 0, row_step = 1;
+        int slot = u.split, absent = u.absent;
+        if (s.in_tail()) {
+          const Piece piece = s.piece();
+          slot = piece.slot;
+          absent = piece.absent;
+          row0 = int64_t(s.unit - params.scheduler.tail.first - get<0>(blk)) * kBlockQ;
+        } else {
+          row0 = Out::lse_index(params.out, problem, memory_batch(params, u.batch), get<2, 1>(blk));
+          row_step = params.out.lse_row;
+        }
         Out::store_partial(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
-                           typename Mainloop::TiledMmaPV{}, problem, sp.part_out, sp.part_lse,
-                           row0, params.out.lse_row, m_rows, sp.rows, u.absent);
+                           typename Mainloop::TiledMmaPV{}, problem, parts.out, parts.lse,
+                           slot * parts.rows + row0, row_step, m_rows, parts.rows, absent);
       } else if (m_rows >= 0) {
         Out::template store<kStagedOutput, kStagingSynced>(
             typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),

@@ -141,11 +141,13 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
                                  a.lse, packed > 0 ? packed * a.total_q : seq_q(problem),
                                  packed > 0 ? a.total_q : 1,
                                  static_cast<int>(packed > 0 ? a.token_rows : 1)},
-      Kern::Scheduler::make(work, Q, sm_count(), splits == 1 ? a.sequence_order : nullptr),
+      Kern::Scheduler::make(work, Q, K, sm_count(), splits == 1 ? a.sequence_order : nullptr,
+                            /*uniform=*/!varlen && !paged && splits == 1 && packed == 0),
       typename Kern::Sequences{a.cu_seqlens_q, a.cu_seqlens_k, static_cast<int>(a.total_q),
                                static_cast<int>(a.total_k), band, static_cast<int>(packed),
                                static_cast<int>(a.token_rows), leads_rows(a, splits)},
-      typename Kern::Splits{}};
+      typename Kern::Splits{},
+      typename Kern::Parts{}};
   // Example 88 derives the scale from the head dim; ours is the caller's. With a softcap the
   // scores reach the softmax as tanh(scale * s / cap), and the cap is its scale.
   constexpr double kLog2e = 1.4426950408889634;
@@ -177,19 +179,25 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
     launch_programmatic(kernel, Kern::Scheduler::grid_shape(params.scheduler),
                         dim3(Kern::kThreads), Kern::kSmemBytes, stream, true, what, params);
   };
-  if (splits == 1) {
+  const Tail& tail = params.scheduler.tail;
+  if (splits == 1 && tail.tiles == 0) {
     enqueue("launch fmha_sm90_kernel");
     return;
   }
-  const split::Partials parts(a, splits, stream);
-  params.splits = typename Kern::Splits{splits,
-                                        static_cast<int>(key_splits.keys),
-                                        parts.rows(),
-                                        cutlass::FastDivmod(splits),
-                                        sequence_units,
-                                        parts.out(),
-                                        parts.lse()};
-  enqueue("launch fmha_sm90_kernel (split keys)");
+  // Key splits, or the last wave's pieces (rows by work unit: the scheduler's walk of a dense
+  // batch, blocks last first, batch entries fastest); merged by the combine.
+  const split::UnitRows units =
+      splits > 1 ? split::UnitRows{}
+                 : split::UnitRows{tail.first, params.scheduler.units - tail.first, Q,
+                                   params.scheduler.m_blocks, static_cast<int>(a.batch)};
+  const split::Partials parts(a, splits > 1 ? splits : tail.slots, stream, units);
+  params.parts = typename Kern::Parts{parts.out(), parts.lse(), parts.rows()};
+  if (splits > 1) {
+    params.splits = typename Kern::Splits{splits, static_cast<int>(key_splits.keys),
+                                          cutlass::FastDivmod(splits), sequence_units};
+  }
+  enqueue(splits > 1 ? "launch fmha_sm90_kernel (split keys)"
+                     : "launch fmha_sm90_kernel (last wave in pieces)");
   parts.combine<T>(a, stream, /*programmatic=*/true);
 }
 

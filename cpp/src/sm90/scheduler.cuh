@@ -24,6 +24,14 @@
 // a kv head's) run at once; and the steps deal the units back and forth (step t gives block c
 // unit t * grid + c, or t * grid + grid - 1 - c when t is odd), so that the block that took one
 // of a step's longest units takes one of the next step's shortest.
+//
+// With `kTail` (kernel.cuh's kFlagTailPieces): equal units (no mask, one query block each, no
+// order) whose last wave would leave blocks idle long enough (plan.h sm90_tail_units) walk whole
+// units for the whole waves only. The last wave's units are cut into key tiles, and block b takes
+// tail tiles [b * tiles / grid, (b + 1) * tiles / grid) in order: fewer than a unit's, so at most
+// the end of one unit and the start of the next. Each piece is a key split of its unit, which
+// the kernel stores as a partial state in the slot of its rank among the unit's pieces, and
+// split/combine.cuh merges the slots.
 #pragma once
 
 #include <algorithm>
@@ -43,7 +51,40 @@ struct SequenceOrder {
   uint16_t rank[kMaxSplitSequences] = {};
 };
 
-template <bool kPersistent>
+// The last wave in pieces (`tiles` 0: none): units from `first` on, `unit_tiles` key tiles
+// each, `tiles` in all (at least one per block, so every block between a unit's first and last
+// holds a piece of it), dealt to the blocks in ranges; a unit is cut into `slots` pieces at most.
+struct Tail {
+  int first = 0;
+  int unit_tiles = 0;
+  int64_t tiles = 0;
+  int slots = 0;
+
+  // Block b's first tail tile (b = grid: the end of the last block's range).
+  CUTLASS_HOST_DEVICE int64_t start(int b, int grid) const { return int64_t(b) * tiles / grid; }
+  // The block whose range holds tail tile t: the last b with start(b) <= t.
+  CUTLASS_HOST_DEVICE int block_of(int64_t t, int grid) const {
+    return int(((t + 1) * grid + tiles - 1) / tiles - 1);
+  }
+  // The tail of `cut` units from `first` on, dealt to `grid` blocks.
+  static Tail make(int first, int cut, int unit_tiles, int grid) {
+    Tail t{first, unit_tiles, int64_t(cut) * unit_tiles, 0};
+    for (int u = 0; u < cut; ++u) {
+      const int64_t begin = int64_t(u) * unit_tiles;
+      t.slots = std::max(t.slots, t.block_of(begin + unit_tiles - 1, grid) -
+                                      t.block_of(begin, grid) + 1);
+    }
+    return t;
+  }
+};
+
+// A piece of a tail unit: key tiles [first_tile, first_tile + tiles) of it, the slot of its
+// partial state, and on the unit's last piece the slots after its own that no piece fills.
+struct Piece {
+  int first_tile, tiles, slot, absent;
+};
+
+template <bool kPersistent, bool kTail = false>
 struct TileScheduler {
   struct Params {
     int units;                    // (query blocks or pairs of them) x batch x heads
@@ -57,12 +98,15 @@ struct TileScheduler {
     // In `order`, dealt back and forth (order.sequences > 0): unit -> (rank, head).
     cutlass::FastDivmod h_div;
     SequenceOrder order;
+    Tail tail;
   };
 
   // `order`: the batch's sequences in walking order (batch entries), or null; taken where the
-  // walk is a decode's (one query block per head) with more units than blocks.
-  static Params make(ProblemShape const& p, int block_rows, int sm_count,
-                     const uint16_t* order = nullptr) {
+  // walk is a decode's (one query block per head) with more units than blocks. `uniform`: every
+  // (batch, head) has the problem's lengths (a dense batch without key splits or packed heads),
+  // so that with kTail the last wave may go in pieces of `block_keys`-key tiles.
+  static Params make(ProblemShape const& p, int block_rows, int block_keys, int sm_count,
+                     const uint16_t* order = nullptr, bool uniform = false) {
     const int heads = cute::size<1>(p);
     const int m_blocks = (seq_q(p) + block_rows - 1) / block_rows;
     // Pairs balance blocks that visit different numbers of key tiles: only where the causal
@@ -77,12 +121,22 @@ struct TileScheduler {
     Params params{units, m_blocks, cutlass::FastDivmod(per_head),
                   cutlass::FastDivmod(cute::get<0>(p)), grid, paired,
                   per_head, kPersistent && per_head > 1 && grid % per_head == 0,
-                  cutlass::FastDivmod(heads), SequenceOrder{}};
+                  cutlass::FastDivmod(heads), SequenceOrder{}, Tail{}};
     const int batch = cute::get<0>(p);
     if (kPersistent && order != nullptr && m_blocks == 1 && !paired && units > grid &&
         batch <= kMaxSplitSequences) {
       params.order.sequences = batch;
       std::copy(order, order + batch, params.order.rank);
+    }
+    // Every unit the same work: one query block each, no band (no mask, no window), no order.
+    const bool banded = causal_offset(p) < seq_k(p) || window_offset(p) > -seq_q(p);
+    if (kPersistent && kTail && uniform && !paired && !banded && params.order.sequences == 0) {
+      const int unit_tiles = (seq_k(p) + block_keys - 1) / block_keys;
+      const int64_t cut = sm90_tail_units(units, grid, unit_tiles);
+      const Tail tail = cut > 0 ? Tail::make(units - int(cut), int(cut), unit_tiles, grid) : Tail{};
+      if (tail.slots <= kMaxKvSplits) {  // the merge reads at most that many states per row
+        params.tail = tail;
+      }
     }
     return params;
   }
@@ -94,10 +148,24 @@ struct TileScheduler {
   int shift = 0;        // rotate: the positions' rotation at this step, (steps walked) % per_head
   bool second = false;  // paired: the pair's shorter query block
   int step = 0;         // longest first: the steps walked
+  int64_t tile = 0;     // in the tail: this piece's first tail tile, and the block's range end
+  int64_t tile_end = 0;
 
   CUTLASS_DEVICE explicit TileScheduler(Params const& p) : params(p), unit(blockIdx.x) {}
 
   CUTLASS_DEVICE bool is_valid() const { return unit < params.units; }
+
+  // Whether the unit is a piece of the last wave's (piece()); never without kTail.
+  CUTLASS_DEVICE bool in_tail() const { return kTail && tile < tile_end; }
+
+  CUTLASS_DEVICE Piece piece() const {
+    Tail const& t = params.tail;
+    const int grid = int(gridDim.x);
+    const int64_t begin = int64_t(unit - t.first) * t.unit_tiles, end = begin + t.unit_tiles;
+    const int64_t last = cute::min(tile_end, end);
+    const int slot = int(blockIdx.x) - t.block_of(begin, grid);
+    return {int(tile - begin), int(last - tile), slot, last == end ? t.slots - 1 - slot : 0};
+  }
 
   // The unit's position within its head (the pair or query block index), rotated by the step
   // where the grid covers whole heads.
@@ -129,6 +197,11 @@ struct TileScheduler {
         unit = step * grid + ((step & 1) != 0 ? grid - 1 - block : block);
         return *this;
       }
+      if (in_tail()) {  // the next piece: the rest of the range, in the next unit
+        tile = cute::min(tile_end, int64_t(unit - params.tail.first + 1) * params.tail.unit_tiles);
+        unit = in_tail() ? unit + 1 : params.units;
+        return *this;
+      }
       // The pair's second block, unless the pair is the middle block of an odd count.
       const int m = position(params.m_div.rem(unit));
       if (params.paired && !second && m != params.m_blocks - 1 - m) {
@@ -139,6 +212,13 @@ struct TileScheduler {
       unit += int(gridDim.x);
       if (params.rotate) {
         shift = shift + 1 < params.per_head ? shift + 1 : 0;
+      }
+      if (kTail && params.tail.tiles > 0 && unit >= params.tail.first) {  // the last wave
+        Tail const& t = params.tail;
+        tile = t.start(int(blockIdx.x), int(gridDim.x));
+        tile_end = t.start(int(blockIdx.x) + 1, int(gridDim.x));
+        unit = in_tail() ? t.first + int(tile / t.unit_tiles) : params.units;
+        shift = 0;  // the whole waves map their units onto themselves; the tail is unrotated
       }
     } else {
       unit += params.units;

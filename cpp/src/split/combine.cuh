@@ -6,7 +6,9 @@
 //   lse = m + log(sum_s w_s),
 //
 // as merge_states does (a split without visible keys has lse -inf: weight 0, never read), and
-// writes the output at its strides and, when asked, the logsumexp.
+// writes the output at its strides and, when asked, the logsumexp. The Hopper kernel's last
+// wave in pieces (sm90/scheduler.cuh's Tail) merges its pieces the same way, its partial rows
+// numbered by work unit (UnitRows).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,14 +26,25 @@
 
 namespace flashcore::split {
 
+// Partial rows numbered by the Hopper kernel's work units (`unit_rows` 0: by the output rows'
+// logsumexp index, (entry, head, row)): partial row n is row n % unit_rows of the query block
+// of unit first_unit + n / unit_rows, which is (entry, head) = (u' % entries, u' / entries) and
+// block blocks - 1 - u % blocks, for u' = u / blocks (sm90/scheduler.cuh's walk of dense
+// batches without pairs).
+struct UnitRows {
+  int64_t first_unit = 0, units = 0;
+  int32_t unit_rows = 0, blocks = 1, entries = 1;
+};
+
 struct CombineParams {
-  const float* part_out;  // [split][row][head_dim], rows ordered (entry, head, row): Partials
+  const float* part_out;  // [split][row][head_dim], rows ordered as `units` says: Partials
   const float* part_lse;  // [split][row]
   void* out;
   float* lse;             // dense [entries, heads, seq_q] or null
   int64_t o_stride[3];    // batch, seq, head (elements)
-  int64_t rows;           // entries x heads x seq_q
+  int64_t rows;           // entries x heads x seq_q, or the units' rows
   int32_t seq_q, heads, head_dim, splits;  // seq_q: rows per head (rows_per_head)
+  UnitRows units;
 };
 
 constexpr int kCombineMaxThreads = 256;
@@ -66,6 +79,17 @@ __global__ void __launch_bounds__(kCombineMaxThreads) combine_kernel(const Combi
   cudaGridDependencySynchronize();
 #endif
   const int64_t row = blockIdx.x;
+  // The output row's logsumexp index (entry, head, row).
+  int64_t out_row = row;
+  if (p.units.unit_rows > 0) {
+    const UnitRows& u = p.units;
+    const int64_t unit = u.first_unit + row / u.unit_rows, bh = unit / u.blocks;
+    const int64_t i = (u.blocks - 1 - unit % u.blocks) * int64_t(u.unit_rows) + row % u.unit_rows;
+    if (i >= p.seq_q) {
+      return;  // past the last query block's rows: no piece wrote it
+    }
+    out_row = ((bh % u.entries) * p.heads + bh / u.entries) * p.seq_q + i;
+  }
   const int t = static_cast<int>(threadIdx.x);
   if (t < 32) {
     const float l0 = t < p.splits ? p.part_lse[t * p.rows + row] : -INFINITY;
@@ -127,13 +151,13 @@ __global__ void __launch_bounds__(kCombineMaxThreads) combine_kernel(const Combi
   for (int e = 0; e < kCombineVector; ++e) {
     packed[e] = T(acc[e] * inv);
   }
-  const int64_t i = row % p.seq_q, bh = row / p.seq_q;
+  const int64_t i = out_row % p.seq_q, bh = out_row / p.seq_q;
   const int64_t h = bh % p.heads, b = bh / p.heads;
   T* dst = static_cast<T*>(p.out) + b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] +
            column;
   *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(packed);
   if (p.lse != nullptr && t == 0) {
-    p.lse[row] = merge::merged_lse(m, total);
+    p.lse[out_row] = merge::merged_lse(m, total);
   }
 }
 
@@ -148,12 +172,15 @@ inline int64_t rows_per_head(const FmhaArgs& a) {
 // The partial states of a launch `a` split over `splits` blocks of keys, in stream-ordered
 // scratch: f32 outputs [split][entry][head][row][head_dim], then logsumexps
 // [split][entry][head][row] (row_entries, rows_per_head). A kernel writes split s's state of
-// the row whose logsumexp is at index n of `a.lse` at row s * rows() + n.
+// the row whose logsumexp is at index n of `a.lse` at row s * rows() + n. With `units`
+// (unit_rows > 0), the rows are those of the work units it names instead (UnitRows).
 class Partials {
  public:
-  Partials(const FmhaArgs& a, int32_t splits, cudaStream_t stream)
+  Partials(const FmhaArgs& a, int32_t splits, cudaStream_t stream, const UnitRows& units = {})
       : splits_(splits),
-        rows_(row_entries(a) * a.heads_q * rows_per_head(a)),
+        units_(units),
+        rows_(units.unit_rows > 0 ? units.units * units.unit_rows
+                                  : row_entries(a) * a.heads_q * rows_per_head(a)),
         scratch_(sizeof(float) * size_t(splits) * size_t(rows_) * size_t(a.head_dim + 1), stream),
         lse_(scratch_.floats() + int64_t(splits) * rows_ * a.head_dim) {
     // Checked before the split kernel's launch: the planner never exceeds these.
@@ -191,6 +218,7 @@ class Partials {
     c.heads = static_cast<int32_t>(a.heads_q);
     c.head_dim = static_cast<int32_t>(a.head_dim);
     c.splits = splits_;
+    c.units = units_;
     // At least a warp: the first one reduces the logsumexps (threads past the last group have
     // no split to read and add zeros).
     const int threads = std::max(32, combine_groups(a.head_dim, splits_) *
@@ -202,6 +230,7 @@ class Partials {
 
  private:
   int32_t splits_;
+  UnitRows units_;
   int64_t rows_;
   detail::Scratch scratch_;
   float* lse_;
