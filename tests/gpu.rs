@@ -288,6 +288,28 @@ fn long_sequences_with_partial_tiles() {
     both_dtypes(&cases);
 }
 
+/// A case pinned to the Hopper kernel with the lse of every row, from
+/// `(batch, heads, kv heads, seq_q, seq_k, d)`.
+fn hopper_case(
+    (b, hq, hk, sq, sk, d): (usize, usize, usize, usize, usize, usize),
+    causal: Causal,
+    layout: Layout,
+) -> Case {
+    Case {
+        b,
+        sq,
+        sk,
+        hq,
+        hk,
+        d,
+        causal,
+        layout,
+        lse: true,
+        backend: Some(Kernel::CutlassSm90),
+        ..case(0, 0, 0, 0)
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn hopper_causal_pairs_cover_every_query_block() {
@@ -309,18 +331,7 @@ fn hopper_causal_pairs_cover_every_query_block() {
         ((1, 36, 4, 520, 700, 128), Causal::None),
     ]
     .into_iter()
-    .map(|((b, hq, hk, sq, sk, d), causal)| Case {
-        b,
-        sq,
-        sk,
-        hq,
-        hk,
-        d,
-        causal,
-        lse: true,
-        backend: Some(Kernel::CutlassSm90),
-        ..case(0, 0, 0, 0)
-    })
+    .map(|(dims, causal)| hopper_case(dims, causal, Layout::Bshd))
     .collect();
     both_dtypes(&cases);
 }
@@ -348,19 +359,7 @@ fn hopper_causal_leading_rows() {
         ((1, 4, 4, 1030, 1030, 256), br, bshd), // 64
     ]
     .into_iter()
-    .map(|((b, hq, hk, sq, sk, d), causal, layout)| Case {
-        b,
-        sq,
-        sk,
-        hq,
-        hk,
-        d,
-        causal,
-        layout,
-        lse: true,
-        backend: Some(Kernel::CutlassSm90),
-        ..case(0, 0, 0, 0)
-    })
+    .map(|(dims, causal, layout)| hopper_case(dims, causal, layout))
     .collect();
     both_dtypes(&cases);
 }
@@ -383,18 +382,7 @@ fn hopper_last_wave_in_pieces_matches_the_reference() {
         ((1, 35, 35, 500, 5000, 96), Layout::Bshd),
     ]
     .into_iter()
-    .map(|((b, hq, hk, sq, sk, d), layout)| Case {
-        b,
-        sq,
-        sk,
-        hq,
-        hk,
-        d,
-        layout,
-        lse: true,
-        backend: Some(Kernel::CutlassSm90),
-        ..case(0, 0, 0, 0)
-    })
+    .map(|(dims, layout)| hopper_case(dims, Causal::None, layout))
     .collect();
     both_dtypes(&cases);
 }
