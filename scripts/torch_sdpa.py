@@ -4,8 +4,11 @@ the shapes written by `bench --shapes-json`, with triton.testing.do_bench (media
 between runs), the additive-bias rows with attn_mask, and measures the ceilings: bf16 matmul
 TFLOP/s and device copy bandwidth.
 
-Usage: torch_sdpa.py SHAPES_JSON OUT_JSON
+Usage: torch_sdpa.py SHAPES_JSON OUT_JSON [--backends flash,efficient,cudnn] [--no-extras]
+--backends: time only those backends; --no-extras: skip the ceilings and the bias rows (for
+scripts/scoreboard.sh, which repeats the shape list and reads the cudnn records alone).
 """
+import argparse
 import json
 import subprocess
 import sys
@@ -65,7 +68,18 @@ def bias_rows():
 
 
 def main():
-    shapes = json.load(open(sys.argv[1]))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shapes_json")
+    ap.add_argument("out_json")
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--no-extras", action="store_true")
+    args = ap.parse_args()
+    backends = {}
+    for name in args.backends.split(","):
+        if name not in BACKENDS:
+            ap.error(f"--backends: no backend {name!r} (flash, efficient, cudnn)")
+        backends[name] = BACKENDS[name]
+    shapes = json.load(open(args.shapes_json))
     records = []
     for i, s in enumerate(shapes):
         print(f"[{i + 1}/{len(shapes)}] torch {s['name']}", file=sys.stderr, flush=True)
@@ -77,7 +91,7 @@ def main():
             gqa = s["hk"] != s["h"]
             # torch's is_causal is top-left; every causal shape here has sq == sk, where the two
             # alignments coincide.
-            for bname, backend in BACKENDS.items():
+            for bname, backend in backends.items():
                 rec = {"impl": f"torch/{bname}", "dtype": dname, "shape": s["name"]}
                 try:
                     with sdpa_kernel(backend):
@@ -98,12 +112,13 @@ def main():
         "driver": driver,
         "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(),
-        "ceilings": ceilings(),
         "records": records,
-        "bias": bias_rows(),
     }
-    json.dump(doc, open(sys.argv[2], "w"), indent=1)
-    print(json.dumps(doc["ceilings"]), file=sys.stderr)
+    if not args.no_extras:
+        doc["ceilings"] = ceilings()
+        doc["bias"] = bias_rows()
+        print(json.dumps(doc["ceilings"]), file=sys.stderr)
+    json.dump(doc, open(args.out_json, "w"), indent=1)
 
 
 if __name__ == "__main__":

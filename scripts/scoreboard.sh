@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 11's scoreboard on a GPU host: a bundle's kernels against torch's cudnn backend, both
+# under do_bench's protocol, alternately (ours, then torch, per shape filter) for ROUNDS rounds;
+# then, per (shape, dtype), our TFLOP/s over cuDNN's: the median of the per-round ratios, each
+# round's, and the medians of both times (scripts/scoreboard_report.py). Alternating spreads
+# the GPU's clock and thermal drift over both sides, whose single calls differ by up to 10%.
+# Usage: bash scripts/scoreboard.sh BUNDLE_DIR OUT_DIR ROUNDS FILTER...
+#   FILTER: an example-bench --filter substring (8x16x2048x128 matches its causal form too).
+#   KERNELS (default cutlass-sm90): our families timed (example-bench --kernels).
+#   BACKENDS (default cudnn): torch's backends timed (torch_sdpa.py --backends).
+# Results: OUT_DIR/ours_ROUND_FILTER.json and torch_ROUND_FILTER.json, and the report on stdout
+# and in OUT_DIR/scoreboard.md.
+set -uo pipefail
+if [ $# -lt 4 ]; then
+  sed -n 2,13p "$0"
+  exit 2
+fi
+bundle="$1" out="$2" rounds="$3"
+shift 3
+mkdir -p "$out"
+status=0
+for f in "$@"; do
+  "$bundle/example-bench" --filter "$f" --shapes-json "$out/shapes_$f.json" >/dev/null ||
+    { echo "scoreboard: no shape list for $f"; status=1; }
+done
+for r in $(seq 1 "$rounds"); do
+  for f in "$@"; do
+    "$bundle/example-bench" --filter "$f" --rows none --kernels "${KERNELS:-cutlass-sm90}" \
+      --json "$out/ours_${r}_$f.json" >"$out/ours_${r}_$f.txt" 2>&1 ||
+      { echo "scoreboard: ours, round $r, $f failed (log: ours_${r}_$f.txt)"; status=1; }
+    python3 "$bundle/torch_sdpa.py" "$out/shapes_$f.json" "$out/torch_${r}_$f.json" \
+      --backends "${BACKENDS:-cudnn}" --no-extras 2>"$out/torch_${r}_$f.log" ||
+      { echo "scoreboard: torch, round $r, $f failed (log: torch_${r}_$f.log)"; status=1; }
+  done
+  echo "scoreboard: round $r done $(date -u +%T)"
+done
+python3 "$(dirname "$0")/scoreboard_report.py" "$out" | tee "$out/scoreboard.md" || status=1
+exit $status
