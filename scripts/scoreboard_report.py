@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Report of scripts/scoreboard.sh: per (shape, dtype) and flashcore kernel family, its TFLOP/s
-over torch's cudnn backend (above 1: ours faster), the median of the per-round ratios and each
-round's, with the medians of both times.
+"""Report of scripts/scoreboard.sh: per (shape, dtype) and flashcore kernel family, the medians
+of our and cuDNN's times (torch's cudnn backend), and the median of the per-round ratios
+cuDNN's time / ours, which is our TFLOP/s over cuDNN's (above 1: ours faster), with each
+round's (ab_report.py's table).
 
 Usage: scoreboard_report.py OUT_DIR (the ours_ROUND_FILTER.json and torch_ROUND_FILTER.json
 files of scoreboard.sh)
@@ -9,40 +10,24 @@ files of scoreboard.sh)
 import glob
 import json
 import os
-import statistics
 import sys
 
-out = sys.argv[1]
-ours = {}  # (shape, dtype, kernel) -> round -> record
-cudnn = {}  # (shape, dtype) -> round -> record
-device = ""
-for path in glob.glob(os.path.join(out, "*_*_*.json")):
-    side, rnd, _ = os.path.basename(path)[: -len(".json")].split("_", 2)
-    if side not in ("ours", "torch"):
-        continue
-    doc = json.load(open(path))
-    for r in doc["records"]:
-        if "tflops" not in r:
-            continue
-        if side == "ours" and r["impl"].startswith("flashcore/") and r["impl"] != "flashcore/cpu":
-            key = (r["shape"], r["dtype"], r["impl"].split("/", 1)[1])
-            ours.setdefault(key, {})[int(rnd)] = r
-        elif side == "torch" and r["impl"] == "torch/cudnn":
-            cudnn.setdefault((r["shape"], r["dtype"]), {})[int(rnd)] = r
-    if side == "torch":
-        device = f"{doc['device']}, driver {doc['driver']}, torch {doc['torch']}, cuDNN {doc['cudnn']}"
+from ab_report import ours, records, table
 
-print(device + "\n")
-print("| shape | dtype | kernel | ours (us) | cuDNN (us) | ours / cuDNN | per round |")
-print("|---|---|---|---:|---:|---:|---|")
-for (shape, dtype, kernel), rounds in sorted(ours.items()):
-    theirs = cudnn.get((shape, dtype), {})
-    both = [r for r in sorted(rounds) if r in theirs]
-    if not both:
-        continue
-    ratios = [rounds[r]["tflops"] / theirs[r]["tflops"] for r in both]
-    mine = statistics.median(rounds[r]["median_us"] for r in both)
-    ref = statistics.median(theirs[r]["median_us"] for r in both)
-    each = " / ".join(f"{x:.3f}" for x in ratios)
-    print(f"| {shape} | {dtype} | {kernel} | {mine:.1f} | {ref:.1f} | "
-          f"{statistics.median(ratios):.3f} | {each} |")
+out = sys.argv[1]
+times = {}  # (shape, dtype, kernel) -> round -> side -> median us
+cudnn = {}  # (shape, dtype) -> round -> median us
+for side, rnd, r in records(out, ""):
+    if side == "ours" and ours(r) is not None:
+        times.setdefault((r["shape"], r["dtype"], ours(r)), {}).setdefault(rnd, {})["ours"] = \
+            r["median_us"]
+    elif side == "torch" and r["impl"] == "torch/cudnn" and "median_us" in r:
+        cudnn.setdefault((r["shape"], r["dtype"]), {})[rnd] = r["median_us"]
+for (shape, dtype, _), rounds in times.items():
+    for rnd, sides in rounds.items():
+        if rnd in cudnn.get((shape, dtype), {}):
+            sides["cuDNN"] = cudnn[(shape, dtype)][rnd]
+for path in glob.glob(os.path.join(out, "torch_*_*.json"))[:1]:
+    doc = json.load(open(path))
+    print(f"{doc['device']}, driver {doc['driver']}, torch {doc['torch']}, cuDNN {doc['cudnn']}\n")
+table(times, "ours", "cuDNN")
