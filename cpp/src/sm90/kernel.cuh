@@ -182,10 +182,13 @@ struct Kernel {
 
   // A work unit's problem, batch entry or sequence, and key split; `absent`: the split slots
   // after this one that its sequence does not use (per-sequence splits, on its last split).
+  // `piece`: a piece of the last wave's unit (unit_at), whose split and absent are the piece's
+  // slot and absent slots.
   struct Unit {
     ProblemShape problem;
     int batch, split;
     int absent = 0;
+    bool piece = false;
   };
 
   // The unit of the scheduler's batch index `index`: a dense batch entry's problem is the
@@ -251,6 +254,9 @@ struct Kernel {
       const Piece piece = s.piece();
       u.problem = key_split(u.problem, int64_t(piece.first_tile) * kBlockK,
                             int64_t(piece.tiles) * kBlockK);
+      u.split = piece.slot;
+      u.absent = piece.absent;
+      u.piece = true;
     }
     return u;
   }
@@ -402,16 +408,12 @@ struct Kernel {
       // which stores nothing (compute()'s flush has emptied `pending`). Only a causal call
       // without key splits takes leading rows (launch.cuh's leads_rows).
       const int m_rows = get<0>(wg) * kQueryRowsPerWarpGroup - lead(problem);
-      if (params.splits.count > 1 || s.in_tail()) {
+      if (params.splits.count > 1 || u.piece) {
         // A key split's state at its row's logsumexp index; a piece's, at its unit's rows:
         // query row r of the unit's block at row (unit - first) * kBlockQ + r - block * kBlockQ.
         Parts const& parts = params.parts;
         int64_t row0 = 0, row_step = 1;
-        int slot = u.split, absent = u.absent;
-        if (s.in_tail()) {
-          const Piece piece = s.piece();
-          slot = piece.slot;
-          absent = piece.absent;
+        if (u.piece) {
           row0 = int64_t(s.unit - params.scheduler.tail.first - get<0>(blk)) * kBlockQ;
         } else {
           row0 = Out::lse_index(params.out, problem, memory_batch(params, u.batch), get<2, 1>(blk));
@@ -419,7 +421,7 @@ struct Kernel {
         }
         Out::store_partial(typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
                            typename Mainloop::TiledMmaPV{}, problem, parts.out, parts.lse,
-                           slot * parts.rows + row0, row_step, m_rows, parts.rows, absent);
+                           u.split * parts.rows + row0, row_step, m_rows, parts.rows, u.absent);
       } else if (m_rows >= 0) {
         Out::template store<kStagedOutput, kStagingSynced>(
             typename Mainloop::TileShapePV{}, get<0>(result), get<1>(result),
