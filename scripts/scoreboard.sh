@@ -8,11 +8,12 @@
 #   FILTER: an example-bench --filter substring (8x16x2048x128 matches its causal form too).
 #   KERNELS (default cutlass-sm90): our families timed (example-bench --kernels).
 #   BACKENDS (default cudnn): torch's backends timed (torch_sdpa.py --backends).
+#   FLASHCORE_BENCH_WARM_MS (default 25, do_bench's): both sides' warm-up in ms before each row.
 # Results: OUT_DIR/ours_ROUND_FILTER.json and torch_ROUND_FILTER.json, and the report on stdout
 # and in OUT_DIR/scoreboard.md.
 set -uo pipefail
 if [ $# -lt 4 ]; then
-  sed -n 2,13p "$0"
+  sed -n 2,14p "$0"
   exit 2
 fi
 bundle="$1" out="$2" rounds="$3"

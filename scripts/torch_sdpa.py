@@ -10,6 +10,7 @@ scripts/scoreboard.sh, which repeats the shape list and reads the cudnn records 
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -26,8 +27,13 @@ BACKENDS = {
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 
 
+# do_bench's warm-up (ms): 25, or FLASHCORE_BENCH_WARM_MS, as the bench CLI reads it
+# (benches/common/mod.rs, warm_ms).
+WARMUP_MS = float(os.environ.get("FLASHCORE_BENCH_WARM_MS", "25"))
+
+
 def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # us
+    return triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=100, return_mode="median") * 1e3  # us
 
 
 def ceilings():

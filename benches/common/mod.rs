@@ -11,6 +11,7 @@ use flashcore::{
     Layout, Result, Stream, Tensor,
 };
 use random::{randn, Rng};
+use std::sync::OnceLock;
 
 /// One benchmark problem (BHSD layout, like PyTorch).
 #[derive(Debug, Clone, Copy)]
@@ -193,10 +194,24 @@ pub fn time_calls<T: AttentionElement>(
     time_fn(stream, warmup, iters, |i| inputs.call(i).map(|_| ()))
 }
 
-/// Device time of the untimed calls before the timed ones (milliseconds), and the least device
-/// time the timed calls fill: those of triton's `do_bench`, which times torch (torch_sdpa.py).
-pub const WARM_MS: f32 = 25.0;
-/// See [`WARM_MS`].
+/// Device time of the untimed calls before the timed ones (milliseconds): 25, that of triton's
+/// `do_bench`, which times torch (torch_sdpa.py), unless the environment variable
+/// `FLASHCORE_BENCH_WARM_MS` gives another (torch_sdpa.py reads it too). A warm-up of a second or
+/// more brings the GPU to the clock it holds under its power cap, whatever ran or idled before
+/// the call: our rows follow seconds of input generation on the host, torch's follow each other.
+/// Panics on a value that is not a number of milliseconds (a bench's setting, not an API).
+pub fn warm_ms() -> f32 {
+    static WARM_MS: OnceLock<f32> = OnceLock::new();
+    *WARM_MS.get_or_init(|| match std::env::var("FLASHCORE_BENCH_WARM_MS") {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|ms: &f32| ms.is_finite() && *ms >= 0.0)
+            .unwrap_or_else(|| panic!("FLASHCORE_BENCH_WARM_MS={v:?}: not milliseconds")),
+        Err(_) => 25.0,
+    })
+}
+/// The least device time the timed calls fill: do_bench's.
 pub const TIMED_MS: f32 = 100.0;
 /// The most timed calls of one measurement (calls of a few microseconds do not slow the clock).
 const MAX_TIMED: usize = 2000;
@@ -206,7 +221,7 @@ const FLUSH_BYTES: usize = 256 << 20;
 
 /// Per-call device times in microseconds of `call(i)` (which enqueues on `stream`), taken as
 /// triton's `do_bench` takes torch's: with a `warmup` (> 0), at least `warmup` untimed calls and
-/// [`WARM_MS`] of device time, then at least `iters` timed calls and enough to fill [`TIMED_MS`]
+/// [`warm_ms()`] of device time, then at least `iters` timed calls and enough to fill [`TIMED_MS`]
 /// (at most 2000), each after 256 MiB of memory traffic that clears the L2, and each between two
 /// CUDA events. The flush matters beyond the L2: its tens of microseconds without tensor work keep
 /// an H200 under its power cap, where back-to-back calls lower its SM clock within tens of
@@ -223,7 +238,8 @@ pub fn time_fn(
         .map(|_| Ok((Event::new(device)?, Event::new(device)?)))
         .collect::<Result<_>>()?;
     let (mut done, mut spent, mut chunk) = (0, 0.0, warmup.max(1));
-    while warmup > 0 && (done < warmup || spent < WARM_MS) {
+    let warm_ms = warm_ms();
+    while warmup > 0 && (done < warmup || spent < warm_ms) {
         let (start, end) = &events[0];
         start.record(stream)?;
         for _ in 0..chunk {
