@@ -109,7 +109,8 @@ struct Buffers {
 
 }  // namespace
 
-// The timing protocol of benches/common/mod.rs (warm_ms()'s default, TIMED_MS, MAX_TIMED): do_bench's.
+// The timing protocol of benches/common/mod.rs (warm_ms()'s default, TIMED_MS, MAX_TIMED):
+// do_bench's.
 constexpr float kWarmMs = 25.f, kTimedMs = 100.f;
 constexpr int kMaxTimed = 2000;
 
