@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
 # Issue 11's scoreboard on a GPU host: a bundle's kernels against torch's cudnn backend, both
-# under do_bench's protocol, alternately (ours, then torch, per shape filter) for ROUNDS rounds;
-# then, per (shape, dtype), our TFLOP/s over cuDNN's: the median of the per-round ratios, each
-# round's, and the medians of both times (scripts/scoreboard_report.py). Alternating spreads
-# the GPU's clock and thermal drift over both sides, whose single calls differ by up to 10%.
+# under do_bench's protocol with a longer warm-up (below), alternately (ours, then torch, per
+# shape filter) for ROUNDS rounds; then, per (shape, dtype), our TFLOP/s over cuDNN's: the
+# median of the per-round ratios, each round's, and the medians of both times
+# (scripts/scoreboard_report.py). Alternating spreads the GPU's clock and thermal drift over
+# both sides, whose single calls differ by up to 10%.
 # Usage: bash scripts/scoreboard.sh BUNDLE_DIR OUT_DIR ROUNDS FILTER...
 #   FILTER: an example-bench --filter substring (8x16x2048x128 matches its causal form too).
 #   KERNELS (default cutlass-sm90): our families timed (example-bench --kernels).
 #   BACKENDS (default cudnn): torch's backends timed (torch_sdpa.py --backends).
-#   FLASHCORE_BENCH_WARM_MS (default 25, do_bench's): both sides' warm-up in ms before each row.
+#   FLASHCORE_BENCH_WARM_MS (default 1000 here; the bench CLI's and torch_sdpa.py's own default
+#   is do_bench's 25): both sides' warm-up in ms before each row. A second of calls brings both to
+#   the clock the GPU holds under sustained load, whatever ran before the row: ours always
+#   follows seconds of host input generation, and torch's rows follow each other
+#   (docs/PERFORMANCE.md, sessions 52 and 53).
 # Results: OUT_DIR/ours_ROUND_FILTER.json and torch_ROUND_FILTER.json, and the report on stdout
 # and in OUT_DIR/scoreboard.md.
 set -uo pipefail
 if [ $# -lt 4 ]; then
-  sed -n 2,14p "$0"
+  sed -n 2,18p "$0"
   exit 2
 fi
 bundle="$1" out="$2" rounds="$3"
+export FLASHCORE_BENCH_WARM_MS="${FLASHCORE_BENCH_WARM_MS:-1000}"
 shift 3
 mkdir -p "$out"
 status=0
