@@ -159,7 +159,7 @@ struct Kernel {
 
   // The partial states of key splits or of the last wave's pieces (scheduler.cuh's Tail), in
   // f32: split/combine.cuh's Partials, `rows` rows per slot. A piece's slot holds row r of its
-  // query block at row (unit - Tail::first) * kBlockQ + r (the combine's UnitRows); null where
+  // query block at row (unit - Tail::first) * kBlockQ + r (the combine's TailRows); null where
   // no unit stores a partial state.
   struct Parts {
     float* out = nullptr;

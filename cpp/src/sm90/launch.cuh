@@ -184,13 +184,10 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
     enqueue("launch fmha_sm90_kernel");
     return;
   }
-  // Key splits, or the last wave's pieces (rows by work unit: the scheduler's walk of a dense
-  // batch, blocks last first, batch entries fastest); merged by the combine.
-  const split::UnitRows units =
-      splits > 1 ? split::UnitRows{}
-                 : split::UnitRows{tail.first, params.scheduler.units - tail.first, Q,
-                                   params.scheduler.m_blocks, static_cast<int>(a.batch)};
-  const split::Partials parts(a, splits > 1 ? splits : tail.slots, stream, units);
+  // Key splits, or the last wave's pieces (rows by work unit: TailRows); merged by the combine.
+  const TailRows tail_rows = TailRows::make(params.scheduler, Q);
+  const split::Partials parts(a, splits > 1 ? splits : tail.slots, stream,
+                              splits > 1 ? 0 : tail_rows.rows(params.scheduler.units));
   params.parts = typename Kern::Parts{parts.out(), parts.lse(), parts.rows()};
   if (splits > 1) {
     params.splits = typename Kern::Splits{splits, static_cast<int>(key_splits.keys),
@@ -198,6 +195,12 @@ void launch_sm90(const FmhaArgs& a, cudaStream_t stream) {
   }
   enqueue(splits > 1 ? "launch fmha_sm90_kernel (split keys)"
                      : "launch fmha_sm90_kernel (last wave in pieces)");
+  if constexpr (Kern::kTailPieces) {  // the tail's own combine only in the kernels that cut it
+    if (splits == 1) {
+      parts.combine<T>(a, stream, /*programmatic=*/true, tail_rows);
+      return;
+    }
+  }
   parts.combine<T>(a, stream, /*programmatic=*/true);
 }
 

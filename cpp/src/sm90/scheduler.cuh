@@ -31,7 +31,7 @@
 // tail tiles [b * tiles / grid, (b + 1) * tiles / grid) in order: fewer than a unit's, so at most
 // the end of one unit and the start of the next. Each piece is a key split of its unit, which
 // the kernel stores as a partial state in the slot of its rank among the unit's pieces, and
-// split/combine.cuh merges the slots.
+// split/combine.cuh merges the slots, its rows mapped back to the walk's units by TailRows.
 #pragma once
 
 #include <algorithm>
@@ -83,6 +83,30 @@ struct Tail {
 struct Piece {
   int first_tile, tiles, slot, absent;
 };
+
+// A position `m` of a head's `per_head` units, rotated by `shift` (< per_head).
+CUTLASS_HOST_DEVICE int rotated(int m, int shift, int per_head) {
+  const int r = m + shift;
+  return r < per_head ? r : r - per_head;
+}
+
+// Where a unit of the walk of a dense batch lies: its query block, batch entry and head (the
+// flat index into (group, heads_kv)). `m_div` splits a unit into (its position in the head,
+// batch x heads), `b_div` the latter into (head, batch entry), so batch entries run fastest,
+// then heads; position m (rotated by `shift`) is query block m_blocks - 1 - m, the last first,
+// or block m for a pair's `second` (shorter) block.
+struct UnitCoord {
+  int block, batch, head;
+};
+CUTLASS_HOST_DEVICE UnitCoord walk_coord(int unit, cutlass::FastDivmod const& m_div,
+                                         cutlass::FastDivmod const& b_div, int m_blocks,
+                                         int per_head, int shift, bool second) {
+  int rest = 0, m = 0, b = 0, h = 0;
+  m_div(rest, m, unit);
+  b_div(h, b, rest);
+  m = rotated(m, shift, per_head);
+  return {second ? m : m_blocks - 1 - m, b, h};
+}
 
 template <bool kPersistent, bool kTail = false>
 struct TileScheduler {
@@ -169,10 +193,7 @@ struct TileScheduler {
 
   // The unit's position within its head (the pair or query block index), rotated by the step
   // where the grid covers whole heads.
-  CUTLASS_DEVICE int position(int m) const {
-    const int r = m + shift;
-    return r < params.per_head ? r : r - params.per_head;
-  }
+  CUTLASS_DEVICE int position(int m) const { return rotated(m, shift, params.per_head); }
 
   // (query block, _0, (batch, head)), head being the flat index into (group, heads_kv).
   CUTLASS_DEVICE auto get_block_coord() const {
@@ -181,12 +202,9 @@ struct TileScheduler {
       params.h_div(rank, h, unit);
       return cute::make_coord(0, cute::_0{}, cute::make_coord(int(params.order.rank[rank]), h));
     }
-    int rest = 0, m = 0, b = 0, h = 0;
-    params.m_div(rest, m, unit);
-    params.b_div(h, b, rest);
-    m = position(m);
-    return cute::make_coord(second ? m : params.m_blocks - 1 - m, cute::_0{},
-                            cute::make_coord(b, h));
+    const UnitCoord c = walk_coord(unit, params.m_div, params.b_div, params.m_blocks,
+                                   params.per_head, shift, second);
+    return cute::make_coord(c.block, cute::_0{}, cute::make_coord(c.batch, c.head));
   }
 
   CUTLASS_DEVICE TileScheduler& operator++() {
@@ -224,6 +242,35 @@ struct TileScheduler {
       unit += params.units;
     }
     return *this;
+  }
+};
+
+// The split-KV combine's row map for the last wave's pieces (split/combine.cuh's LseRows says
+// what a row map is): a piece stores query row r of its unit's block at partial row (unit -
+// Tail::first) * unit_rows + r (kernel.cuh's Parts), and the unit lies where the walk put it
+// (walk_coord; the tail is unrotated and has no pairs).
+struct TailRows {
+  int first = 0, unit_rows = 0, m_blocks = 0, per_head = 0;
+  cutlass::FastDivmod m_div, b_div;
+
+  template <class Params>
+  static TailRows make(Params const& p, int unit_rows) {
+    return {p.tail.first, unit_rows, p.m_blocks, p.per_head, p.m_div, p.b_div};
+  }
+  // The partial rows of one slot: every tail unit's.
+  int64_t rows(int units) const { return int64_t(units - first) * unit_rows; }
+
+  // `c`: the combine's CombineParams (seq_q rows per head, heads).
+  template <class CombineParams>
+  CUTLASS_DEVICE bool operator()(int64_t row, CombineParams const& c, int64_t* out_row) const {
+    const UnitCoord u = walk_coord(first + int(row / unit_rows), m_div, b_div, m_blocks,
+                                   per_head, 0, false);
+    const int64_t i = int64_t(u.block) * unit_rows + row % unit_rows;
+    if (i >= c.seq_q) {
+      return false;  // past the last query block's rows: no piece wrote it
+    }
+    *out_row = (int64_t(u.batch) * c.heads + u.head) * c.seq_q + i;
+    return true;
   }
 };
 

@@ -8,7 +8,8 @@
 // as merge_states does (a split without visible keys has lse -inf: weight 0, never read), and
 // writes the output at its strides and, when asked, the logsumexp. The Hopper kernel's last
 // wave in pieces (sm90/scheduler.cuh's Tail) merges its pieces the same way, its partial rows
-// numbered by work unit (UnitRows).
+// numbered by work unit: a family whose partial rows are not the output's logsumexp rows gives
+// the combine a row map of its own (LseRows says what one is).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,25 +27,25 @@
 
 namespace flashcore::split {
 
-// Partial rows numbered by the Hopper kernel's work units (`unit_rows` 0: by the output rows'
-// logsumexp index, (entry, head, row)): partial row n is row n % unit_rows of the query block
-// of unit first_unit + n / unit_rows, which is (entry, head) = (u' % entries, u' / entries) and
-// block blocks - 1 - u % blocks, for u' = u / blocks (sm90/scheduler.cuh's walk of dense
-// batches without pairs).
-struct UnitRows {
-  int64_t first_unit = 0, units = 0;
-  int32_t unit_rows = 0, blocks = 1, entries = 1;
-};
-
 struct CombineParams {
-  const float* part_out;  // [split][row][head_dim], rows ordered as `units` says: Partials
+  const float* part_out;  // [split][row][head_dim], rows as the row map says: Partials
   const float* part_lse;  // [split][row]
   void* out;
   float* lse;             // dense [entries, heads, seq_q] or null
   int64_t o_stride[3];    // batch, seq, head (elements)
-  int64_t rows;           // entries x heads x seq_q, or the units' rows
+  int64_t rows;           // the partial rows: entries x heads x seq_q, or the row map's
   int32_t seq_q, heads, head_dim, splits;  // seq_q: rows per head (rows_per_head)
-  UnitRows units;
+};
+
+// The combine's row map where partial row n is the output row whose logsumexp index is n,
+// (entry, head, row) (key splits: every family). A row map's call gives the output row's
+// logsumexp index of partial row `row`, or false for a row that no split wrote (the combine
+// then writes nothing for it).
+struct LseRows {
+  __device__ bool operator()(int64_t row, const CombineParams&, int64_t* out_row) const {
+    *out_row = row;
+    return true;
+  }
 };
 
 constexpr int kCombineMaxThreads = 256;
@@ -65,9 +66,10 @@ inline int combine_groups(int64_t head_dim, int32_t splits) {
 // The first warp reduces the splits' logsumexps (two per lane) to the row's max, weights and
 // their sum; group g then accumulates the column vectors of splits g, g + groups, ..., and the
 // first group adds the groups' sums. T is the output element (a 16-bit float type constructible
-// from float).
-template <typename T>
-__global__ void __launch_bounds__(kCombineMaxThreads) combine_kernel(const CombineParams p) {
+// from float); Rows maps the partial rows to the output's (LseRows).
+template <typename T, class Rows>
+__global__ void __launch_bounds__(kCombineMaxThreads)
+    combine_kernel(const CombineParams p, const Rows map) {
   __shared__ float weights[kCombineMaxSplits];
   __shared__ float row_max, row_total;
   __shared__ float4 sums[kCombineMaxThreads][kCombineVector / 4];
@@ -80,15 +82,9 @@ __global__ void __launch_bounds__(kCombineMaxThreads) combine_kernel(const Combi
 #endif
   const int64_t row = blockIdx.x;
   // The output row's logsumexp index (entry, head, row).
-  int64_t out_row = row;
-  if (p.units.unit_rows > 0) {
-    const UnitRows& u = p.units;
-    const int64_t unit = u.first_unit + row / u.unit_rows, bh = unit / u.blocks;
-    const int64_t i = (u.blocks - 1 - unit % u.blocks) * int64_t(u.unit_rows) + row % u.unit_rows;
-    if (i >= p.seq_q) {
-      return;  // past the last query block's rows: no piece wrote it
-    }
-    out_row = ((bh % u.entries) * p.heads + bh / u.entries) * p.seq_q + i;
+  int64_t out_row = 0;
+  if (!map(row, p, &out_row)) {
+    return;
   }
   const int t = static_cast<int>(threadIdx.x);
   if (t < 32) {
@@ -172,15 +168,13 @@ inline int64_t rows_per_head(const FmhaArgs& a) {
 // The partial states of a launch `a` split over `splits` blocks of keys, in stream-ordered
 // scratch: f32 outputs [split][entry][head][row][head_dim], then logsumexps
 // [split][entry][head][row] (row_entries, rows_per_head). A kernel writes split s's state of
-// the row whose logsumexp is at index n of `a.lse` at row s * rows() + n. With `units`
-// (unit_rows > 0), the rows are those of the work units it names instead (UnitRows).
+// the row whose logsumexp is at index n of `a.lse` at row s * rows() + n. With `rows` > 0, each
+// split has that many rows instead, which combine()'s row map maps to the output's.
 class Partials {
  public:
-  Partials(const FmhaArgs& a, int32_t splits, cudaStream_t stream, const UnitRows& units = {})
+  Partials(const FmhaArgs& a, int32_t splits, cudaStream_t stream, int64_t rows = 0)
       : splits_(splits),
-        units_(units),
-        rows_(units.unit_rows > 0 ? units.units * units.unit_rows
-                                  : row_entries(a) * a.heads_q * rows_per_head(a)),
+        rows_(rows > 0 ? rows : row_entries(a) * a.heads_q * rows_per_head(a)),
         scratch_(sizeof(float) * size_t(splits) * size_t(rows_) * size_t(a.head_dim + 1), stream),
         lse_(scratch_.floats() + int64_t(splits) * rows_ * a.head_dim) {
     // Checked before the split kernel's launch: the planner never exceeds these.
@@ -199,12 +193,14 @@ class Partials {
   // The rows of one split's state.
   int64_t rows() const { return rows_; }
 
-  // Enqueues the combine of the partial states into `a`'s output (and logsumexp) on `stream`.
+  // Enqueues the combine of the partial states into `a`'s output (and logsumexp) on `stream`,
+  // partial rows mapped to the output's by `map` (LseRows, or a family's own: see LseRows).
   // `programmatic` (compute capability 9.0 and later only): a programmatic dependent launch, so
   // that the GPU sets the combine up while the split kernel's last blocks run; the kernel waits
   // for the split kernel's grid before it reads a state.
-  template <typename T>
-  void combine(const FmhaArgs& a, cudaStream_t stream, bool programmatic = false) const {
+  template <typename T, class Rows = LseRows>
+  void combine(const FmhaArgs& a, cudaStream_t stream, bool programmatic = false,
+               const Rows& map = {}) const {
     CombineParams c{};
     c.part_out = out();
     c.part_lse = lse();
@@ -218,19 +214,17 @@ class Partials {
     c.heads = static_cast<int32_t>(a.heads_q);
     c.head_dim = static_cast<int32_t>(a.head_dim);
     c.splits = splits_;
-    c.units = units_;
     // At least a warp: the first one reduces the logsumexps (threads past the last group have
     // no split to read and add zeros).
     const int threads = std::max(32, combine_groups(a.head_dim, splits_) *
                                          static_cast<int>(a.head_dim / kCombineVector));
-    launch_programmatic(combine_kernel<T>, dim3(static_cast<unsigned>(rows_)),
+    launch_programmatic(combine_kernel<T, Rows>, dim3(static_cast<unsigned>(rows_)),
                         dim3(static_cast<unsigned>(threads)), 0, stream, programmatic,
-                        "launch the split-KV combine kernel", c);
+                        "launch the split-KV combine kernel", c, map);
   }
 
  private:
   int32_t splits_;
-  UnitRows units_;
   int64_t rows_;
   detail::Scratch scratch_;
   float* lse_;
