@@ -18,8 +18,9 @@ out = sys.argv[1]
 times = {}  # (shape, dtype, kernel) -> round -> side -> median us
 cudnn = {}  # (shape, dtype) -> round -> median us
 for side, rnd, r in records(out, ""):
-    if side == "ours" and ours(r) is not None:
-        times.setdefault((r["shape"], r["dtype"], ours(r)), {}).setdefault(rnd, {})["ours"] = \
+    kernel = ours(r) if side == "ours" else None
+    if kernel is not None:
+        times.setdefault((r["shape"], r["dtype"], kernel), {}).setdefault(rnd, {})["ours"] = \
             r["median_us"]
     elif side == "torch" and r["impl"] == "torch/cudnn" and "median_us" in r:
         cudnn.setdefault((r["shape"], r["dtype"]), {})[rnd] = r["median_us"]
@@ -27,7 +28,8 @@ for (shape, dtype, _), rounds in times.items():
     for rnd, sides in rounds.items():
         if rnd in cudnn.get((shape, dtype), {}):
             sides["cuDNN"] = cudnn[(shape, dtype)][rnd]
-for path in glob.glob(os.path.join(out, "torch_*_*.json"))[:1]:
-    doc = json.load(open(path))
+torch_files = glob.glob(os.path.join(out, "torch_*_*.json"))
+if torch_files:
+    doc = json.load(open(torch_files[0]))
     print(f"{doc['device']}, driver {doc['driver']}, torch {doc['torch']}, cuDNN {doc['cudnn']}\n")
 table(times, "ours", "cuDNN")
