@@ -1,8 +1,9 @@
 // The Hopper tile sweep: times every candidate of candidates.inc (built by scripts/sweep_sm90.sh,
 // one translation unit each) on the bench list's shapes of its head-dim tier, bf16, BHSD, with
-// CUDA events around each call (25 ms of back-to-back calls, then the median of at least ITERS
-// calls filling 100 ms, as triton's do_bench and the bench CLI take them: the SM clock falls
-// under the power cap after some tens of ms), inputs rotated over enough copies to exceed 3x the
+// CUDA events around each call (25 ms of back-to-back calls, or FLASHCORE_BENCH_WARM_MS as the
+// bench CLI reads it, then the median of at least ITERS calls filling 100 ms, as triton's do_bench
+// and the bench CLI take them: the SM clock falls under the power cap after some tens of ms),
+// inputs rotated over enough copies to exceed 3x the
 // L2, random normal data. Each candidate's output is compared with the first candidate's on the
 // same inputs (a wrong candidate must not win on speed). Prints one table.
 //
@@ -109,10 +110,26 @@ struct Buffers {
 
 }  // namespace
 
-// The timing protocol of benches/common/mod.rs (warm_ms()'s default, TIMED_MS, MAX_TIMED):
-// do_bench's.
-constexpr float kWarmMs = 25.f, kTimedMs = 100.f;
+// The timing protocol of benches/common/mod.rs (warm_ms(), TIMED_MS, MAX_TIMED): do_bench's.
+constexpr float kTimedMs = 100.f;
 constexpr int kMaxTimed = 2000;
+
+// The warm-up before each row's timed calls (ms): 25, do_bench's, unless FLASHCORE_BENCH_WARM_MS
+// gives another, as for the bench CLI and torch_sdpa.py (scoreboard.sh sets 1000: the clock the
+// GPU holds under its power cap). Exits on a value that is not a number of milliseconds.
+float bench_warm_ms() {
+  const char* v = std::getenv("FLASHCORE_BENCH_WARM_MS");
+  if (v == nullptr) {
+    return 25.f;
+  }
+  char* end = nullptr;
+  const float ms = std::strtof(v, &end);
+  if (end == v || *end != '\0' || !std::isfinite(ms) || ms < 0.f) {
+    std::fprintf(stderr, "FLASHCORE_BENCH_WARM_MS=%s: not milliseconds\n", v);
+    std::exit(2);
+  }
+  return ms;
+}
 
 // The SM clock in kHz over one launch: clock cycles of a spin of about 20 us over global-timer
 // nanoseconds.
@@ -130,6 +147,7 @@ __global__ void sm_clock(unsigned long long* khz) {
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 30;
   const std::string only = argc > 2 ? argv[2] : "";
+  const float warm_ms = bench_warm_ms();
   bool flush = false, trace = false;
   for (int i = 3; i < argc; ++i) {
     flush = flush || std::string(argv[i]) == "flush";
@@ -227,11 +245,11 @@ int main(int argc, char** argv) {
         std::vector<float> ms;
         std::vector<unsigned long long> clocks;
         try {
-          // Warm-up and timed stretch as triton's do_bench and the bench CLI take them: kWarmMs
+          // Warm-up and timed stretch as triton's do_bench and the bench CLI take them: warm_ms
           // of back-to-back calls, then at least ITERS timed calls and enough to fill kTimedMs.
           float warm = 0;
           int done = 0;
-          for (int chunk = 5; warm < kWarmMs; chunk = std::min(2 * chunk, 4096)) {
+          for (int chunk = 5; warm < warm_ms; chunk = std::min(2 * chunk, 4096)) {
             check(cudaEventRecord(e0, stream), "record");
             for (int i = 0; i < chunk; ++i, ++done) {
               c.run(args_for(done % sets), stream);
