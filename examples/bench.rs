@@ -1,6 +1,7 @@
 //! Bench CLI: races the backends over the named shape list and prints a table (backend, shape,
 //! median / p10 / p90 µs, TFLOP/s, % of peak); `--json PATH` writes the records, in the schema
-//! that `scripts/torch_sdpa.py` also writes, for `scripts/merge_bench.py`.
+//! that `scripts/torch_sdpa.py` also writes, for `scripts/merge_bench.py` (rewritten after each
+//! shape with `"partial": true`, so that a run cut short leaves the shapes it finished).
 //!
 //! `cargo run --release --example bench -- [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X]`
 //! `--shapes-json PATH` writes the shape list (the shapes `--filter` keeps) and exits. After the
@@ -8,7 +9,7 @@
 //! prefills): `--rows varlen,host` runs only
 //! those groups, `--rows none` none of them. `--kernels cutlass-sm90,wmma` times only those
 //! families on the shape list (default: every one). Each measurement is taken as triton's `do_bench`
-//! takes torch's: 25 ms of warm-up calls, then at least `--iters` calls (default 50) and enough to
+//! takes torch's: 25 ms of warm-up calls (`FLASHCORE_BENCH_WARM_MS` sets another), then at least `--iters` calls (default 50) and enough to
 //! fill 100 ms, each after an L2 flush (benches/common/mod.rs `time_fn`).
 
 #[path = "../benches/common/mod.rs"]
@@ -757,6 +758,12 @@ fn main() {
                 "tflops": tflops,
             }));
         }
+        // The shapes so far, so that a run cut short (a device call's time limit) still leaves
+        // merge_bench.py a file; the full document below replaces it.
+        if let Some(path) = &args.json {
+            let doc = json!({ "device": device.name(), "records": rows, "partial": true });
+            write_json(path, &doc);
+        }
     }
     let varlen = if !args.wants("varlen") {
         serde_json::Value::Null
@@ -1019,7 +1026,15 @@ fn main() {
         let doc = json!({ "device": device.name(), "records": rows, "host_overhead": overhead,
                           "varlen_prefill": varlen, "varlen_decode": varlen_decodes, "paged_decode": paged, "paged_prefill": prefill,
                           "score_modifiers": modifiers, "bias": bias, "small_prefill": small });
-        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).expect("write json");
+        write_json(&path, &doc);
         eprintln!("wrote {path}");
     }
+}
+
+/// Writes `doc` to `path` whole: into a temporary file beside it, then renamed over it, so that a
+/// run killed mid-write leaves the last complete document.
+fn write_json(path: &str, doc: &serde_json::Value) {
+    let tmp = format!("{path}.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(doc).unwrap()).expect("write json");
+    std::fs::rename(&tmp, path).expect("rename json");
 }
