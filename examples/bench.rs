@@ -9,8 +9,9 @@
 //! prefills): `--rows varlen,host` runs only
 //! those groups, `--rows none` none of them. `--kernels cutlass-sm90,wmma` times only those
 //! families on the shape list (default: every one). Each measurement is taken as triton's `do_bench`
-//! takes torch's: 25 ms of warm-up calls (`FLASHCORE_BENCH_WARM_MS` sets another), then at least `--iters` calls (default 50) and enough to
-//! fill 100 ms, each after an L2 flush (benches/common/mod.rs `time_fn`).
+//! takes torch's: 25 ms of warm-up calls (`FLASHCORE_BENCH_WARM_MS` sets another), then at least
+//! `--iters` calls (default 50) and enough to fill 100 ms, each after an L2 flush
+//! (benches/common/mod.rs `time_fn`).
 
 #[path = "../benches/common/mod.rs"]
 mod common;

@@ -3,8 +3,7 @@
 // CUDA events around each call (25 ms of back-to-back calls, or FLASHCORE_BENCH_WARM_MS as the
 // bench CLI reads it, then the median of at least ITERS calls filling 100 ms, as triton's do_bench
 // and the bench CLI take them: the SM clock falls under the power cap after some tens of ms),
-// inputs rotated over enough copies to exceed 3x the
-// L2, random normal data. Each candidate's output is compared with the first candidate's on the
+// inputs rotated over enough copies to exceed 3x the L2, random normal data. Each candidate's output is compared with the first candidate's on the
 // same inputs (a wrong candidate must not win on speed). Prints one table.
 //
 // Usage: sm90-sweep [ITERS [SHAPE [flush] [trace]]]: SHAPE times only the shape of that name
@@ -115,8 +114,8 @@ constexpr float kTimedMs = 100.f;
 constexpr int kMaxTimed = 2000;
 
 // The warm-up before each row's timed calls (ms): 25, do_bench's, unless FLASHCORE_BENCH_WARM_MS
-// gives another, as for the bench CLI and torch_sdpa.py (scoreboard.sh sets 1000: the clock the
-// GPU holds under its power cap). Exits on a value that is not a number of milliseconds.
+// gives another, as for the bench CLI and torch_sdpa.py (scoreboard.sh and run.sh set 1000: the
+// clock the GPU holds under its power cap). Exits on a value that is not a number of milliseconds.
 float bench_warm_ms() {
   const char* v = std::getenv("FLASHCORE_BENCH_WARM_MS");
   if (v == nullptr) {
