@@ -9,9 +9,9 @@
 # (default here 1000, as scoreboard.sh: the clock the GPU holds under its power cap, whatever ran
 # before the row; the bench CLI's and torch_sdpa.py's own default is do_bench's 25 ms, which
 # timed our rows nearer the boost clock than torch's, docs/PERFORMANCE.md session 52). With the
-# second of warm-up, on an H200 (session 54): torch's side 2 min, ours over the shape list 7.5 min,
-# the fixed rows after it several more; BENCH_ROWS=none (or a list, as example-bench --rows takes
-# it) leaves fixed rows out.
+# second of warm-up, on an H200 with 16 host cores (session 54): torch's side 2 min, ours over
+# the shape list about 4 min, the fixed rows after it several more; BENCH_ROWS=none (or a list, as
+# example-bench --rows takes it) leaves the fixed rows out.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-.}"

@@ -36,10 +36,38 @@ impl Rng {
     }
 }
 
-/// A host tensor of standard normal values, `dims` in `layout`'s order.
+/// Elements that one generator fills in `randn`; a larger tensor takes a generator per chunk,
+/// seeded from the caller's, and its chunks are filled on every core.
+const RANDN_CHUNK: usize = 1 << 18;
+
+/// A host tensor of standard normal values, `dims` in `layout`'s order. Up to `RANDN_CHUNK`
+/// elements come from `rng` itself; beyond, chunk c from a generator seeded by `rng`'s c-th draw
+/// (the same values whatever the core count), on every core: the bench's rotated inputs reach
+/// hundreds of millions of values, tens of seconds for one thread.
 pub fn randn<T: Element>(rng: &mut Rng, dims: &[usize], layout: Layout) -> Tensor<T> {
     let n: usize = dims.iter().product();
-    let data = (0..n).map(|_| T::from_f64(rng.normal())).collect();
+    let mut data = vec![T::default(); n];
+    if n <= RANDN_CHUNK {
+        data.iter_mut().for_each(|x| *x = T::from_f64(rng.normal()));
+    } else {
+        let mut chunks: Vec<(&mut [T], Rng)> = data
+            .chunks_mut(RANDN_CHUNK)
+            .map(|c| (c, Rng(rng.next_u64())))
+            .collect();
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+        let per_thread = chunks.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            for group in chunks.chunks_mut(per_thread) {
+                s.spawn(move || {
+                    for (chunk, rng) in group.iter_mut() {
+                        chunk
+                            .iter_mut()
+                            .for_each(|x| *x = T::from_f64(rng.normal()));
+                    }
+                });
+            }
+        });
+    }
     Tensor::from_vec(data, dims, layout).unwrap()
 }
 
