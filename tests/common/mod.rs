@@ -45,10 +45,15 @@ const RANDN_CHUNK: usize = 1 << 18;
 /// (the same values whatever the core count), on every core: the bench's rotated inputs reach
 /// hundreds of millions of values, tens of seconds for one thread.
 pub fn randn<T: Element>(rng: &mut Rng, dims: &[usize], layout: Layout) -> Tensor<T> {
+    fn fill<T: Element>(chunk: &mut [T], rng: &mut Rng) {
+        chunk
+            .iter_mut()
+            .for_each(|x| *x = T::from_f64(rng.normal()));
+    }
     let n: usize = dims.iter().product();
     let mut data = vec![T::default(); n];
     if n <= RANDN_CHUNK {
-        data.iter_mut().for_each(|x| *x = T::from_f64(rng.normal()));
+        fill(&mut data, rng);
     } else {
         let mut chunks: Vec<(&mut [T], Rng)> = data
             .chunks_mut(RANDN_CHUNK)
@@ -58,13 +63,7 @@ pub fn randn<T: Element>(rng: &mut Rng, dims: &[usize], layout: Layout) -> Tenso
         let per_thread = chunks.len().div_ceil(threads);
         std::thread::scope(|s| {
             for group in chunks.chunks_mut(per_thread) {
-                s.spawn(move || {
-                    for (chunk, rng) in group.iter_mut() {
-                        chunk
-                            .iter_mut()
-                            .for_each(|x| *x = T::from_f64(rng.normal()));
-                    }
-                });
+                s.spawn(move || group.iter_mut().for_each(|(chunk, rng)| fill(chunk, rng)));
             }
         });
     }
