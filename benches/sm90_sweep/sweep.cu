@@ -3,8 +3,9 @@
 // CUDA events around each call (25 ms of back-to-back calls, or FLASHCORE_BENCH_WARM_MS as the
 // bench CLI reads it, then the median of at least ITERS calls filling 100 ms, as triton's do_bench
 // and the bench CLI take them: the SM clock falls under the power cap after some tens of ms),
-// inputs rotated over enough copies to exceed 3x the L2, random normal data. Each candidate's output is compared with the first candidate's on the
-// same inputs (a wrong candidate must not win on speed). Prints one table.
+// inputs rotated over enough copies to exceed 3x the L2, random normal data. Each candidate's
+// output is compared with the first candidate's on the same inputs (a wrong candidate must not
+// win on speed). Prints one table.
 //
 // Usage: sm90-sweep [ITERS [SHAPE [flush] [trace]]]: SHAPE times only the shape of that name
 // (e.g. 2x16x8192x128-causal); `flush` clears the L2 before each timed call by writing a 256 MiB
