@@ -11,9 +11,11 @@
 //   box128    one TMA box of 128 columns x 128 rows, no swizzle
 //   bulk      one 1D bulk copy of the tile's 32 contiguous KB
 //   cp.async  every thread 16-byte cp.async copies, a commit group per tile (cuDNN's sm80 way)
-// TMA descriptors with 128- or 256-byte L2 promotion or none. And the parameters' size: every
-// launch of the Hopper kernel carries about 3.6 KB of them, the probe's about 300 bytes; a padded
-// variant carries more, its copies waiting for a word at their end. Times with CUDA events (5
+// TMA descriptors with 128- or 256-byte L2 promotion or none. Each TMA and cp.async copy carries
+// an L2 cache hint: evict-normal (CuTe's default), or evict-first in the variants that say so
+// (docs/HOPPER.md, round 53). And the parameters' size: every launch of the Hopper kernel
+// carries about 3.6 KB of them, the probe's about 300 bytes; a padded variant carries more, its
+// copies waiting for a word at their end. Times with CUDA events (5
 // warm-up calls, median of 50): back to back with the inputs rotated over three copies; after a
 // 128 MiB device-to-device copy, as the bench flushes the L2 (its dirty lines are written back
 // while the read runs), waiting for each call; and under the bench's whole protocol
@@ -66,11 +68,15 @@ __device__ void mbar_wait(uint64_t* b, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-__device__ void tma_2d(void* dst, const CUtensorMap* map, int col, int row, uint64_t* bar) {
+// The L2 eviction policies of a copy's cache hint (CUTLASS's CacheHintSm90 values).
+constexpr uint64_t kEvictNormal = 0x1000000000000000ull, kEvictFirst = 0x12F0000000000000ull;
+
+__device__ void tma_2d(void* dst, const CUtensorMap* map, int col, int row, uint64_t* bar,
+                       uint64_t policy) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar))
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar)), "l"(policy)
       : "memory");
 }
 __device__ void bulk_1d(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -94,7 +100,7 @@ struct Pad<0> {};
 
 // One producer warp (lane 0 issues the copies) and kConsumerWarps consumer warps. With kPad
 // bytes of padding, each copy's row adds the padding's last word (0), so the copies wait for it.
-template <Copy kCopy, int kPad = 0>
+template <Copy kCopy, int kPad = 0, uint64_t kPolicy = kEvictNormal>
 __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
     tma_read(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
              const char* k, const char* v, int units, int tiles, int stages, unsigned* sink,
@@ -127,10 +133,10 @@ __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
           }
           const CUtensorMap* map = (i & 1) ? &v_map : &k_map;
           if (kCopy == kBoxes64) {
-            tma_2d(buf, map, 0, row, &full[s]);
-            tma_2d(buf + kTileBytes / 2, map, 64, row, &full[s]);
+            tma_2d(buf, map, 0, row, &full[s], kPolicy);
+            tma_2d(buf + kTileBytes / 2, map, 64, row, &full[s], kPolicy);
           } else if (kCopy == kBox128) {
-            tma_2d(buf, map, 0, row, &full[s]);
+            tma_2d(buf, map, 0, row, &full[s], kPolicy);
           } else {
             bulk_1d(buf, ((i & 1) ? v : k) + size_t(row) * kRowBytes, kTileBytes, &full[s]);
           }
@@ -156,7 +162,7 @@ __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
 
 // cuDNN's sm80 way: 128 threads, every thread copying 16-byte chunks with cp.async, one commit
 // group per tile, `kStages` tiles in flight.
-template <int kStages>
+template <int kStages, uint64_t kPolicy = kEvictNormal>
 __global__ void __launch_bounds__(128)
     cp_async_read(const char* k, const char* v, int units, int tiles, unsigned* sink) {
   extern __shared__ __align__(1024) char smem[];
@@ -168,8 +174,9 @@ __global__ void __launch_bounds__(128)
       const char* src = ((i & 1) ? v : k) + size_t(tile_row(u, i, tiles)) * kRowBytes;
       const uint32_t dst = smem_addr(smem + (n % kStages) * kTileBytes);
       for (int c = threadIdx.x; c < kTileBytes / 16; c += blockDim.x) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + c * 16),
-                     "l"(src + c * 16)
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(
+                         dst + c * 16),
+                     "l"(src + c * 16), "l"(kPolicy)
                      : "memory");
       }
     }
@@ -289,8 +296,9 @@ int main(int argc, char** argv) {
     return per_sm == kBlockPerUnit ? sh.units : std::min(sh.units, per_sm * sms);
   };
   // pad_c: a std::integral_constant, the bytes of padding (Pad) its launches carry.
+  // first: the copies' cache hint is evict-first (else evict-normal, as CuTe's TMA copies).
   auto tma_padded = [&](Copy copy, CUtensorMapL2promotion promo, int per_sm, int stages,
-                        auto pad_c) {
+                        auto pad_c, bool first = false) {
     constexpr int kPad = decltype(pad_c)::value;
     const char* cname = copy == kBoxes64 ? "boxes64" : copy == kBox128 ? "box128" : "bulk";
     const char* promo_name = copy == kBulk                                 ? "   -"
@@ -298,11 +306,13 @@ int main(int argc, char** argv) {
                              : promo == CU_TENSOR_MAP_L2_PROMOTION_L2_128B ? " 128"
                                                                            : "none";
     char name[128];
-    std::snprintf(name, sizeof name, "%-8s L2 %s, %s, %d stages%s", cname, promo_name,
+    std::snprintf(name, sizeof name, "%-8s L2 %s, %s, %d stages%s%s", cname, promo_name,
                   blocks(per_sm).c_str(), stages,
-                  kPad == 0 ? "" : (", +" + std::to_string(kPad) + " B params").c_str());
+                  kPad == 0 ? "" : (", +" + std::to_string(kPad) + " B params").c_str(),
+                  first ? ", evict-first" : "");
     const int smem = stages * kTileBytes + 2 * stages * 8;
-    auto kernel = copy == kBoxes64 ? tma_read<kBoxes64, kPad>
+    auto kernel = copy == kBoxes64 ? (first ? tma_read<kBoxes64, kPad, kEvictFirst>
+                                            : tma_read<kBoxes64, kPad>)
                   : copy == kBox128 ? tma_read<kBox128, kPad>
                                     : tma_read<kBulk, kPad>;
     // The cap, not this variant's size: variants of one kernel share the attribute.
@@ -328,6 +338,7 @@ int main(int argc, char** argv) {
   };
   const auto p256 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B, p128 = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
   tma(kBoxes64, p128, 1, 5);  // the Hopper kernel's (CuTe's promotion)
+  tma_padded(kBoxes64, p128, 1, 5, std::integral_constant<int, 0>{}, true);
   // With 1 KB more parameters, and with as many as the Hopper kernel's.
   tma_padded(kBoxes64, p128, 1, 5, std::integral_constant<int, 1024>{});
   tma_padded(kBoxes64, p128, 1, 5, std::integral_constant<int, 3328>{});
@@ -345,22 +356,23 @@ int main(int argc, char** argv) {
   tma(kBox128, p128, 2, 3);
   tma(kBulk, p128, 1, 5);  // no descriptor: the promotion does not apply
   tma(kBulk, p128, 2, 3);
-  auto cp_async = [&](int per_sm, auto stages_c) {
+  auto cp_async = [&](int per_sm, auto stages_c, bool first = false) {
     constexpr int kStages = decltype(stages_c)::value;
     char name[128];
-    std::snprintf(name, sizeof name, "cp.async 128 threads, %s, %d stages",
-                  blocks(per_sm).c_str(), kStages);
+    std::snprintf(name, sizeof name, "cp.async 128 threads, %s, %d stages%s",
+                  blocks(per_sm).c_str(), kStages, first ? ", evict-first" : "");
     const int smem = kStages * kTileBytes;
-    CHECK(cudaFuncSetAttribute(cp_async_read<kStages>,
+    auto kernel = first ? cp_async_read<kStages, kEvictFirst> : cp_async_read<kStages>;
+    CHECK(cudaFuncSetAttribute(kernel,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(prop.sharedMemPerBlockOptin)));
     variants.push_back({name, [=, &k, &v, &st, &shapes](int shape, int c) {
       const Shape& sh = shapes[shape];
-      cp_async_read<kStages><<<grid(sh, per_sm), 128, smem, st>>>(k[c], v[c], sh.units,
-                                                                  sh.tiles, sink);
+      kernel<<<grid(sh, per_sm), 128, smem, st>>>(k[c], v[c], sh.units, sh.tiles, sink);
     }});
   };
   cp_async(1, std::integral_constant<int, 4>{});
+  cp_async(1, std::integral_constant<int, 4>{}, true);
   cp_async(2, std::integral_constant<int, 3>{});
   cp_async(2, std::integral_constant<int, 2>{});
   cp_async(3, std::integral_constant<int, 2>{});
