@@ -157,6 +157,77 @@ __global__ void __launch_bounds__(kCombineMaxThreads)
   }
 }
 
+// The combine of at most kCombineFewSplits splits: a thread per (row, column vector), which
+// reads every split's logsumexp and state at once (one memory round trip, no barrier), many rows
+// per block. Where the splits are few and the rows many (the Hopper kernel's last wave in pieces:
+// 8704 rows of up to three pieces at 8x16x2048x128), combine_kernel's block per row, which reads
+// the logsumexps before the states, took 13.5-14.2 us (docs/HOPPER.md, round 54). A weightless
+// split's state is read with the others (it lies in the workspace) but never used.
+constexpr int kCombineFewSplits = 8;
+constexpr int kCombineFewThreads = 256;
+
+template <typename T, class Rows>
+__global__ void __launch_bounds__(kCombineFewThreads)
+    combine_few_kernel(const CombineParams p, const Rows map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();  // as combine_kernel
+  cudaGridDependencySynchronize();
+#endif
+  const int vectors = p.head_dim / kCombineVector;
+  const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = thread / vectors;
+  const int column = static_cast<int>(thread % vectors) * kCombineVector;
+  int64_t out_row = 0;
+  if (row >= p.rows || !map(row, p, &out_row)) {
+    return;
+  }
+  float lse[kCombineFewSplits];
+  float4 lo[kCombineFewSplits], hi[kCombineFewSplits];
+  float m = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < kCombineFewSplits; ++s) {
+    if (s < p.splits) {
+      lse[s] = p.part_lse[s * p.rows + row];
+      const float4* src = reinterpret_cast<const float4*>(
+          p.part_out + (int64_t(s) * p.rows + row) * p.head_dim + column);
+      lo[s] = src[0];
+      hi[s] = src[1];
+      m = merge::lse_max(m, lse[s]);
+    }
+  }
+  float total = 0.f;
+  float acc[kCombineVector] = {};
+#pragma unroll
+  for (int s = 0; s < kCombineFewSplits; ++s) {
+    if (s < p.splits) {
+      const float w = merge::state_weight(lse[s], m);
+      total += w;
+      if (w != 0.f) {  // a weightless split's state is never used
+        const float x[kCombineVector] = {lo[s].x, lo[s].y, lo[s].z, lo[s].w,
+                                         hi[s].x, hi[s].y, hi[s].z, hi[s].w};
+#pragma unroll
+        for (int e = 0; e < kCombineVector; ++e) {
+          acc[e] += w * x[e];
+        }
+      }
+    }
+  }
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  alignas(16) T packed[kCombineVector];
+#pragma unroll
+  for (int e = 0; e < kCombineVector; ++e) {
+    packed[e] = T(acc[e] * inv);
+  }
+  const int64_t i = out_row % p.seq_q, bh = out_row / p.seq_q;
+  const int64_t h = bh % p.heads, b = bh / p.heads;
+  T* dst = static_cast<T*>(p.out) + b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] +
+           column;
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(packed);
+  if (p.lse != nullptr && column == 0) {
+    p.lse[out_row] = merge::merged_lse(m, total);
+  }
+}
+
 // A launch's output rows in the order of its logsumexp, [entry][head][row]: a dense or paged
 // batch's entries and query rows; a variable-length batch's packed tokens as one entry, so that
 // its sequences' rows follow their tokens (a sequence's row i is token cu_seqlens_q[b] + i).
@@ -214,10 +285,18 @@ class Partials {
     c.heads = static_cast<int32_t>(a.heads_q);
     c.head_dim = static_cast<int32_t>(a.head_dim);
     c.splits = splits_;
+    const int64_t vectors = a.head_dim / kCombineVector;
+    const int64_t few_blocks = (rows_ * vectors + kCombineFewThreads - 1) / kCombineFewThreads;
+    if (splits_ <= kCombineFewSplits && few_blocks <= INT32_MAX) {
+      launch_programmatic(combine_few_kernel<T, Rows>, dim3(static_cast<unsigned>(few_blocks)),
+                          dim3(kCombineFewThreads), 0, stream, programmatic,
+                          "launch the split-KV combine kernel", c, map);
+      return;
+    }
     // At least a warp: the first one reduces the logsumexps (threads past the last group have
     // no split to read and add zeros).
     const int threads = std::max(32, combine_groups(a.head_dim, splits_) *
-                                         static_cast<int>(a.head_dim / kCombineVector));
+                                         static_cast<int>(vectors));
     launch_programmatic(combine_kernel<T, Rows>, dim3(static_cast<unsigned>(rows_)),
                         dim3(static_cast<unsigned>(threads)), 0, stream, programmatic,
                         "launch the split-KV combine kernel", c, map);
