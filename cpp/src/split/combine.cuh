@@ -1,5 +1,6 @@
 // Split-KV for every kernel family that splits keys (WMMA, Hopper): the workspace of the splits'
-// partial states and the kernel that combines them. Each split of a (batch, head) writes its
+// partial states and the kernels that combine them (combine_few_kernel for at most
+// kCombineFewSplits splits, combine_kernel for more). Each split of a (batch, head) writes its
 // normalised f32 output rows and their logsumexps; per query row the combine computes
 //
 //   m = max_s lse_s,  w_s = exp(lse_s - m),  out = sum_s w_s out_s / sum_s w_s,
