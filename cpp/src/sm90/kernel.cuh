@@ -147,7 +147,7 @@ struct Kernel {
   // number of them, at most `count`. Each split writes its partial state to Parts (split s's
   // state of the row whose logsumexp index is n at row s * rows + n), which the launcher
   // combines; a sequence's last split also gives the slots after its own the weightless state
-  // (logsumexp -inf), which the combine never reads further. A sequence of a variable-length
+  // (logsumexp -inf), whose state the combine never uses. A sequence of a variable-length
   // batch shorter than the longest may get splits past its keys: their rows end as 0 and
   // logsumexp -inf, weight 0.
   struct Splits {

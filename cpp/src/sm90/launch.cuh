@@ -11,12 +11,12 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "../check.h"
+#include "../device_attribute.h"
 #include "../launcher.h"
 #include "../programmatic.h"
 #include "../smem.h"
@@ -26,20 +26,8 @@
 
 namespace flashcore::sm90 {
 
-// The multiprocessor count of the current device, read once per device (persistent grids).
-inline int sm_count() {
-  static std::atomic<int> cached[64] = {};
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  std::atomic<int>& slot = cached[device & 63];
-  int n = slot.load(std::memory_order_relaxed);
-  if (n == 0) {
-    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
-               "cudaDeviceGetAttribute(MultiProcessorCount)");
-    slot.store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
+// The multiprocessor count of the current device (persistent grids).
+inline int sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }
 
 // A dimension of extent 1 is never stepped over, so validation leaves its stride free; a TMA
 // descriptor still needs every stride to be a multiple of 16 bytes. Give such dimensions one.

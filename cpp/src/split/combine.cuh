@@ -1,12 +1,11 @@
 // Split-KV for every kernel family that splits keys (WMMA, Hopper): the workspace of the splits'
-// partial states and the kernels that combine them (combine_few_kernel for at most
-// kCombineFewSplits splits, combine_kernel for more). Each split of a (batch, head) writes its
+// partial states and the kernel that combines them. Each split of a (batch, head) writes its
 // normalised f32 output rows and their logsumexps; per query row the combine computes
 //
 //   m = max_s lse_s,  w_s = exp(lse_s - m),  out = sum_s w_s out_s / sum_s w_s,
 //   lse = m + log(sum_s w_s),
 //
-// as merge_states does (a split without visible keys has lse -inf: weight 0, never read), and
+// as merge_states does (a split without visible keys has lse -inf: weight 0, never used), and
 // writes the output at its strides and, when asked, the logsumexp. The Hopper kernel's last
 // wave in pieces (sm90/scheduler.cuh's Tail) merges its pieces the same way, its partial rows
 // numbered by work unit: a family whose partial rows are not the output's logsumexp rows gives
@@ -24,6 +23,7 @@
 #include "../merge/state.cuh"
 #include "../programmatic.h"
 #include "../scratch.h"
+#include "../smem.h"
 #include "units.cuh"
 
 namespace flashcore::split {
@@ -49,31 +49,47 @@ struct LseRows {
   }
 };
 
-constexpr int kCombineMaxThreads = 256;
 constexpr int kCombineVector = 8;  // columns per thread: one 16-byte load pair, one store
+constexpr int kCombineMaxLanes = 32;
 constexpr int kCombineMaxSplits = 64;
-static_assert(kCombineMaxSplits >= kMaxKvSplits, "the combine holds every split's weight");
-static_assert(kCombineMaxSplits <= 64, "the first warp reduces two splits per lane");
+constexpr int kCombineThreads = 128;  // a block's threads at least (more: one row's)
+static_assert(kCombineMaxSplits >= kMaxKvSplits && kCombineMaxSplits <= 2 * kCombineMaxLanes,
+              "the combine holds every split's state, at most two per lane");
+static_assert(kMaxHeadDim / kCombineVector * kCombineMaxLanes <= 1024, "a row fits in a block");
 
-// The thread groups of a row's block: one per split, as many as fit in kCombineMaxThreads
-// threads of head_dim / 8 column vectors each, so that the splits' states are read in parallel,
-// one DRAM read deep, rather than split after split.
-inline int combine_groups(int64_t head_dim, int32_t splits) {
-  const int vectors = static_cast<int>(head_dim / kCombineVector);
-  return std::max(1, std::min<int>(splits, kCombineMaxThreads / vectors));
-}
+// How the combine's threads cover its rows: `lanes` adjacent threads per (row, column vector),
+// each holding `slots` splits' states, and `rows` rows per block (as many as fit in
+// kCombineThreads, at least one). Up to four splits take one lane (as many slots as splits,
+// rounded up to 2 or 4); more take two slots per lane, and as many lanes as they need. Measured
+// (ncu, H200, session 57; docs/SERVING.md): 3 splits in one lane of 4 slots took 8.6 us at
+// 2x16x8192x128's 8704 rows, against 9.9 in two lanes of 2 and 10.8 in one lane of 8; 16 splits
+// over 32 rows took 3.9 us in eight lanes of 2, 4.9 in four of 4 and 6.6 in two of 8.
+struct CombineShape {
+  int slots, lanes, rows;
+  static CombineShape make(int32_t splits, int64_t head_dim) {
+    const int slots = splits > 2 && splits <= 4 ? 4 : 2;
+    int lanes = 1;
+    while (lanes * slots < splits) {
+      lanes *= 2;
+    }
+    const int row_threads = static_cast<int>(head_dim / kCombineVector) * lanes;
+    return {slots, lanes, std::max(1, kCombineThreads / row_threads)};
+  }
+  int threads(int64_t head_dim) const {
+    return rows * static_cast<int>(head_dim / kCombineVector) * lanes;
+  }
+};
 
-// One block per row, groups of head_dim / 8 threads (combine_groups; blockDim.x at least 32).
-// The first warp reduces the splits' logsumexps (two per lane) to the row's max, weights and
-// their sum; group g then accumulates the column vectors of splits g, g + groups, ..., and the
-// first group adds the groups' sums. T is the output element (a 16-bit float type constructible
-// from float); Rows maps the partial rows to the output's (LseRows).
-template <typename T, class Rows>
-__global__ void __launch_bounds__(kCombineMaxThreads)
-    combine_kernel(const CombineParams p, const Rows map) {
-  __shared__ float weights[kCombineMaxSplits];
-  __shared__ float row_max, row_total;
-  __shared__ float4 sums[kCombineMaxThreads][kCombineVector / 4];
+// `shape.rows` rows per block, `shape.lanes` adjacent threads per (row, column vector); lane l
+// reads splits l, l + lanes, ... (kSlots of them at most), every split's logsumexp and state at
+// once: one memory round trip. The lanes reduce the row's max, then the weights' sum and the
+// weighted states, by shuffles within the group (it lies in one warp: lanes divides 32), and
+// the first lane stores the column vector and, at column 0, the row's logsumexp. A weightless
+// split's state is read with the others (it lies in the workspace, written or not) but never
+// used. T is the output element (a 16-bit float type constructible from float); Rows maps the
+// partial rows to the output's (LseRows).
+template <typename T, int kSlots, class Rows>
+__global__ void combine_kernel(const CombineParams p, const CombineShape shape, const Rows map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The next call's Hopper kernel, a programmatic dependent of this one, may start setting up.
   cudaTriggerProgrammaticLaunchCompletion();
@@ -81,137 +97,61 @@ __global__ void __launch_bounds__(kCombineMaxThreads)
   // are complete and visible only after this wait. Without that launch it returns at once.
   cudaGridDependencySynchronize();
 #endif
-  const int64_t row = blockIdx.x;
-  // The output row's logsumexp index (entry, head, row).
-  int64_t out_row = 0;
-  if (!map(row, p, &out_row)) {
-    return;
-  }
+  const int lanes = shape.lanes;
+  const int vectors = p.head_dim / kCombineVector;
   const int t = static_cast<int>(threadIdx.x);
-  if (t < 32) {
-    const float l0 = t < p.splits ? p.part_lse[t * p.rows + row] : -INFINITY;
-    const float l1 = t + 32 < p.splits ? p.part_lse[(t + 32) * p.rows + row] : -INFINITY;
-    float m = merge::lse_max(l0, l1);
-    for (int d = 16; d > 0; d /= 2) {
-      m = merge::lse_max(m, __shfl_xor_sync(0xffffffffu, m, d));
-    }
-    // A split without visible keys (lse -inf) weighs 0; so does every split when all are -inf.
-    const float w0 = merge::state_weight(l0, m), w1 = merge::state_weight(l1, m);
-    float total = w0 + w1;
-    for (int d = 16; d > 0; d /= 2) {
-      total += __shfl_xor_sync(0xffffffffu, total, d);
-    }
-    weights[t] = w0;
-    weights[t + 32] = w1;
-    if (t == 0) {
-      row_max = m;
-      row_total = total;
-    }
-  }
-  __syncthreads();
-
-  const int vectors = p.head_dim / kCombineVector;
-  const int groups = static_cast<int>(blockDim.x) / vectors;
-  const int group = t / vectors, column = t % vectors * kCombineVector;
-  float acc[kCombineVector] = {};
-  for (int s = group; s < p.splits; s += groups) {
-    const float w = weights[s];
-    if (w != 0.f) {  // a weightless split's state is never read
-      const float4* src = reinterpret_cast<const float4*>(
-          p.part_out + (int64_t(s) * p.rows + row) * p.head_dim + column);
-      const float4 a = src[0], b = src[1];
-      const float x[kCombineVector] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-      for (int e = 0; e < kCombineVector; ++e) {
-        acc[e] += w * x[e];
-      }
-    }
-  }
-  sums[t][0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-  sums[t][1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-  __syncthreads();
-  if (group != 0) {
-    return;
-  }
-  for (int g = 1; g < groups; ++g) {
-    const float4 a = sums[g * vectors + t][0], b = sums[g * vectors + t][1];
-    const float x[kCombineVector] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int e = 0; e < kCombineVector; ++e) {
-      acc[e] += x[e];
-    }
-  }
-  const float m = row_max, total = row_total;
-  const float inv = total > 0.f ? 1.f / total : 0.f;
-  alignas(16) T packed[kCombineVector];
-#pragma unroll
-  for (int e = 0; e < kCombineVector; ++e) {
-    packed[e] = T(acc[e] * inv);
-  }
-  const int64_t i = out_row % p.seq_q, bh = out_row / p.seq_q;
-  const int64_t h = bh % p.heads, b = bh / p.heads;
-  T* dst = static_cast<T*>(p.out) + b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] +
-           column;
-  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(packed);
-  if (p.lse != nullptr && t == 0) {
-    p.lse[out_row] = merge::merged_lse(m, total);
-  }
-}
-
-// The combine of at most kCombineFewSplits splits: a thread per (row, column vector), which
-// reads every split's logsumexp and state at once (one memory round trip, no barrier), many rows
-// per block. Where the splits are few and the rows many (the Hopper kernel's last wave in pieces:
-// 8704 rows of up to three pieces at 8x16x2048x128), combine_kernel's block per row, which reads
-// the logsumexps before the states, took 13.5-14.2 us (docs/HOPPER.md, round 54). A weightless
-// split's state is read with the others (it lies in the workspace) but never used.
-constexpr int kCombineFewSplits = 8;
-constexpr int kCombineFewThreads = 256;
-
-template <typename T, class Rows>
-__global__ void __launch_bounds__(kCombineFewThreads)
-    combine_few_kernel(const CombineParams p, const Rows map) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaTriggerProgrammaticLaunchCompletion();  // as combine_kernel
-  cudaGridDependencySynchronize();
-#endif
-  const int vectors = p.head_dim / kCombineVector;
-  const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t row = thread / vectors;
-  const int column = static_cast<int>(thread % vectors) * kCombineVector;
+  const int lane = t % lanes, vector = t / lanes % vectors;
+  const int64_t row = int64_t(blockIdx.x) * shape.rows + t / lanes / vectors;
   int64_t out_row = 0;
-  if (row >= p.rows || !map(row, p, &out_row)) {
+  if (row >= p.rows || !map(row, p, &out_row)) {  // the group's lanes alike: one row
     return;
   }
-  float lse[kCombineFewSplits];
-  float4 lo[kCombineFewSplits], hi[kCombineFewSplits];
+  const int column = vector * kCombineVector;
+  const unsigned group = lanes == 32 ? ~0u : ((1u << lanes) - 1u) << (t % 32 / lanes * lanes);
+  float lse[kSlots];
+  float4 lo[kSlots], hi[kSlots];
   float m = -INFINITY;
 #pragma unroll
-  for (int s = 0; s < kCombineFewSplits; ++s) {
+  for (int k = 0; k < kSlots; ++k) {
+    const int s = lane + k * lanes;
     if (s < p.splits) {
-      lse[s] = p.part_lse[s * p.rows + row];
+      lse[k] = p.part_lse[s * p.rows + row];
       const float4* src = reinterpret_cast<const float4*>(
           p.part_out + (int64_t(s) * p.rows + row) * p.head_dim + column);
-      lo[s] = src[0];
-      hi[s] = src[1];
-      m = merge::lse_max(m, lse[s]);
+      lo[k] = src[0];
+      hi[k] = src[1];
+      m = merge::lse_max(m, lse[k]);
     }
+  }
+  for (int d = lanes / 2; d > 0; d /= 2) {
+    m = merge::lse_max(m, __shfl_xor_sync(group, m, d));
   }
   float total = 0.f;
   float acc[kCombineVector] = {};
 #pragma unroll
-  for (int s = 0; s < kCombineFewSplits; ++s) {
-    if (s < p.splits) {
-      const float w = merge::state_weight(lse[s], m);
+  for (int k = 0; k < kSlots; ++k) {
+    if (lane + k * lanes < p.splits) {
+      const float w = merge::state_weight(lse[k], m);
       total += w;
       if (w != 0.f) {  // a weightless split's state is never used
-        const float x[kCombineVector] = {lo[s].x, lo[s].y, lo[s].z, lo[s].w,
-                                         hi[s].x, hi[s].y, hi[s].z, hi[s].w};
+        const float x[kCombineVector] = {lo[k].x, lo[k].y, lo[k].z, lo[k].w,
+                                         hi[k].x, hi[k].y, hi[k].z, hi[k].w};
 #pragma unroll
         for (int e = 0; e < kCombineVector; ++e) {
           acc[e] += w * x[e];
         }
       }
     }
+  }
+  for (int d = lanes / 2; d > 0; d /= 2) {
+    total += __shfl_xor_sync(group, total, d);
+#pragma unroll
+    for (int e = 0; e < kCombineVector; ++e) {
+      acc[e] += __shfl_xor_sync(group, acc[e], d);
+    }
+  }
+  if (lane != 0) {
+    return;
   }
   const float inv = total > 0.f ? 1.f / total : 0.f;
   alignas(16) T packed[kCombineVector];
@@ -250,14 +190,15 @@ class Partials {
         scratch_(sizeof(float) * size_t(splits) * size_t(rows_) * size_t(a.head_dim + 1), stream),
         lse_(scratch_.floats() + int64_t(splits) * rows_ * a.head_dim) {
     // Checked before the split kernel's launch: the planner never exceeds these.
+    const CombineShape shape = CombineShape::make(splits, a.head_dim);
     if (splits > kCombineMaxSplits || a.head_dim % kCombineVector != 0 ||
-        a.head_dim > kCombineMaxThreads * kCombineVector || rows_ > INT32_MAX) {
+        a.head_dim > kMaxHeadDim || (rows_ + shape.rows - 1) / shape.rows > INT32_MAX) {
       throw detail::Failure(Code::Launch, "",
                             "split-KV combine: " + std::to_string(splits) + " splits of " +
                                 std::to_string(rows_) + " rows of head dim " +
                                 std::to_string(a.head_dim) + " (at most " +
                                 std::to_string(kCombineMaxSplits) + " splits, head dim a multiple "
-                                "of 8 up to 2048)");
+                                "of 8 up to " + std::to_string(kMaxHeadDim) + ")");
     }
   }
   float* out() const { return scratch_.floats(); }
@@ -286,24 +227,31 @@ class Partials {
     c.heads = static_cast<int32_t>(a.heads_q);
     c.head_dim = static_cast<int32_t>(a.head_dim);
     c.splits = splits_;
-    const int64_t vectors = a.head_dim / kCombineVector;
-    const int64_t few_blocks = (rows_ * vectors + kCombineFewThreads - 1) / kCombineFewThreads;
-    if (splits_ <= kCombineFewSplits && few_blocks <= INT32_MAX) {
-      launch_programmatic(combine_few_kernel<T, Rows>, dim3(static_cast<unsigned>(few_blocks)),
-                          dim3(kCombineFewThreads), 0, stream, programmatic,
-                          "launch the split-KV combine kernel", c, map);
-      return;
+    const CombineShape shape = CombineShape::make(splits_, a.head_dim);
+    if (shape.slots == 4) {
+      launch<combine_kernel<T, 4, Rows>>(c, shape, stream, programmatic, map);
+    } else {
+      launch<combine_kernel<T, 2, Rows>>(c, shape, stream, programmatic, map);
     }
-    // At least a warp: the first one reduces the logsumexps (threads past the last group have
-    // no split to read and add zeros).
-    const int threads = std::max(32, combine_groups(a.head_dim, splits_) *
-                                         static_cast<int>(vectors));
-    launch_programmatic(combine_kernel<T, Rows>, dim3(static_cast<unsigned>(rows_)),
-                        dim3(static_cast<unsigned>(threads)), 0, stream, programmatic,
-                        "launch the split-KV combine kernel", c, map);
   }
 
  private:
+  // A programmatic launch asks for the shared memory that spreads its blocks over the SMs
+  // (programmatic.h's spread_smem_bytes), the kernel opted in to a block's largest.
+  template <auto kernel, class Rows>
+  static void launch(const CombineParams& c, const CombineShape& shape, cudaStream_t stream,
+                     bool programmatic, const Rows& map) {
+    const int64_t blocks = (c.rows + shape.rows - 1) / shape.rows;
+    const int threads = shape.threads(c.head_dim);
+    const int smem = programmatic ? spread_smem_bytes(blocks, threads) : 0;
+    if (smem > 0) {
+      ensure_smem_limit<kernel>(device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>());
+    }
+    launch_programmatic(kernel, dim3(static_cast<unsigned>(blocks)),
+                        dim3(static_cast<unsigned>(threads)), size_t(smem), stream, programmatic,
+                        "launch the split-KV combine kernel", c, shape, map);
+  }
+
   int32_t splits_;
   int64_t rows_;
   detail::Scratch scratch_;
