@@ -16,12 +16,13 @@ namespace flashcore {
 
 // The dynamic shared memory per block that spreads a programmatic dependent of `blocks` blocks
 // of `threads` threads over the SMs: 0 where the threads already do. Launched while the kernel
-// before it runs, such a grid's blocks become resident at once on the SMs that kernel leaves
-// free, as many per SM as fit, and wait there; a small grid then runs on a few SMs (the split-KV
-// combine of 1 x 32k keys: 32 blocks of 128 threads on the 4 SMs a 128-block kernel leaves
-// free, 1.0-1.6 us slower a call than one block per SM; docs/SERVING.md). Asking each block
-// for just over 1 / (cap + 1) of an SM's shared memory holds it to cap = ceil(blocks / SMs)
-// blocks per SM. A kernel asking for more than 48 KB opts in (smem.h's ensure_smem_limit).
+// before it runs, such a grid's blocks can become resident at once on the SMs that kernel
+// leaves free, as many per SM as fit, and then run there. That is our reading of the split-KV
+// combine of 1 x 32k keys (32 blocks of 128 threads beside a 128-block kernel on 132 SMs),
+// 2.7 us a call slower than when held to one block per SM (docs/PERFORMANCE.md, session 57).
+// Asking each block for just over 1 / (cap + 1) of an SM's shared memory holds it to
+// cap = ceil(blocks / SMs) blocks per SM. A kernel asking for more than 48 KB opts in (smem.h's
+// ensure_smem_limit).
 inline int spread_smem_bytes(int64_t blocks, int threads) {
   const int64_t sms = device_attribute<cudaDevAttrMultiProcessorCount>();
   const int64_t cap = (blocks + sms - 1) / sms;
