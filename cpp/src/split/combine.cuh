@@ -61,7 +61,7 @@ static_assert(kMaxHeadDim / kCombineVector * kCombineMaxLanes <= 1024, "a row fi
 // each holding `slots` splits' states, and `rows` rows per block (as many as fit in
 // kCombineThreads, at least one). Up to four splits take one lane (as many slots as splits,
 // rounded up to 2 or 4); more take two slots per lane, and as many lanes as they need. Measured
-// (ncu, H200, session 57; docs/SERVING.md): 3 splits in one lane of 4 slots took 8.6 us at
+// (ncu, H200; docs/PERFORMANCE.md, session 57): 3 splits in one lane of 4 slots took 8.6 us at
 // 2x16x8192x128's 8704 rows, against 9.9 in two lanes of 2 and 10.8 in one lane of 8; 16 splits
 // over 32 rows took 3.9 us in eight lanes of 2, 4.9 in four of 4 and 6.6 in two of 8.
 struct CombineShape {
