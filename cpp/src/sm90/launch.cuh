@@ -16,7 +16,7 @@
 #include <string>
 
 #include "../check.h"
-#include "../device_attribute.h"
+#include "../device_limits.h"
 #include "../launcher.h"
 #include "../programmatic.h"
 #include "../smem.h"
@@ -27,7 +27,7 @@
 namespace flashcore::sm90 {
 
 // The multiprocessor count of the current device (persistent grids).
-inline int sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }
+inline int sm_count() { return device_limits().sms; }
 
 // A dimension of extent 1 is never stepped over, so validation leaves its stride free; a TMA
 // descriptor still needs every stride to be a multiple of 16 bytes. Give such dimensions one.

@@ -187,12 +187,12 @@ class Partials {
   Partials(const FmhaArgs& a, int32_t splits, cudaStream_t stream, int64_t rows = 0)
       : splits_(splits),
         rows_(rows > 0 ? rows : row_entries(a) * a.heads_q * rows_per_head(a)),
+        shape_(CombineShape::make(splits, a.head_dim)),
         scratch_(sizeof(float) * size_t(splits) * size_t(rows_) * size_t(a.head_dim + 1), stream),
         lse_(scratch_.floats() + int64_t(splits) * rows_ * a.head_dim) {
     // Checked before the split kernel's launch: the planner never exceeds these.
-    const CombineShape shape = CombineShape::make(splits, a.head_dim);
     if (splits > kCombineMaxSplits || a.head_dim % kCombineVector != 0 ||
-        a.head_dim > kMaxHeadDim || (rows_ + shape.rows - 1) / shape.rows > INT32_MAX) {
+        a.head_dim > kMaxHeadDim || (rows_ + shape_.rows - 1) / shape_.rows > INT32_MAX) {
       throw detail::Failure(Code::Launch, "",
                             "split-KV combine: " + std::to_string(splits) + " splits of " +
                                 std::to_string(rows_) + " rows of head dim " +
@@ -227,11 +227,10 @@ class Partials {
     c.heads = static_cast<int32_t>(a.heads_q);
     c.head_dim = static_cast<int32_t>(a.head_dim);
     c.splits = splits_;
-    const CombineShape shape = CombineShape::make(splits_, a.head_dim);
-    if (shape.slots == 4) {
-      launch<combine_kernel<T, 4, Rows>>(c, shape, stream, programmatic, map);
+    if (shape_.slots == 4) {
+      launch<combine_kernel<T, 4, Rows>>(c, shape_, stream, programmatic, map);
     } else {
-      launch<combine_kernel<T, 2, Rows>>(c, shape, stream, programmatic, map);
+      launch<combine_kernel<T, 2, Rows>>(c, shape_, stream, programmatic, map);
     }
   }
 
@@ -243,9 +242,13 @@ class Partials {
                      bool programmatic, const Rows& map) {
     const int64_t blocks = (c.rows + shape.rows - 1) / shape.rows;
     const int threads = shape.threads(c.head_dim);
-    const int smem = programmatic ? spread_smem_bytes(blocks, threads) : 0;
-    if (smem > 0) {
-      ensure_smem_limit<kernel>(device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>());
+    int smem = 0;
+    if (programmatic) {
+      const DeviceLimits& device = device_limits();
+      smem = spread_smem_bytes(blocks, threads, device);
+      if (smem > 0) {
+        ensure_smem_limit<kernel>(device.smem_per_block_optin);
+      }
     }
     launch_programmatic(kernel, dim3(static_cast<unsigned>(blocks)),
                         dim3(static_cast<unsigned>(threads)), size_t(smem), stream, programmatic,
@@ -254,6 +257,7 @@ class Partials {
 
   int32_t splits_;
   int64_t rows_;
+  CombineShape shape_;  // how the combine's threads cover the rows
   detail::Scratch scratch_;
   float* lse_;
 };
