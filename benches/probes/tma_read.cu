@@ -15,7 +15,9 @@
 // an L2 cache hint: evict-normal (CuTe's default), or evict-first in the variants that say so
 // (docs/HOPPER.md, round 53). And the parameters' size: every launch of the Hopper kernel
 // carries about 3.6 KB of them, the probe's about 300 bytes; a padded variant carries more, its
-// copies waiting for a word at their end. Times with CUDA events (5
+// copies waiting for a word at their end. And consumers that hold each tile for a number of clocks
+// before releasing it (spinning on clock64), as a kernel's products do: the cost of a decode
+// kernel's time per tile (docs/HOPPER.md, round 55). Times with CUDA events (5
 // warm-up calls, median of 50): back to back with the inputs rotated over three copies; after a
 // 128 MiB device-to-device copy, as the bench flushes the L2 (its dirty lines are written back
 // while the read runs), waiting for each call; and under the bench's whole protocol
@@ -104,7 +106,7 @@ template <Copy kCopy, int kPad = 0, uint64_t kPolicy = kEvictNormal>
 __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
     tma_read(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
              const char* k, const char* v, int units, int tiles, int stages, unsigned* sink,
-             const __grid_constant__ Pad<kPad> pad) {
+             int delay, const __grid_constant__ Pad<kPad> pad) {
   extern __shared__ __align__(1024) char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(stages) * kTileBytes);
   uint64_t* empty = full + stages;
@@ -144,6 +146,11 @@ __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
       } else {
         mbar_wait(&full[s], phase);
         acc ^= reinterpret_cast<const unsigned*>(buf)[threadIdx.x * 16];
+        if (delay > 0) {  // the consumers' work on the tile, as clocks spent before releasing it
+          const long long until = clock64() + delay;
+          while (clock64() < until) {
+          }
+        }
         __syncwarp();
         if (lane == 0) {
           mbar_arrive(&empty[s]);
@@ -298,7 +305,7 @@ int main(int argc, char** argv) {
   // pad_c: a std::integral_constant, the bytes of padding (Pad) its launches carry.
   // first: the copies' cache hint is evict-first (else evict-normal, as CuTe's TMA copies).
   auto tma_padded = [&](Copy copy, CUtensorMapL2promotion promo, int per_sm, int stages,
-                        auto pad_c, bool first = false) {
+                        auto pad_c, bool first = false, int delay = 0) {
     constexpr int kPad = decltype(pad_c)::value;
     const char* cname = copy == kBoxes64 ? "boxes64" : copy == kBox128 ? "box128" : "bulk";
     const char* promo_name = copy == kBulk                                 ? "   -"
@@ -306,10 +313,11 @@ int main(int argc, char** argv) {
                              : promo == CU_TENSOR_MAP_L2_PROMOTION_L2_128B ? " 128"
                                                                            : "none";
     char name[128];
-    std::snprintf(name, sizeof name, "%-8s L2 %s, %s, %d stages%s%s", cname, promo_name,
+    std::snprintf(name, sizeof name, "%-8s L2 %s, %s, %d stages%s%s%s", cname, promo_name,
                   blocks(per_sm).c_str(), stages,
                   kPad == 0 ? "" : (", +" + std::to_string(kPad) + " B params").c_str(),
-                  first ? ", evict-first" : "");
+                  first ? ", evict-first" : "",
+                  delay == 0 ? "" : (", " + std::to_string(delay) + " clk/tile").c_str());
     const int smem = stages * kTileBytes + 2 * stages * 8;
     auto kernel = copy == kBoxes64 ? (first ? tma_read<kBoxes64, kPad, kEvictFirst>
                                             : tma_read<kBoxes64, kPad>)
@@ -330,7 +338,7 @@ int main(int argc, char** argv) {
       const Shape& sh = shapes[shape];
       const auto& m = (*maps)[shape * kCopies + c];
       kernel<<<grid(sh, per_sm), 32 * (kConsumerWarps + 1), smem, st>>>(
-          m.first, m.second, k[c], v[c], sh.units, sh.tiles, stages, sink, Pad<kPad>{});
+          m.first, m.second, k[c], v[c], sh.units, sh.tiles, stages, sink, delay, Pad<kPad>{});
     }});
   };
   auto tma = [&](Copy copy, CUtensorMapL2promotion promo, int per_sm, int stages) {
@@ -342,6 +350,10 @@ int main(int argc, char** argv) {
   // With 1 KB more parameters, and with as many as the Hopper kernel's.
   tma_padded(kBoxes64, p128, 1, 5, std::integral_constant<int, 1024>{});
   tma_padded(kBoxes64, p128, 1, 5, std::integral_constant<int, 3328>{});
+  // The consumers holding each tile for a while before releasing it, as a kernel's products do.
+  for (int delay : {250, 500, 750, 1000, 1500, 2000}) {
+    tma_padded(kBoxes64, p128, 1, 5, std::integral_constant<int, 0>{}, false, delay);
+  }
   tma(kBoxes64, p256, 1, 5);  // session 41's promotion (reverted: slower on the H200)
   tma(kBoxes64, CU_TENSOR_MAP_L2_PROMOTION_NONE, 1, 5);
   for (int stages : {2, 3, 4, 6}) {
