@@ -23,7 +23,8 @@
 // while the read runs), waiting for each call; and under the bench's whole protocol
 // (do_bench_us).
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a -cudart static -o tma_read benches/probes/tma_read.cu
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -cudart static -o tma_read \
+//        benches/probes/tma_read.cu
 //   ./tma_read [SUBSTRING]   (only the variants whose names contain it)
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -151,6 +152,74 @@ __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
           while (clock64() < until) {
           }
         }
+        __syncwarp();
+        if (lane == 0) {
+          mbar_arrive(&empty[s]);
+        }
+      }
+      if (++s == stages) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+  }
+  if (acc == 0x9e3779b9u) {  // practically never: keeps the reads
+    sink[blockIdx.x] = acc;
+  }
+}
+
+// The read in the Hopper decode kernel's shape (docs/HOPPER.md, round 56): 384 threads, a
+// producer warpgroup whose warp 0 issues the copies (lane 0) and two consumer warpgroups whose 8
+// warps wait for and release every stage; with kRegs, the kernel's register split (setmaxnreg:
+// 24 for the producer warpgroup, 240 for the consumers). The launch's shared memory may exceed
+// the stages' (the kernel's Q tiles and staging).
+template <bool kRegs>
+__global__ void __launch_bounds__(384, 1)
+    shaped_read(const __grid_constant__ CUtensorMap k_map,
+                const __grid_constant__ CUtensorMap v_map, int units, int tiles, int stages,
+                unsigned* sink) {
+  extern __shared__ __align__(1024) char smem[];
+  constexpr int kConsumers = 8;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(stages) * kTileBytes);
+  uint64_t* empty = full + stages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool producer = warp < 4;
+  if constexpr (kRegs) {
+    if (producer) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    } else {
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    }
+  }
+  if (producer && warp > 0) {
+    return;
+  }
+  int s = 0;
+  uint32_t phase = 0;
+  unsigned acc = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    for (int i = 0; i < 2 * tiles; ++i) {
+      char* buf = smem + size_t(s) * kTileBytes;
+      if (producer) {
+        if (lane == 0) {
+          mbar_wait(&empty[s], phase ^ 1);
+          mbar_expect_tx(&full[s], kTileBytes);
+          const int row = tile_row(u, i, tiles);
+          const CUtensorMap* map = (i & 1) ? &v_map : &k_map;
+          tma_2d(buf, map, 0, row, &full[s], kEvictNormal);
+          tma_2d(buf + kTileBytes / 2, map, 64, row, &full[s], kEvictNormal);
+        }
+      } else {
+        mbar_wait(&full[s], phase);
+        acc ^= reinterpret_cast<const unsigned*>(buf)[(threadIdx.x % 128) * 16];
         __syncwarp();
         if (lane == 0) {
           mbar_arrive(&empty[s]);
@@ -389,6 +458,33 @@ int main(int argc, char** argv) {
   cp_async(2, std::integral_constant<int, 2>{});
   cp_async(3, std::integral_constant<int, 2>{});
   cp_async(kBlockPerUnit, std::integral_constant<int, 3>{});
+  // The decode kernel's shape: 384 threads, with and without its register split, with the
+  // stages' shared memory alone or the d = 128 kernel's 229,536 bytes (its Q tiles and staging
+  // beside them).
+  auto shaped = [&](bool regs, int smem) {
+    char name[128];
+    std::snprintf(name, sizeof name, "kernel-shaped 384 threads%s, %d KB smem, 5 stages",
+                  regs ? ", setmaxnreg" : "", smem / 1024);
+    auto kernel = regs ? shaped_read<true> : shaped_read<false>;
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(prop.sharedMemPerBlockOptin)));
+    auto maps = std::make_shared<std::vector<std::pair<CUtensorMap, CUtensorMap>>>();
+    for (const Shape& sh : shapes) {
+      const uint64_t rows = uint64_t(sh.units) * sh.tiles * kTileKeys;
+      for (int c = 0; c < kCopies; ++c) {
+        maps->push_back({make_map(k[c], rows, kBoxes64, p128), make_map(v[c], rows, kBoxes64, p128)});
+      }
+    }
+    variants.push_back({name, [=, &st, &shapes](int shape, int c) {
+      const Shape& sh = shapes[shape];
+      const auto& m = (*maps)[shape * kCopies + c];
+      kernel<<<grid(sh, 1), 384, smem, st>>>(m.first, m.second, sh.units, sh.tiles, 5, sink);
+    }});
+  };
+  constexpr int kStagesSmem = 5 * kTileBytes + 1024, kKernelSmem = 229536;  // the d = 128 kernel's
+  shaped(false, kStagesSmem);
+  shaped(false, kKernelSmem);
+  shaped(true, kKernelSmem);
 
   for (int shape = 0; shape < int(std::size(shapes)); ++shape) {
     const Shape& sh = shapes[shape];
