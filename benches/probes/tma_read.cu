@@ -26,6 +26,7 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -cudart static -o tma_read \
 //        benches/probes/tma_read.cu
 //   ./tma_read [SUBSTRING]   (only the variants whose names contain it)
+//   ./tma_read --trace       (per-block times of the read: traced_read, round 57)
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -233,6 +234,78 @@ __global__ void __launch_bounds__(384, 1)
   }
   if (acc == 0x9e3779b9u) {  // practically never: keeps the reads
     sink[blockIdx.x] = acc;
+  }
+}
+
+// The probe's read (two boxes, five stages, one block per SM) with globaltimer stamps per block, as
+// docs/HOPPER.md round 39 traced the decode kernel (round 57): [0] the block's start, [1] its first
+// copy issued, [2] its last copy issued, [3] its last tile landed (consumer warp 0), [4] its end.
+__device__ uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
+    traced_read(const __grid_constant__ CUtensorMap k_map,
+                const __grid_constant__ CUtensorMap v_map, int units, int tiles,
+                uint64_t* trace) {
+  constexpr int kStages = 5;
+  const uint64_t start = now_ns();
+  extern __shared__ __align__(1024) char smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(kStages) * kTileBytes);
+  uint64_t* empty = full + kStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint64_t* mine = trace + 5 * blockIdx.x;
+  int s = 0;
+  uint32_t phase = 0;
+  unsigned acc = 0;
+  bool first = true;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    for (int i = 0; i < 2 * tiles; ++i) {
+      char* buf = smem + size_t(s) * kTileBytes;
+      if (warp == kConsumerWarps) {
+        if (lane == 0) {
+          mbar_wait(&empty[s], phase ^ 1);
+          mbar_expect_tx(&full[s], kTileBytes);
+          const int row = tile_row(u, i, tiles);
+          const CUtensorMap* map = (i & 1) ? &v_map : &k_map;
+          const uint64_t t = now_ns();
+          if (first) {
+            mine[1] = t;
+            first = false;
+          }
+          mine[2] = t;
+          tma_2d(buf, map, 0, row, &full[s], kEvictNormal);
+          tma_2d(buf + kTileBytes / 2, map, 64, row, &full[s], kEvictNormal);
+        }
+      } else {
+        mbar_wait(&full[s], phase);
+        acc ^= reinterpret_cast<const unsigned*>(buf)[threadIdx.x * 16];
+        __syncwarp();
+        if (lane == 0) {
+          if (warp == 0) {
+            mine[3] = now_ns();
+          }
+          mbar_arrive(&empty[s]);
+        }
+      }
+      if (++s == kStages) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+  }
+  if (threadIdx.x == 0) {
+    mine[0] = start;
+    mine[4] = now_ns() + (acc == 0x9e3779b9u);  // keeps the reads
   }
 }
 
@@ -486,6 +559,48 @@ int main(int argc, char** argv) {
   shaped(false, kKernelSmem);
   shaped(true, kKernelSmem);
 
+  if (only == "--trace") {
+    // Round 57: the read's per-block times, after the bench's flush, five launches per shape.
+    CHECK(cudaFuncSetAttribute(traced_read, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(prop.sharedMemPerBlockOptin)));
+    uint64_t* trace = nullptr;
+    CHECK(cudaMalloc(&trace, sizeof(uint64_t) * 5 * sms));
+    for (const Shape& sh : shapes) {
+      const uint64_t rows = uint64_t(sh.units) * sh.tiles * kTileKeys;
+      const CUtensorMap km = make_map(k[0], rows, kBoxes64, p128);
+      const CUtensorMap vm = make_map(v[0], rows, kBoxes64, p128);
+      const int grid = std::min(sh.units, sms), smem = 5 * kTileBytes + 1024;
+      std::printf("\n%s: per block, us: first copy after start (median, max); last tile landed"
+                  " after last copy (median, max); ends after the first start (min, median, max)\n",
+                  sh.name);
+      for (int run = 0; run < 6; ++run) {
+        flush();
+        traced_read<<<grid, 32 * (kConsumerWarps + 1), smem, st>>>(km, vm, sh.units, sh.tiles,
+                                                                    trace);
+        CHECK(cudaStreamSynchronize(st));
+        std::vector<uint64_t> t(5 * grid);
+        CHECK(cudaMemcpy(t.data(), trace, t.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+        uint64_t first = t[0];
+        for (int b = 0; b < grid; ++b) {
+          first = std::min(first, t[5 * b]);
+        }
+        std::vector<double> lead, drain, end;
+        for (int b = 0; b < grid; ++b) {
+          lead.push_back((t[5 * b + 1] - t[5 * b]) * 1e-3);
+          drain.push_back((double(t[5 * b + 3]) - double(t[5 * b + 2])) * 1e-3);
+          end.push_back((t[5 * b + 4] - first) * 1e-3);
+        }
+        for (auto* v : {&lead, &drain, &end}) {
+          std::sort(v->begin(), v->end());
+        }
+        if (run > 0) {  // the first launch warms up
+          std::printf("  %.2f %.2f; %.2f %.2f; %.1f %.1f %.1f\n", lead[grid / 2], lead.back(),
+                      drain[grid / 2], drain.back(), end.front(), end[grid / 2], end.back());
+        }
+      }
+    }
+    return 0;
+  }
   for (int shape = 0; shape < int(std::size(shapes)); ++shape) {
     const Shape& sh = shapes[shape];
     const size_t bytes = size_t(sh.units) * sh.tiles * kTileBytes * 2;
