@@ -117,11 +117,23 @@ struct Kernel {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static constexpr int kThreads = (kMmaWarpGroups + 1) * cutlass::NumThreadsPerWarpGroup;
   static constexpr int kQueryRowsPerWarpGroup = kBlockQ / kMmaWarpGroups;
-  // The producer keeps 24 registers a thread; the consumers share the rest of the 64K.
-  static constexpr uint32_t kLoadRegisters = 24;
+  // The registers a thread of each warpgroup may hold, summed over the warpgroups (the launch
+  // bound's per-thread count, a multiple of 8, times the block's threads, per warpgroup).
+  static constexpr uint32_t kRegisterPool =
+      65536 / kThreads / 8 * 8 * kThreads / cutlass::NumThreadsPerWarpGroup;
+  // Two consumer warpgroups at d <= 128 without a bias take 224 registers a thread (their SASS
+  // uses at most 186) and leave the producer 56, so that it keeps its state in registers
+  // instead of spilling it: its first unit's set-up took 2-3 us before its first copy with 24
+  // (docs/HOPPER.md round 58), and with 56 the serving example runs 9% faster and the decode
+  // rows up to 1.4% (round 59). Elsewhere the producer keeps setmaxnreg's least, 24 (round 52:
+  // d = 64's three warpgroups left it 32, 0-1.5% slower on an H100), and the consumers share
+  // the rest.
+  static constexpr bool kRoomyProducer = kMmaWarpGroups == 2 && kHeadDim <= 128 && !kBias;
   static constexpr uint32_t kMmaRegisters =
-      ((65536 / kThreads / 8 * 8 * kThreads / cutlass::NumThreadsPerWarpGroup - kLoadRegisters) /
-       kMmaWarpGroups) / 8 * 8;
+      kRoomyProducer ? 224 : (kRegisterPool - 24) / kMmaWarpGroups / 8 * 8;
+  static constexpr uint32_t kLoadRegisters =
+      kRoomyProducer ? kRegisterPool - kMmaWarpGroups * kMmaRegisters : 24;
+  static_assert(kLoadRegisters >= 24 && kLoadRegisters <= 256, "setmaxnreg's range");
 
   // A variable-length batch (cu_q null: a dense one): batch + 1 offsets each into the token
   // axis of Q/O and of K/V, clamped to the token counts as the WMMA kernel clamps them
