@@ -94,6 +94,71 @@ __device__ void bulk_1d(void* dst, const void* src, uint32_t bytes, uint64_t* ba
 // Tile i of unit u (K on even i, V on odd): its first key row.
 __device__ int tile_row(int u, int i, int tiles) { return (u * tiles + i / 2) * kTileKeys; }
 
+// A block's ring of `stages` 32 KB tile buffers in dynamic shared memory, each with a full
+// barrier (the producer's copies) and an empty one (`consumers` warps' releases), and a position
+// in it that the producer and the consumers advance alike.
+struct Ring {
+  char* smem;
+  int stages;
+  uint64_t* full;
+  uint64_t* empty;
+  int s = 0;
+  uint32_t phase = 0;
+
+  // Called by every thread; thread 0 initialises the barriers, and the block syncs.
+  __device__ Ring(char* smem_, int stages_, int consumers)
+      : smem(smem_),
+        stages(stages_),
+        full(reinterpret_cast<uint64_t*>(smem_ + size_t(stages_) * kTileBytes)),
+        empty(full + stages_) {
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < stages; ++i) {
+        mbar_init(&full[i], 1);
+        mbar_init(&empty[i], consumers);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+  }
+  __device__ char* buf() const { return smem + size_t(s) * kTileBytes; }
+  // The producer's lane: waits for the stage to be free and expects a tile's bytes on it.
+  __device__ void acquire() {
+    mbar_wait(&empty[s], phase ^ 1);
+    mbar_expect_tx(&full[s], kTileBytes);
+  }
+  // A consumer warp: waits for the stage's tile, reads one word of it per thread (at `word`),
+  // spins `delay` clocks (its work on the tile), and releases it; returns the word.
+  __device__ unsigned consume(int word, int delay = 0) {
+    mbar_wait(&full[s], phase);
+    const unsigned w = reinterpret_cast<const unsigned*>(buf())[word];
+    if (delay > 0) {
+      const long long until = clock64() + delay;
+      while (clock64() < until) {
+      }
+    }
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) {
+      mbar_arrive(&empty[s]);
+    }
+    return w;
+  }
+  __device__ void next() {
+    if (++s == stages) {
+      s = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// Tile i of unit u into the ring's stage as two 64-column boxes (the Hopper kernel's copies).
+__device__ void two_boxes(Ring& ring, const CUtensorMap& k_map, const CUtensorMap& v_map, int u,
+                          int i, int tiles, uint64_t policy) {
+  const int row = tile_row(u, i, tiles);
+  const CUtensorMap* map = (i & 1) ? &v_map : &k_map;
+  tma_2d(ring.buf(), map, 0, row, &ring.full[ring.s], policy);
+  tma_2d(ring.buf() + kTileBytes / 2, map, 64, row, &ring.full[ring.s], policy);
+}
+
 // Parameter bytes that a launch carries beside the probe's own (0: none).
 template <int kBytes>
 struct Pad {
@@ -110,57 +175,29 @@ __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
              const char* k, const char* v, int units, int tiles, int stages, unsigned* sink,
              int delay, const __grid_constant__ Pad<kPad> pad) {
   extern __shared__ __align__(1024) char smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(stages) * kTileBytes);
-  uint64_t* empty = full + stages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  Ring ring(smem, stages, kConsumerWarps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  int s = 0;
-  uint32_t phase = 0;
   unsigned acc = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    for (int i = 0; i < 2 * tiles; ++i) {
-      char* buf = smem + size_t(s) * kTileBytes;
-      if (warp == kConsumerWarps) {
-        if (lane == 0) {
-          mbar_wait(&empty[s], phase ^ 1);
-          mbar_expect_tx(&full[s], kTileBytes);
-          int row = tile_row(u, i, tiles);
-          if constexpr (kPad > 0) {
-            row += pad.words[kPad / 4 - 1];  // 0, read from the padding's last line
-          }
-          const CUtensorMap* map = (i & 1) ? &v_map : &k_map;
-          if (kCopy == kBoxes64) {
-            tma_2d(buf, map, 0, row, &full[s], kPolicy);
-            tma_2d(buf + kTileBytes / 2, map, 64, row, &full[s], kPolicy);
-          } else if (kCopy == kBox128) {
-            tma_2d(buf, map, 0, row, &full[s], kPolicy);
-          } else {
-            bulk_1d(buf, ((i & 1) ? v : k) + size_t(row) * kRowBytes, kTileBytes, &full[s]);
-          }
+    for (int i = 0; i < 2 * tiles; ++i, ring.next()) {
+      if (warp != kConsumerWarps) {
+        acc ^= ring.consume(threadIdx.x * 16, delay);
+      } else if (lane == 0) {
+        ring.acquire();
+        int row = tile_row(u, i, tiles);
+        if constexpr (kPad > 0) {
+          row += pad.words[kPad / 4 - 1];  // 0, read from the padding's last line
         }
-      } else {
-        mbar_wait(&full[s], phase);
-        acc ^= reinterpret_cast<const unsigned*>(buf)[threadIdx.x * 16];
-        if (delay > 0) {  // the consumers' work on the tile, as clocks spent before releasing it
-          const long long until = clock64() + delay;
-          while (clock64() < until) {
-          }
+        const CUtensorMap* map = (i & 1) ? &v_map : &k_map;
+        uint64_t* bar = &ring.full[ring.s];
+        if (kCopy == kBoxes64) {
+          tma_2d(ring.buf(), map, 0, row, bar, kPolicy);
+          tma_2d(ring.buf() + kTileBytes / 2, map, 64, row, bar, kPolicy);
+        } else if (kCopy == kBox128) {
+          tma_2d(ring.buf(), map, 0, row, bar, kPolicy);
+        } else {
+          bulk_1d(ring.buf(), ((i & 1) ? v : k) + size_t(row) * kRowBytes, kTileBytes, bar);
         }
-        __syncwarp();
-        if (lane == 0) {
-          mbar_arrive(&empty[s]);
-        }
-      }
-      if (++s == stages) {
-        s = 0;
-        phase ^= 1;
       }
     }
   }
@@ -180,17 +217,7 @@ __global__ void __launch_bounds__(384, 1)
                 const __grid_constant__ CUtensorMap v_map, int units, int tiles, int stages,
                 unsigned* sink) {
   extern __shared__ __align__(1024) char smem[];
-  constexpr int kConsumers = 8;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(stages) * kTileBytes);
-  uint64_t* empty = full + stages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumers);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  Ring ring(smem, stages, 8);  // the two consumer warpgroups' warps
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool producer = warp < 4;
   if constexpr (kRegs) {
@@ -203,32 +230,14 @@ __global__ void __launch_bounds__(384, 1)
   if (producer && warp > 0) {
     return;
   }
-  int s = 0;
-  uint32_t phase = 0;
   unsigned acc = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    for (int i = 0; i < 2 * tiles; ++i) {
-      char* buf = smem + size_t(s) * kTileBytes;
-      if (producer) {
-        if (lane == 0) {
-          mbar_wait(&empty[s], phase ^ 1);
-          mbar_expect_tx(&full[s], kTileBytes);
-          const int row = tile_row(u, i, tiles);
-          const CUtensorMap* map = (i & 1) ? &v_map : &k_map;
-          tma_2d(buf, map, 0, row, &full[s], kEvictNormal);
-          tma_2d(buf + kTileBytes / 2, map, 64, row, &full[s], kEvictNormal);
-        }
-      } else {
-        mbar_wait(&full[s], phase);
-        acc ^= reinterpret_cast<const unsigned*>(buf)[(threadIdx.x % 128) * 16];
-        __syncwarp();
-        if (lane == 0) {
-          mbar_arrive(&empty[s]);
-        }
-      }
-      if (++s == stages) {
-        s = 0;
-        phase ^= 1;
+    for (int i = 0; i < 2 * tiles; ++i, ring.next()) {
+      if (!producer) {
+        acc ^= ring.consume((threadIdx.x % 128) * 16);
+      } else if (lane == 0) {
+        ring.acquire();
+        two_boxes(ring, k_map, v_map, u, i, tiles, kEvictNormal);
       }
     }
   }
@@ -249,57 +258,29 @@ __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
     traced_read(const __grid_constant__ CUtensorMap k_map,
                 const __grid_constant__ CUtensorMap v_map, int units, int tiles,
                 uint64_t* trace) {
-  constexpr int kStages = 5;
   const uint64_t start = now_ns();
   extern __shared__ __align__(1024) char smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(kStages) * kTileBytes);
-  uint64_t* empty = full + kStages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  Ring ring(smem, 5, kConsumerWarps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint64_t* mine = trace + 5 * blockIdx.x;
-  int s = 0;
-  uint32_t phase = 0;
   unsigned acc = 0;
   bool first = true;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    for (int i = 0; i < 2 * tiles; ++i) {
-      char* buf = smem + size_t(s) * kTileBytes;
-      if (warp == kConsumerWarps) {
-        if (lane == 0) {
-          mbar_wait(&empty[s], phase ^ 1);
-          mbar_expect_tx(&full[s], kTileBytes);
-          const int row = tile_row(u, i, tiles);
-          const CUtensorMap* map = (i & 1) ? &v_map : &k_map;
-          const uint64_t t = now_ns();
-          if (first) {
-            mine[1] = t;
-            first = false;
-          }
-          mine[2] = t;
-          tma_2d(buf, map, 0, row, &full[s], kEvictNormal);
-          tma_2d(buf + kTileBytes / 2, map, 64, row, &full[s], kEvictNormal);
+    for (int i = 0; i < 2 * tiles; ++i, ring.next()) {
+      if (warp != kConsumerWarps) {
+        acc ^= ring.consume(threadIdx.x * 16);
+        if (threadIdx.x == 0) {
+          mine[3] = now_ns();  // after its release: the tile landed just before
         }
-      } else {
-        mbar_wait(&full[s], phase);
-        acc ^= reinterpret_cast<const unsigned*>(buf)[threadIdx.x * 16];
-        __syncwarp();
-        if (lane == 0) {
-          if (warp == 0) {
-            mine[3] = now_ns();
-          }
-          mbar_arrive(&empty[s]);
+      } else if (lane == 0) {
+        ring.acquire();
+        const uint64_t t = now_ns();
+        if (first) {
+          mine[1] = t;
+          first = false;
         }
-      }
-      if (++s == kStages) {
-        s = 0;
-        phase ^= 1;
+        mine[2] = t;
+        two_boxes(ring, k_map, v_map, u, i, tiles, kEvictNormal);
       }
     }
   }
@@ -444,6 +425,18 @@ int main(int argc, char** argv) {
   auto grid = [&](const Shape& sh, int per_sm) {
     return per_sm == kBlockPerUnit ? sh.units : std::min(sh.units, per_sm * sms);
   };
+  // The K and V descriptors of every shape and input copy (shape * kCopies + copy), built up
+  // front so that no host work is timed.
+  auto maps_for = [&](Copy copy, CUtensorMapL2promotion promo) {
+    auto maps = std::make_shared<std::vector<std::pair<CUtensorMap, CUtensorMap>>>();
+    for (const Shape& sh : shapes) {
+      const uint64_t rows = uint64_t(sh.units) * sh.tiles * kTileKeys;
+      for (int c = 0; c < kCopies; ++c) {
+        maps->push_back({make_map(k[c], rows, copy, promo), make_map(v[c], rows, copy, promo)});
+      }
+    }
+    return maps;
+  };
   // pad_c: a std::integral_constant, the bytes of padding (Pad) its launches carry.
   // first: the copies' cache hint is evict-first (else evict-normal, as CuTe's TMA copies).
   auto tma_padded = [&](Copy copy, CUtensorMapL2promotion promo, int per_sm, int stages,
@@ -468,14 +461,7 @@ int main(int argc, char** argv) {
     // The cap, not this variant's size: variants of one kernel share the attribute.
     CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(prop.sharedMemPerBlockOptin)));
-    // Descriptors built up front, one per input copy and shape, so no host work is timed.
-    auto maps = std::make_shared<std::vector<std::pair<CUtensorMap, CUtensorMap>>>();
-    for (const Shape& sh : shapes) {
-      const uint64_t rows = uint64_t(sh.units) * sh.tiles * kTileKeys;
-      for (int c = 0; c < kCopies; ++c) {
-        maps->push_back({make_map(k[c], rows, copy, promo), make_map(v[c], rows, copy, promo)});
-      }
-    }
+    auto maps = maps_for(copy, promo);
     variants.push_back({name, [=, &k, &v, &st, &shapes](int shape, int c) {
       const Shape& sh = shapes[shape];
       const auto& m = (*maps)[shape * kCopies + c];
@@ -541,13 +527,7 @@ int main(int argc, char** argv) {
     auto kernel = regs ? shaped_read<true> : shaped_read<false>;
     CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(prop.sharedMemPerBlockOptin)));
-    auto maps = std::make_shared<std::vector<std::pair<CUtensorMap, CUtensorMap>>>();
-    for (const Shape& sh : shapes) {
-      const uint64_t rows = uint64_t(sh.units) * sh.tiles * kTileKeys;
-      for (int c = 0; c < kCopies; ++c) {
-        maps->push_back({make_map(k[c], rows, kBoxes64, p128), make_map(v[c], rows, kBoxes64, p128)});
-      }
-    }
+    auto maps = maps_for(kBoxes64, p128);
     variants.push_back({name, [=, &st, &shapes](int shape, int c) {
       const Shape& sh = shapes[shape];
       const auto& m = (*maps)[shape * kCopies + c];
@@ -565,10 +545,10 @@ int main(int argc, char** argv) {
                                int(prop.sharedMemPerBlockOptin)));
     uint64_t* trace = nullptr;
     CHECK(cudaMalloc(&trace, sizeof(uint64_t) * 5 * sms));
-    for (const Shape& sh : shapes) {
-      const uint64_t rows = uint64_t(sh.units) * sh.tiles * kTileKeys;
-      const CUtensorMap km = make_map(k[0], rows, kBoxes64, p128);
-      const CUtensorMap vm = make_map(v[0], rows, kBoxes64, p128);
+    const auto maps = maps_for(kBoxes64, p128);
+    for (int shape = 0; shape < int(std::size(shapes)); ++shape) {
+      const Shape& sh = shapes[shape];
+      const auto& [km, vm] = (*maps)[shape * kCopies];  // input copy 0
       const int grid = std::min(sh.units, sms), smem = 5 * kTileBytes + 1024;
       std::printf("\n%s: per block, us: first copy after start (median, max); last tile landed"
                   " after last copy (median, max); ends after the first start (min, median, max)\n",
