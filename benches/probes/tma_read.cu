@@ -91,8 +91,11 @@ __device__ void bulk_1d(void* dst, const void* src, uint32_t bytes, uint64_t* ba
       : "memory");
 }
 
-// Tile i of unit u (K on even i, V on odd): its first key row.
+// Tile i of unit u (K on even i, V on odd): its first key row, and its tensor's map.
 __device__ int tile_row(int u, int i, int tiles) { return (u * tiles + i / 2) * kTileKeys; }
+__device__ const CUtensorMap* tile_map(int i, const CUtensorMap& k_map, const CUtensorMap& v_map) {
+  return (i & 1) ? &v_map : &k_map;
+}
 
 // A block's ring of `stages` 32 KB tile buffers in dynamic shared memory, each with a full
 // barrier (the producer's copies) and an empty one (`consumers` warps' releases), and a position
@@ -150,11 +153,9 @@ struct Ring {
   }
 };
 
-// Tile i of unit u into the ring's stage as two 64-column boxes (the Hopper kernel's copies).
-__device__ void two_boxes(Ring& ring, const CUtensorMap& k_map, const CUtensorMap& v_map, int u,
-                          int i, int tiles, uint64_t policy) {
-  const int row = tile_row(u, i, tiles);
-  const CUtensorMap* map = (i & 1) ? &v_map : &k_map;
+// The tile of `map` from key row `row` into the ring's stage as two 64-column boxes (the Hopper
+// kernel's copies).
+__device__ void two_boxes(Ring& ring, const CUtensorMap* map, int row, uint64_t policy) {
   tma_2d(ring.buf(), map, 0, row, &ring.full[ring.s], policy);
   tma_2d(ring.buf() + kTileBytes / 2, map, 64, row, &ring.full[ring.s], policy);
 }
@@ -188,15 +189,13 @@ __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
         if constexpr (kPad > 0) {
           row += pad.words[kPad / 4 - 1];  // 0, read from the padding's last line
         }
-        const CUtensorMap* map = (i & 1) ? &v_map : &k_map;
-        uint64_t* bar = &ring.full[ring.s];
         if (kCopy == kBoxes64) {
-          tma_2d(ring.buf(), map, 0, row, bar, kPolicy);
-          tma_2d(ring.buf() + kTileBytes / 2, map, 64, row, bar, kPolicy);
+          two_boxes(ring, tile_map(i, k_map, v_map), row, kPolicy);
         } else if (kCopy == kBox128) {
-          tma_2d(ring.buf(), map, 0, row, bar, kPolicy);
+          tma_2d(ring.buf(), tile_map(i, k_map, v_map), 0, row, &ring.full[ring.s], kPolicy);
         } else {
-          bulk_1d(ring.buf(), ((i & 1) ? v : k) + size_t(row) * kRowBytes, kTileBytes, bar);
+          bulk_1d(ring.buf(), ((i & 1) ? v : k) + size_t(row) * kRowBytes, kTileBytes,
+                  &ring.full[ring.s]);
         }
       }
     }
@@ -237,7 +236,7 @@ __global__ void __launch_bounds__(384, 1)
         acc ^= ring.consume((threadIdx.x % 128) * 16);
       } else if (lane == 0) {
         ring.acquire();
-        two_boxes(ring, k_map, v_map, u, i, tiles, kEvictNormal);
+        two_boxes(ring, tile_map(i, k_map, v_map), tile_row(u, i, tiles), kEvictNormal);
       }
     }
   }
@@ -245,6 +244,8 @@ __global__ void __launch_bounds__(384, 1)
     sink[blockIdx.x] = acc;
   }
 }
+
+constexpr int kTracedStages = 5;  // the traced read's ring
 
 // The probe's read (two boxes, five stages, one block per SM) with globaltimer stamps per block, as
 // docs/HOPPER.md round 39 traced the decode kernel (round 57): [0] the block's start, [1] its first
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
                 uint64_t* trace) {
   const uint64_t start = now_ns();
   extern __shared__ __align__(1024) char smem[];
-  Ring ring(smem, 5, kConsumerWarps);
+  Ring ring(smem, kTracedStages, kConsumerWarps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint64_t* mine = trace + 5 * blockIdx.x;
   unsigned acc = 0;
@@ -280,7 +281,7 @@ __global__ void __launch_bounds__(32 * (kConsumerWarps + 1))
           first = false;
         }
         mine[2] = t;
-        two_boxes(ring, k_map, v_map, u, i, tiles, kEvictNormal);
+        two_boxes(ring, tile_map(i, k_map, v_map), tile_row(u, i, tiles), kEvictNormal);
       }
     }
   }
@@ -549,7 +550,7 @@ int main(int argc, char** argv) {
     for (int shape = 0; shape < int(std::size(shapes)); ++shape) {
       const Shape& sh = shapes[shape];
       const auto& [km, vm] = (*maps)[shape * kCopies];  // input copy 0
-      const int grid = std::min(sh.units, sms), smem = 5 * kTileBytes + 1024;
+      const int grid = std::min(sh.units, sms), smem = kTracedStages * kTileBytes + 1024;
       std::printf("\n%s: per block, us: first copy after start (median, max); last tile landed"
                   " after last copy (median, max); ends after the first start (min, median, max)\n",
                   sh.name);
