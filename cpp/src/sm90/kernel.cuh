@@ -338,11 +338,28 @@ struct Kernel {
       }
       cutlass::arch::fence_barrier_init();
     }
+    // The loaders' walk. A dense call's first unit comes from the parameters alone (no offsets
+    // or key lengths in global memory), so the loaders compute it before the barrier and the
+    // grid wait, while the blocks of the previous kernel end: on the kernels whose producer has
+    // the registers to carry it (kRoomyProducer). docs/HOPPER.md round 62.
+    Scheduler walk(params.scheduler);
+    decltype(walk.get_block_coord()) walk_blk{};
+    Unit walk_unit;
+    const bool loader =
+        producer && (warp_in_group == kLoadKV || (kSeparateQ && warp_in_group == kLoadQ));
+    // `ready`: the early unit has rows to load (else the loop looks at it again).
+    bool ready = false;
+    if (kRoomyProducer && loader && params.seqs.cu_q == nullptr &&
+        params.mainloop.pages.table == nullptr && walk.is_valid()) {
+      walk_blk = walk.get_block_coord();
+      ready = load_unit(params, walk, walk_blk, walk_unit);
+    }
     __syncthreads();  // barriers initialised before any thread uses them
     // This grid is launched as a programmatic dependent of the stream's previous kernel
-    // (launch.cuh), so it may start while that kernel runs: the set-up above read only the
-    // parameters and wrote only shared memory. Nothing below reads or writes global memory
-    // before that kernel's grid has completed and its writes are visible.
+    // (launch.cuh), so it may start while that kernel runs: the set-up above (the barriers, the
+    // loaders' first unit) read only the parameters and wrote only shared memory. Nothing below
+    // reads or writes global memory before that kernel's grid has completed and its writes are
+    // visible.
     cudaGridDependencySynchronize();
 
     Mainloop mainloop;
@@ -353,28 +370,33 @@ struct Kernel {
 
     if (producer) {
       cutlass::arch::warpgroup_reg_dealloc<kLoadRegisters>();
+      // Whether the walk's unit has rows to load (load_unit), the early one taken first.
+      const auto next_unit = [&] {
+        if (ready) {
+          ready = false;
+          return true;
+        }
+        walk_blk = walk.get_block_coord();
+        return load_unit(params, walk, walk_blk, walk_unit);
+      };
       bool first = true;
       if (warp_in_group == kLoadKV) {
-        for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
-          auto blk = s.get_block_coord();
-          Unit u;
-          if (!load_unit(params, s, blk, u)) {
+        for (; walk.is_valid(); ++walk) {
+          if (!next_unit()) {
             continue;
           }
           mainloop.template load_kv_maybe_q<!kSeparateQ>(
-              0, blk, params.mainloop, u.problem, pipeline_kv, kv_write, pipeline_q, q_write,
-              storage.mainloop, storage.q_started, kSeparateQ && first);
+              0, walk_blk, params.mainloop, walk_unit.problem, pipeline_kv, kv_write, pipeline_q,
+              q_write, storage.mainloop, storage.q_started, kSeparateQ && first);
           first = false;
         }
       } else if (kSeparateQ && warp_in_group == kLoadQ) {
-        for (Scheduler s(params.scheduler); s.is_valid(); ++s) {
-          auto blk = s.get_block_coord();
-          Unit u;
-          if (!load_unit(params, s, blk, u)) {
+        for (; walk.is_valid(); ++walk) {
+          if (!next_unit()) {
             continue;
           }
-          mainloop.load_maybe_q(blk, params.mainloop, u.problem, pipeline_q, q_write,
-                                storage.mainloop, storage.q_started, first);
+          mainloop.load_maybe_q(walk_blk, params.mainloop, walk_unit.problem, pipeline_q,
+                                q_write, storage.mainloop, storage.q_started, first);
           first = false;
         }
       }
