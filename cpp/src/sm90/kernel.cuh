@@ -244,6 +244,11 @@ struct Kernel {
     }
     return u;
   }
+  // Whether unit_of reads only the parameters (a dense call: no offsets or key lengths in
+  // global memory), so that a unit can be found before the grid wait.
+  CUTLASS_DEVICE static bool unit_from_parameters(Params const& params) {
+    return params.seqs.cu_q == nullptr && params.mainloop.pages.table == nullptr;
+  }
   // The batch coordinate of a unit's loads and stores: 0 in a variable-length batch's packed
   // tensors.
   CUTLASS_DEVICE static int memory_batch(Params const& params, int b) {
@@ -338,10 +343,10 @@ struct Kernel {
       }
       cutlass::arch::fence_barrier_init();
     }
-    // The loaders' walk. A dense call's first unit comes from the parameters alone (no offsets
-    // or key lengths in global memory), so the loaders compute it before the barrier and the
-    // grid wait, while the blocks of the previous kernel end: on the kernels whose producer has
-    // the registers to carry it (kRoomyProducer). docs/HOPPER.md round 62.
+    // The loaders' walk. A dense call's first unit comes from the parameters alone
+    // (unit_from_parameters), so the loaders compute it before the barrier and the grid wait,
+    // while the blocks of the previous kernel end: on the kernels whose producer has the
+    // registers to carry it (kRoomyProducer). docs/HOPPER.md round 62.
     Scheduler walk(params.scheduler);
     decltype(walk.get_block_coord()) walk_blk{};
     Unit walk_unit;
@@ -349,8 +354,7 @@ struct Kernel {
         producer && (warp_in_group == kLoadKV || (kSeparateQ && warp_in_group == kLoadQ));
     // `ready`: the early unit has rows to load (else the loop looks at it again).
     bool ready = false;
-    if (kRoomyProducer && loader && params.seqs.cu_q == nullptr &&
-        params.mainloop.pages.table == nullptr && walk.is_valid()) {
+    if (kRoomyProducer && loader && unit_from_parameters(params) && walk.is_valid()) {
       walk_blk = walk.get_block_coord();
       ready = load_unit(params, walk, walk_blk, walk_unit);
     }
@@ -370,35 +374,33 @@ struct Kernel {
 
     if (producer) {
       cutlass::arch::warpgroup_reg_dealloc<kLoadRegisters>();
-      // Whether the walk's unit has rows to load (load_unit), the early one taken first.
-      const auto next_unit = [&] {
-        if (ready) {
-          ready = false;
-          return true;
-        }
-        walk_blk = walk.get_block_coord();
-        return load_unit(params, walk, walk_blk, walk_unit);
-      };
-      bool first = true;
-      if (warp_in_group == kLoadKV) {
-        for (; walk.is_valid(); ++walk) {
-          if (!next_unit()) {
-            continue;
+      // Calls `load(first)` for each unit of the walk with rows to load (load_unit), the early
+      // one first; `first`: the loader's first unit.
+      const auto walk_units = [&](auto&& load) {
+        for (bool first = true; walk.is_valid(); ++walk) {
+          if (ready) {
+            ready = false;
+          } else {
+            walk_blk = walk.get_block_coord();
+            if (!load_unit(params, walk, walk_blk, walk_unit)) {
+              continue;
+            }
           }
+          load(first);
+          first = false;
+        }
+      };
+      if (warp_in_group == kLoadKV) {
+        walk_units([&](bool first) {
           mainloop.template load_kv_maybe_q<!kSeparateQ>(
               0, walk_blk, params.mainloop, walk_unit.problem, pipeline_kv, kv_write, pipeline_q,
               q_write, storage.mainloop, storage.q_started, kSeparateQ && first);
-          first = false;
-        }
+        });
       } else if (kSeparateQ && warp_in_group == kLoadQ) {
-        for (; walk.is_valid(); ++walk) {
-          if (!next_unit()) {
-            continue;
-          }
+        walk_units([&](bool first) {
           mainloop.load_maybe_q(walk_blk, params.mainloop, walk_unit.problem, pipeline_q,
                                 q_write, storage.mainloop, storage.q_started, first);
-          first = false;
-        }
+        });
       }
       return;
     }
