@@ -5,15 +5,15 @@
 //! [--backend auto|cutlass|cutlass-sm80|wmma|cutlass-sm90] [--kv-heads HK] [--seq-k SK]
 //! [--page-size P] [--iters N]` (default: the mission shape 1 x 8 x 512 x 64, f16, `Auto`; K and
 //! V have H heads and S keys unless given; N timed calls, 20 by default). With `--page-size`, K
-//! and V are read from a paged cache of pages of P keys (SK a multiple of P), shuffled as the
-//! bench's paged rows are, so that one paged call can run under a profiler or a sanitizer.
+//! and V are read from a paged cache of pages of P keys (SK a multiple of P) in shuffled order,
+//! so that one paged call can run under a profiler or a sanitizer.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 use std::time::Instant;
 
-use common::{logical, randn, rel_l2, Rng};
+use common::{logical, randn, random_pages, rel_l2, Rng};
 use flashcore::plan::Kernel;
 use flashcore::{
     attention, attention_paged, AttentionElement, AttentionOptions, AttentionOutput, Backend,
@@ -106,11 +106,14 @@ fn run<T: AttentionElement>(args: &Args) -> flashcore::Result<()> {
         ),
     };
     let paged = match args.page_size {
-        Some(page) => Some((
-            to_pages(&k, page)?,
-            to_pages(&v, page)?,
-            page_table(b, sk, page)?,
-        )),
+        Some(page) => {
+            let (rows, pages) = random_pages(&mut rng, page, &vec![sk; b], 0);
+            let (kc, vc) = (
+                to_pages(&k, &rows, page, pages)?,
+                to_pages(&v, &rows, page, pages)?,
+            );
+            Some((kc, vc, PageTable::new(page, rows, vec![sk as i32; b])?))
+        }
         None => None,
     };
     let causal = if args.causal {
@@ -143,40 +146,25 @@ fn run<T: AttentionElement>(args: &Args) -> flashcore::Result<()> {
     Ok(())
 }
 
-/// Sequence b's page j (of n each) as cache page (b n + j) x stride mod pages: shuffled for
-/// the prime 7919 unless the page count is a multiple of it, as the bench's paged rows are.
-fn cache_page(index: usize, pages: usize) -> usize {
-    let stride = if pages % 7919 == 0 { 1 } else { 7919 };
-    index * stride % pages
-}
-
-/// `x` (BSHD [b, keys, heads, d]) as a paged cache [pages, page, heads, d], its pages where
-/// cache_page puts them.
-fn to_pages<T: AttentionElement>(x: &Tensor<T>, page: usize) -> flashcore::Result<Tensor<T>> {
+/// `x` (BSHD [b, keys, heads, d]) as a paged cache [pages, page, heads, d]: sequence b's page j
+/// at cache page `rows[b][j]` (random_pages' table rows).
+fn to_pages<T: AttentionElement>(
+    x: &Tensor<T>,
+    rows: &[Vec<i32>],
+    page: usize,
+    pages: usize,
+) -> flashcore::Result<Tensor<T>> {
     let s = x.shape();
     let data = x
         .host_data()
         .ok_or_else(|| flashcore::Error::Launch("K and V are made on the host".into()))?;
-    let (size, pages) = (page * s.heads * s.head_dim, s.batch * s.seq / page);
+    let size = page * s.heads * s.head_dim;
     let mut cache = data.to_vec();
-    for (i, from) in data.chunks(size).enumerate() {
-        let at = cache_page(i, pages) * size;
+    for (from, &at) in data.chunks(size).zip(rows.iter().flatten()) {
+        let at = at as usize * size;
         cache[at..at + size].copy_from_slice(from);
     }
     Tensor::from_vec(cache, &[pages, page, s.heads, s.head_dim], Layout::Bshd)
-}
-
-/// The block table of `b` sequences of `n` keys in pages of `page` (to_pages' cache).
-fn page_table(b: usize, n: usize, page: usize) -> flashcore::Result<PageTable> {
-    let (per_seq, pages) = (n / page, b * n / page);
-    let table = (0..b)
-        .map(|s| {
-            (0..per_seq)
-                .map(|j| cache_page(s * per_seq + j, pages) as i32)
-                .collect()
-        })
-        .collect();
-    PageTable::new(page, table, vec![n as i32; b])
 }
 
 /// One call: with contiguous K and V, or with paged caches and their table.
