@@ -9,16 +9,19 @@
 #   FILTER: an example-bench --filter substring (8x16x2048x128 matches its causal form too).
 #   KERNELS (default cutlass-sm90): our families timed (example-bench --kernels).
 #   BACKENDS (default cudnn): torch's backends timed (torch_sdpa.py --backends).
+#   PAGED_ROWS (default 1; 0: none): also the bench's paged decode rows once per round (issue 12;
+#   torch has no paged form, so they are reported against the memory roofline: ROOFLINE_GBPS,
+#   default 4293, the H200's copy bandwidth measured in docs/PERFORMANCE.md).
 #   FLASHCORE_BENCH_WARM_MS (default 1000 here; the bench CLI's and torch_sdpa.py's own default
 #   is do_bench's 25): both sides' warm-up in ms before each row. A second of calls brings both to
 #   the clock the GPU holds under sustained load, whatever ran before the row: ours always
 #   follows seconds of host input generation, and torch's rows follow each other
 #   (docs/PERFORMANCE.md, sessions 52 and 53).
-# Results: OUT_DIR/ours_ROUND_FILTER.json and torch_ROUND_FILTER.json, and the report on stdout
-# and in OUT_DIR/scoreboard.md.
+# Results: OUT_DIR/ours_ROUND_FILTER.json, torch_ROUND_FILTER.json and paged_ROUND.json, and the
+# report on stdout and in OUT_DIR/scoreboard.md.
 set -uo pipefail
 if [ $# -lt 4 ]; then
-  sed -n 2,18p "$0"
+  sed -n 2,21p "$0"
   exit 2
 fi
 bundle="$1" out="$2" rounds="$3"
@@ -39,6 +42,11 @@ for r in $(seq 1 "$rounds"); do
       --backends "${BACKENDS:-cudnn}" --no-extras 2>"$out/torch_${r}_$f.log" ||
       { echo "scoreboard: torch, round $r, $f failed (log: torch_${r}_$f.log)"; status=1; }
   done
+  if [ "${PAGED_ROWS:-1}" = 1 ]; then
+    "$bundle/example-bench" --filter NOSUCHSHAPE --rows paged --json "$out/paged_$r.json" \
+      >"$out/paged_$r.txt" 2>&1 ||
+      { echo "scoreboard: paged rows, round $r failed (log: paged_$r.txt)"; status=1; }
+  fi
   echo "scoreboard: round $r done $(date -u +%T)"
 done
 python3 "$(dirname "$0")/scoreboard_report.py" "$out" | tee "$out/scoreboard.md" || status=1

@@ -10,6 +10,7 @@ files of scoreboard.sh)
 import glob
 import json
 import os
+import statistics
 import sys
 
 from ab_report import ours, records, table
@@ -33,3 +34,23 @@ if torch_files:
     doc = json.load(open(torch_files[0]))
     print(f"{doc['device']}, driver {doc['driver']}, torch {doc['torch']}, cuDNN {doc['cudnn']}\n")
 table(times, "ours", "cuDNN")
+
+# The paged decode rows (scoreboard.sh's PAGED_ROWS), per row the median over rounds of Auto's
+# time and its fraction of the memory roofline: K and V read once at ROOFLINE_GBPS.
+roofline = float(os.environ.get("ROOFLINE_GBPS", "4293"))
+paged = {}  # (batch, keys, page size, order) -> [(us, GB/s, kernel)]
+for path in sorted(glob.glob(os.path.join(out, "paged_*.json"))):
+    for row in json.load(open(path)).get("paged_decode") or []:
+        b, n, size, us, _, gbps, stride = row["row"][:7]
+        order = "in order" if stride == 1.0 else "shuffled"
+        paged.setdefault((int(b), int(n), int(size), order), []).append((us, gbps, row["kernel"]))
+if paged:
+    print(f"\n| paged decode (bf16, GQA 32:8, d 128) | pages | Auto (us) | kernel | "
+          f"roofline at {roofline:.0f} GB/s | rounds |")
+    print("|---|---:|---:|---|---:|---:|")
+    for (b, n, size, order), runs in sorted(paged.items()):
+        us = statistics.median(u for u, _, _ in runs)
+        gbps = statistics.median(g for _, g, _ in runs)
+        kernels = "/".join(sorted({k for _, _, k in runs}))
+        print(f"| {b} x {n} keys | {size} ({order}) | {us:.1f} | {kernels} | "
+              f"{100 * gbps / roofline:.0f}% | {len(runs)} |")
