@@ -2,10 +2,12 @@
 """Report of scripts/scoreboard.sh: per (shape, dtype) and flashcore kernel family, the medians
 of our and cuDNN's times (torch's cudnn backend), and the median of the per-round ratios
 cuDNN's time / ours, which is our TFLOP/s over cuDNN's (above 1: ours faster), with each
-round's (ab_report.py's table).
+round's (ab_report.py's table). Then, where the scoreboard ran them, the bench's paged decode
+rows: per row Auto's median time over the rounds and its fraction of the memory roofline
+(ROOFLINE_GBPS, default 4293).
 
-Usage: scoreboard_report.py OUT_DIR (the ours_ROUND_FILTER.json and torch_ROUND_FILTER.json
-files of scoreboard.sh)
+Usage: scoreboard_report.py OUT_DIR (the ours_ROUND_FILTER.json, torch_ROUND_FILTER.json and
+paged_ROUND.json files of scoreboard.sh)
 """
 import glob
 import json
