@@ -7,10 +7,12 @@
 # Usage: bash scripts/ab_bench.sh A_BUNDLE_DIR B_BUNDLE_DIR OUT_DIR ROUNDS FILTER...
 #   FILTER: an example-bench --filter substring (8x16x2048x128 matches its causal form too).
 #   KERNELS (default cutlass-sm90): the families timed (example-bench --kernels).
+#   HANG_S (default 1): scales each run's time limit (300 s; past it, a deadlocked kernel, the
+#   run fails with status 124 and the next starts).
 # Results: OUT_DIR/ab_{a,b}_ROUND_FILTER.json, and the report on stdout and in OUT_DIR/ab.md.
 set -uo pipefail
 if [ $# -lt 5 ]; then
-  sed -n 2,11p "$0"
+  sed -n 2,12p "$0"
   exit 2
 fi
 a="$1" b="$2" out="$3" rounds="$4"
@@ -22,7 +24,8 @@ for r in $(seq 1 "$rounds"); do
     dir=$a
     [ "$side" = b ] && dir=$b
     for f in "$@"; do
-      "$dir/example-bench" --filter "$f" --rows none --kernels "${KERNELS:-cutlass-sm90}" \
+      timeout -k 10 $((300 * ${HANG_S:-1})) "$dir/example-bench" --filter "$f" --rows none \
+        --kernels "${KERNELS:-cutlass-sm90}" \
         --json "$out/ab_${side}_${r}_$f.json" >"$out/ab_${side}_${r}_$f.txt" 2>&1 ||
         { echo "ab_bench: $side round $r $f failed (log: ab_${side}_${r}_$f.txt)"; status=1; }
     done

@@ -12,23 +12,36 @@
 # second of warm-up, on an H200 with 16 host cores (session 54): torch's side 2 min, ours over
 # the shape list about 4 min, the fixed rows after it several more; BENCH_ROWS=none (or a list, as
 # example-bench --rows takes it) leaves the fixed rows out.
+#
+# Every GPU program runs under a time limit (coreutils' timeout; HANG_S scales them, default 1):
+# a deadlocked kernel ends its step with status 124, reported as TIMED OUT, and the script goes
+# on, instead of holding the GPU host until its own limit (docs/HOPPER.md round 67).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-.}"
 mkdir -p "$out"
 status=0
+# limited SECONDS COMMAND...: COMMAND under SECONDS x HANG_S; says TIMED OUT when it ran past.
+limited() {
+  local seconds=$(($1 * ${HANG_S:-1}))
+  shift
+  timeout -k 10 "$seconds" "$@"
+  local rc=$?
+  [ $rc = 124 ] && echo "TIMED OUT after ${seconds} s: $*" >&2
+  return $rc
+}
 # The block below runs in a pipeline (a subshell): it reports failures through this marker file.
 marker="$(mktemp)"
 rm -f "$marker"
 {
   nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
   echo "== example (mission shape and a causal bf16 run)"
-  "$here/example-attention" || touch "$marker"
-  "$here/example-attention" 4 8 2048 128 --causal --bf16 || touch "$marker"
+  limited 120 "$here/example-attention" || touch "$marker"
+  limited 120 "$here/example-attention" 4 8 2048 128 --causal --bf16 || touch "$marker"
   echo "== C++ example (examples/cpp: its own buffers, the public C++ API and a plan, a float64 check)"
-  "$here/cpp-example" || touch "$marker"
+  limited 120 "$here/cpp-example" || touch "$marker"
   echo "== serving example (a decode step: paged caches, one plan, 32 layers, a float64 check)"
-  "$here/example-serving" || touch "$marker"
+  limited 120 "$here/example-serving" || touch "$marker"
   echo "== SASS in the fatbin (cuobjdump --list-elf example-attention)"
   cuobjdump --list-elf "$here/example-attention" | sed -E 's/.*\.(sm_[0-9a-z]+)\..*/\1/' | sort | uniq -c
   echo "== WMMA kernels: registers, shared memory, stack, spills (cuobjdump --dump-resource-usage)"
@@ -44,7 +57,7 @@ rm -f "$marker"
     echo "== compute-sanitizer racecheck: WMMA on the seed shapes"
     for shape in "1 8 512 64" "4 8 256 64" "1 8 1024 64"; do
       # shellcheck disable=SC2086
-      "$sanitizer" --tool racecheck --racecheck-report all --error-exitcode 3 \
+      limited 300 "$sanitizer" --tool racecheck --racecheck-report all --error-exitcode 3 \
         "$here/example-attention" $shape --backend wmma || touch "$marker"
     done
     echo "== compute-sanitizer memcheck and racecheck: Hopper kernel, seeds, a throughput shape and"
@@ -53,7 +66,7 @@ rm -f "$marker"
       "1 70 129 128 --kv-heads 10 --seq-k 4100 --bf16"; do
       for tool in memcheck racecheck; do
         # shellcheck disable=SC2086
-        "$sanitizer" --tool $tool --error-exitcode 3 \
+        limited 300 "$sanitizer" --tool $tool --error-exitcode 3 \
           "$here/example-attention" $shape --backend cutlass-sm90 || touch "$marker"
       done
     done
@@ -65,13 +78,13 @@ rm -f "$marker"
 [ -e "$marker" ] && { echo "== example or racecheck FAILED"; status=1; }
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== GPU test suite"
-  "$here/test-gpu" --include-ignored --nocapture 2>&1 | tee "$out/gpu-tests.log"
+  limited 400 "$here/test-gpu" --include-ignored --nocapture 2>&1 | tee "$out/gpu-tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   echo "== cudarc interop test"
-  "$here/test-cudarc" --include-ignored --nocapture 2>&1 | tee -a "$out/gpu-tests.log"
+  limited 120 "$here/test-cudarc" --include-ignored --nocapture 2>&1 | tee -a "$out/gpu-tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   echo "== runtime hypotheses (pool, fragmentation, leaks, device out-of-memory, four threads)"
-  "$here/test-runtime" --include-ignored --nocapture --test-threads=1 2>&1 |
+  limited 300 "$here/test-runtime" --include-ignored --nocapture --test-threads=1 2>&1 |
     tee -a "$out/gpu-tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi

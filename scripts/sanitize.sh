@@ -7,7 +7,8 @@
 # Run on the GPU host from an unpacked bundle (scripts/bundle.sh copies it to bundle/sanitize.sh):
 #   bash bundle/sanitize.sh [OUT_DIR]
 # Each run's log goes to OUT_DIR (default .); a line per run says clean or FAILED; the exit status
-# is 1 when any run reported an error or failed.
+# is 1 when any run reported an error or failed. A run is limited to 300 s x HANG_S (default 1):
+# past that (a deadlocked kernel) it ends as FAILED, TIMED OUT, and the next run starts.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-.}"
@@ -32,10 +33,12 @@ check() {  # NAME COMMAND...: runs COMMAND, logs it, reports clean or FAILED
   local name="$1"
   shift
   n=$((n + 1))
-  if "$@" >"$out/$name.log" 2>&1; then
+  local rc=0
+  timeout -k 10 $((300 * ${HANG_S:-1})) "$@" >"$out/$name.log" 2>&1 || rc=$?
+  if [ $rc = 0 ]; then
     echo "clean   $name"
   else
-    echo "FAILED  $name (log: $name.log)"
+    echo "FAILED  $name (log: $name.log)$([ $rc = 124 ] && echo ', TIMED OUT')"
     grep -E "ERROR|Error|error|Hazard|hazard|SUMMARY" "$out/$name.log" | head -5
     status=1
   fi

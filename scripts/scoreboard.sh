@@ -17,11 +17,13 @@
 #   the clock the GPU holds under sustained load, whatever ran before the row: ours always
 #   follows seconds of host input generation, and torch's rows follow each other
 #   (docs/PERFORMANCE.md, sessions 52 and 53).
+#   HANG_S (default 1): scales each run's time limit (300 s; past it, a deadlocked kernel, the
+#   run fails with status 124 and the next starts).
 # Results: OUT_DIR/ours_ROUND_FILTER.json, torch_ROUND_FILTER.json and paged_ROUND.json, and the
 # report on stdout and in OUT_DIR/scoreboard.md.
 set -uo pipefail
 if [ $# -lt 4 ]; then
-  sed -n 2,21p "$0"
+  sed -n 2,23p "$0"
   exit 2
 fi
 bundle="$1" out="$2" rounds="$3"
@@ -29,21 +31,26 @@ export FLASHCORE_BENCH_WARM_MS="${FLASHCORE_BENCH_WARM_MS:-1000}"
 shift 3
 mkdir -p "$out"
 status=0
+limit=$((300 * ${HANG_S:-1}))
 for f in "$@"; do
-  "$bundle/example-bench" --filter "$f" --shapes-json "$out/shapes_$f.json" >/dev/null ||
+  timeout -k 10 "$limit" "$bundle/example-bench" --filter "$f" \
+    --shapes-json "$out/shapes_$f.json" >/dev/null ||
     { echo "scoreboard: no shape list for $f"; status=1; }
 done
 for r in $(seq 1 "$rounds"); do
   for f in "$@"; do
-    "$bundle/example-bench" --filter "$f" --rows none --kernels "${KERNELS:-cutlass-sm90}" \
+    timeout -k 10 "$limit" "$bundle/example-bench" --filter "$f" --rows none \
+      --kernels "${KERNELS:-cutlass-sm90}" \
       --json "$out/ours_${r}_$f.json" >"$out/ours_${r}_$f.txt" 2>&1 ||
       { echo "scoreboard: ours, round $r, $f failed (log: ours_${r}_$f.txt)"; status=1; }
-    python3 "$bundle/torch_sdpa.py" "$out/shapes_$f.json" "$out/torch_${r}_$f.json" \
+    timeout -k 10 "$limit" python3 "$bundle/torch_sdpa.py" "$out/shapes_$f.json" \
+      "$out/torch_${r}_$f.json" \
       --backends "${BACKENDS:-cudnn}" --no-extras 2>"$out/torch_${r}_$f.log" ||
       { echo "scoreboard: torch, round $r, $f failed (log: torch_${r}_$f.log)"; status=1; }
   done
   if [ "${PAGED_ROWS:-1}" = 1 ]; then
-    "$bundle/example-bench" --filter NOSUCHSHAPE --rows paged --json "$out/paged_$r.json" \
+    timeout -k 10 "$limit" "$bundle/example-bench" --filter NOSUCHSHAPE --rows paged \
+      --json "$out/paged_$r.json" \
       >"$out/paged_$r.txt" 2>&1 ||
       { echo "scoreboard: paged rows, round $r failed (log: paged_$r.txt)"; status=1; }
   fi
