@@ -16,6 +16,8 @@ if [ $# -lt 5 ]; then
   exit 2
 fi
 a="$1" b="$2" out="$3" rounds="$4"
+# shellcheck source=limited.sh
+source "$(dirname "$0")/limited.sh"
 shift 4
 mkdir -p "$out"
 status=0
@@ -24,7 +26,7 @@ for r in $(seq 1 "$rounds"); do
     dir=$a
     [ "$side" = b ] && dir=$b
     for f in "$@"; do
-      timeout -k 10 $((300 * ${HANG_S:-1})) "$dir/example-bench" --filter "$f" --rows none \
+      limited 300 "$dir/example-bench" --filter "$f" --rows none \
         --kernels "${KERNELS:-cutlass-sm90}" \
         --json "$out/ab_${side}_${r}_$f.json" >"$out/ab_${side}_${r}_$f.txt" 2>&1 ||
         { echo "ab_bench: $side round $r $f failed (log: ab_${side}_${r}_$f.txt)"; status=1; }

@@ -13,7 +13,7 @@
 # the shape list about 4 min, the fixed rows after it several more; BENCH_ROWS=none (or a list, as
 # example-bench --rows takes it) leaves the fixed rows out.
 #
-# Every GPU program runs under a time limit (coreutils' timeout; HANG_S scales them, default 1):
+# Every GPU program runs under a time limit (limited.sh; HANG_S scales them, default 1):
 # a deadlocked kernel ends its step with status 124, reported as TIMED OUT, and the script goes
 # on, instead of holding the GPU host until its own limit (docs/HOPPER.md round 67).
 set -uo pipefail
@@ -21,15 +21,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-.}"
 mkdir -p "$out"
 status=0
-# limited SECONDS COMMAND...: COMMAND under SECONDS x HANG_S; says TIMED OUT when it ran past.
-limited() {
-  local seconds=$(($1 * ${HANG_S:-1}))
-  shift
-  timeout -k 10 "$seconds" "$@"
-  local rc=$?
-  [ $rc = 124 ] && echo "TIMED OUT after ${seconds} s: $*" >&2
-  return $rc
-}
+# shellcheck source=limited.sh
+source "$here/limited.sh"
 # The block below runs in a pipeline (a subshell): it reports failures through this marker file.
 marker="$(mktemp)"
 rm -f "$marker"

@@ -11,6 +11,8 @@
 # past that (a deadlocked kernel) it ends as FAILED, TIMED OUT, and the next run starts.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=limited.sh
+source "$here/limited.sh"
 out="${1:-.}"
 mkdir -p "$out"
 sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
@@ -34,7 +36,7 @@ check() {  # NAME COMMAND...: runs COMMAND, logs it, reports clean or FAILED
   shift
   n=$((n + 1))
   local rc=0
-  timeout -k 10 $((300 * ${HANG_S:-1})) "$@" >"$out/$name.log" 2>&1 || rc=$?
+  limited 300 "$@" >"$out/$name.log" 2>&1 || rc=$?
   if [ $rc = 0 ]; then
     echo "clean   $name"
   else

@@ -31,27 +31,26 @@ export FLASHCORE_BENCH_WARM_MS="${FLASHCORE_BENCH_WARM_MS:-1000}"
 shift 3
 mkdir -p "$out"
 status=0
-limit=$((300 * ${HANG_S:-1}))
+# shellcheck source=limited.sh
+source "$(dirname "$0")/limited.sh"
 for f in "$@"; do
-  timeout -k 10 "$limit" "$bundle/example-bench" --filter "$f" \
-    --shapes-json "$out/shapes_$f.json" >/dev/null ||
+  limited 300 "$bundle/example-bench" --filter "$f" --shapes-json "$out/shapes_$f.json" \
+    >/dev/null ||
     { echo "scoreboard: no shape list for $f"; status=1; }
 done
 for r in $(seq 1 "$rounds"); do
   for f in "$@"; do
-    timeout -k 10 "$limit" "$bundle/example-bench" --filter "$f" --rows none \
+    limited 300 "$bundle/example-bench" --filter "$f" --rows none \
       --kernels "${KERNELS:-cutlass-sm90}" \
       --json "$out/ours_${r}_$f.json" >"$out/ours_${r}_$f.txt" 2>&1 ||
       { echo "scoreboard: ours, round $r, $f failed (log: ours_${r}_$f.txt)"; status=1; }
-    timeout -k 10 "$limit" python3 "$bundle/torch_sdpa.py" "$out/shapes_$f.json" \
-      "$out/torch_${r}_$f.json" \
+    limited 300 python3 "$bundle/torch_sdpa.py" "$out/shapes_$f.json" "$out/torch_${r}_$f.json" \
       --backends "${BACKENDS:-cudnn}" --no-extras 2>"$out/torch_${r}_$f.log" ||
       { echo "scoreboard: torch, round $r, $f failed (log: torch_${r}_$f.log)"; status=1; }
   done
   if [ "${PAGED_ROWS:-1}" = 1 ]; then
-    timeout -k 10 "$limit" "$bundle/example-bench" --filter NOSUCHSHAPE --rows paged \
-      --json "$out/paged_$r.json" \
-      >"$out/paged_$r.txt" 2>&1 ||
+    limited 300 "$bundle/example-bench" --filter NOSUCHSHAPE --rows paged \
+      --json "$out/paged_$r.json" >"$out/paged_$r.txt" 2>&1 ||
       { echo "scoreboard: paged rows, round $r failed (log: paged_$r.txt)"; status=1; }
   fi
   echo "scoreboard: round $r done $(date -u +%T)"
