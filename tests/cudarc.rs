@@ -13,6 +13,7 @@ use half::f16;
 #[test]
 #[ignore = "needs a CUDA device"]
 fn cudarc_slices_and_streams_without_copies() {
+    common::watchdog::arm();
     let ctx = CudaContext::new(0).expect("this test needs a CUDA device");
     let cu_stream = ctx.new_stream().unwrap();
     let mut rng = Rng::fresh();

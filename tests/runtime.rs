@@ -23,6 +23,7 @@ static DEVICE: Mutex<()> = Mutex::new(());
 
 fn device() -> (std::sync::MutexGuard<'static, ()>, Device, Stream) {
     let guard = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    common::watchdog::arm();
     let device = Device::open(0).expect("this test needs a CUDA device");
     let stream = Stream::new(&device).expect("create stream");
     (guard, device, stream)

@@ -5,6 +5,8 @@ use flashcore::{Bias, Causal, DType, Element, Layout, Shape, Tensor, VarlenBatch
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub mod watchdog;
+
 /// splitmix64: a small deterministic generator, freshly seeded per call site.
 pub struct Rng(u64);
 
