@@ -131,6 +131,31 @@ fn family_archs(family: Family, archs: &[String]) -> Vec<String> {
     out
 }
 
+/// The `-gencode` flags of a non-Hopper family with SASS for `archs`: each arch's SASS, and the
+/// PTX of the newest, which the driver compiles when it loads the kernels on a GPU newer than
+/// every SASS (compute capability 10.0 and 12.0, Blackwell, with a build for 8.x and 9.0). The PTX
+/// is the newest SASS's own compile's, so it costs no compile time, only fatbin bytes. An
+/// arch-specific target (`90a`) runs on its own compute capability only: its PTX is the portable
+/// `compute_90`, a compile of its own.
+fn gencodes(archs: &[String]) -> Vec<String> {
+    let number = |a: &String| a.trim_end_matches('a').parse::<u32>().unwrap_or(0);
+    let newest = archs.iter().max_by_key(|a| number(a));
+    let mut flags = Vec::new();
+    for arch in archs {
+        let portable = Some(arch) == newest && !arch.ends_with('a');
+        flags.push(if portable {
+            format!("-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]")
+        } else {
+            format!("-gencode=arch=compute_{arch},code=sm_{arch}")
+        });
+    }
+    if let Some(arch) = newest.filter(|a| a.ends_with('a')) {
+        let arch = arch.trim_end_matches('a');
+        flags.push(format!("-gencode=arch=compute_{arch},code=compute_{arch}"));
+    }
+    flags
+}
+
 pub struct Unit {
     name: String,
     source: PathBuf,
@@ -273,8 +298,8 @@ impl Config<'_> {
             // wgmma and setmaxnreg need the arch-specific target.
             b.flag("-gencode=arch=compute_90a,code=sm_90a");
         } else {
-            for arch in family_archs(family, self.archs) {
-                b.flag(format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
+            for flag in gencodes(&family_archs(family, self.archs)) {
+                b.flag(flag);
             }
         }
         if family.no_spills {

@@ -271,8 +271,9 @@ pub enum Error {
         /// Bytes available (opt-in maximum).
         available: usize,
     },
-    /// The device's compute capability has no kernels in this build.
-    #[error("compute capability {major}.{minor} is not supported (needs 8.0 to 9.x)")]
+    /// The device has no kernels in this build: compute capability below 8.0, or from 10.0 on
+    /// with less shared memory per block than any tile class (99 KB).
+    #[error("compute capability {major}.{minor} is not supported (needs 8.0 or later)")]
     UnsupportedDevice {
         /// Major version.
         major: i32,

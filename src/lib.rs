@@ -3,7 +3,8 @@
 //! Fast, safe fused attention — `softmax(scale * Q K^T + mask) V` — on NVIDIA GPUs, with a CPU
 //! reference backend that runs everywhere.
 //!
-//! * **GPU** (compute capability 8.0 to 9.x), three kernel families ([`plan::Kernel`]), each with
+//! * **GPU** (compute capability 8.0 and later; from 10.0, Blackwell, through the PTX that the
+//!   driver compiles), three kernel families ([`plan::Kernel`]), each with
 //!   flashcore's own tile table ([`plan::tile_table`]): on compute capability 9.0, CUTLASS
 //!   example 88's Hopper mainloop (`wgmma`, TMA) under flashcore's own kernel layer, which
 //!   [`Backend::Auto`] runs once a problem fills the GPU; flashcore's FlashAttention-2 kernel on

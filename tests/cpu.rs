@@ -367,7 +367,7 @@ fn tile_table_choice_per_arch_class() {
     ];
     for ((major, minor), class) in cases {
         assert_eq!(
-            ArchClass::from_compute_capability(major, minor),
+            ArchClass::from_compute_capability(major, minor, class.smem_per_block_optin()),
             Some(class)
         );
         for kernel in [Kernel::CutlassSm80, Kernel::Wmma] {
@@ -382,8 +382,23 @@ fn tile_table_choice_per_arch_class() {
             }
         }
     }
-    assert_eq!(ArchClass::from_compute_capability(7, 5), None);
-    assert_eq!(ArchClass::from_compute_capability(10, 0), None);
+    assert_eq!(ArchClass::from_compute_capability(7, 5, 64 * 1024), None);
+    // Newer than every SASS: the class by shared memory, never the Hopper kernel's.
+    let (b200, rtx50) = (227 * 1024, 99 * 1024);
+    let sm80 = Some(ArchClass::Sm80);
+    assert_eq!(ArchClass::from_compute_capability(10, 0, b200), sm80);
+    assert_eq!(ArchClass::from_compute_capability(10, 0, 163 * 1024), sm80);
+    assert_eq!(
+        ArchClass::from_compute_capability(12, 0, rtx50),
+        Some(ArchClass::Sm86Sm89)
+    );
+    assert_eq!(ArchClass::from_compute_capability(12, 0, 98 * 1024), None);
+    let row = choose_row(Kernel::Wmma, 128, 4096, (10, 0), b200, None).unwrap();
+    assert_eq!(row.arch, ArchClass::Sm80);
+    assert!(matches!(
+        choose_row(Kernel::CutlassSm90, 128, 4096, (10, 0), b200, None),
+        Err(Error::BackendUnavailable { .. })
+    ));
     assert!(matches!(
         choose_row(Kernel::Wmma, 64, 4096, (7, 5), 64 * 1024, None),
         Err(Error::UnsupportedDevice { major: 7, minor: 5 })

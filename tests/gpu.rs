@@ -81,6 +81,7 @@ fn assert_none_failed(failures: &[String]) {
 }
 
 fn stream() -> Stream {
+    common::watchdog::arm();
     let device = Device::open(0).expect("this test needs a CUDA device");
     Stream::new(&device).expect("create stream")
 }
@@ -178,10 +179,30 @@ fn tolerance<T: AttentionElement>() -> f64 {
     }
 }
 
-/// Whether `kernel` runs on device 0 (the Hopper kernel needs compute capability 9.0).
+/// Whether `kernel` runs on device 0: compiled, and for the Hopper kernel compute capability
+/// 9.0 (a build without 90 among its archs, run on an H200, has none).
 fn runs_here(kernel: Kernel) -> bool {
+    common::watchdog::arm();
     let device = Device::open(0).expect("this test needs a CUDA device");
-    kernel != Kernel::CutlassSm90 || device.compute_capability() == (9, 0)
+    kernel.is_compiled() && (kernel != Kernel::CutlassSm90 || device.compute_capability() == (9, 0))
+}
+
+/// `device`'s tile-table class.
+fn class_of(device: &Device) -> Option<ArchClass> {
+    let (major, minor) = device.compute_capability();
+    ArchClass::from_compute_capability(major, minor, device.shared_memory_per_block_optin())
+}
+
+/// The class whose rules [`auto_kernel`] should follow for device 0: its own where the Hopper
+/// kernel runs or its class never uses it, else Sm80's (the class only decides whether Auto
+/// counts on the Hopper kernel).
+fn auto_class(device: &Device) -> ArchClass {
+    let class = class_of(device).expect("a device this build supports");
+    if class == ArchClass::Sm90 && !runs_here(Kernel::CutlassSm90) {
+        ArchClass::Sm80
+    } else {
+        class
+    }
 }
 
 /// The families that take variable-length batches, paged caches and key splits and run on
@@ -591,8 +612,7 @@ fn auto_backend_and_results_on_other_streams() {
     );
     let res = attention(&dq, &dk, &dv, &AttentionOptions::default().with_lse()).unwrap();
     let device = Device::open(0).unwrap();
-    let (major, minor) = device.compute_capability();
-    let class = ArchClass::from_compute_capability(major, minor).unwrap();
+    let class = auto_class(&device);
     let auto = |rows, batch_heads, keys| {
         auto_kernel(class, rows, batch_heads, keys, 64, device.sm_count())
     };
@@ -613,7 +633,7 @@ fn auto_backend_and_results_on_other_streams() {
         filled.execution.backend,
         BackendKind::from(auto(1024, 64, 1024))
     );
-    if (major, minor) == (9, 0) {
+    if runs_here(Kernel::CutlassSm90) {
         assert_eq!(
             filled.execution.backend,
             BackendKind::from(Kernel::CutlassSm90)
@@ -794,8 +814,7 @@ fn cpp_allocates_rust_computes() {
     }
     .unwrap();
     let exec = attention_into(&q, &k, &v, &mut out, Some(&mut lse), &interop_opts()).unwrap();
-    let (major, minor) = device.compute_capability();
-    let class = ArchClass::from_compute_capability(major, minor).unwrap();
+    let class = auto_class(&device);
     let batch_heads = INTEROP.b * INTEROP.hq;
     let auto = auto_kernel(
         class,
@@ -2271,8 +2290,7 @@ fn split_kv_decode_matches_the_reference() {
             }
         }
     }
-    let (major, minor) = s.device().compute_capability();
-    let class = ArchClass::from_compute_capability(major, minor);
+    let class = class_of(s.device());
     let row = decode_table(Kernel::Wmma)
         .iter()
         .find(|r| Some(r.arch) == class && r.max_head_dim >= 128)
@@ -3820,8 +3838,7 @@ fn modified_batches_match_the_cpu(
     // (auto_kernel), on the Hopper kernel where it runs and that rule names it, else on WMMA; a
     // bias only in a build with the Hopper bias kernels (feature sm90-bias).
     let device = Device::open(0).unwrap();
-    let (major, minor) = device.compute_capability();
-    let class = ArchClass::from_compute_capability(major, minor).unwrap();
+    let class = auto_class(&device);
     let (rows, keys) = (batch.max_seqlen_q(), batch.max_seqlen_k());
     let dense = auto_kernel(class, rows, 6 * 8, keys, 128, device.sm_count());
     let hopper = runs_here(Kernel::CutlassSm90)

@@ -30,6 +30,12 @@ void* as_ptr(size_t p) { return reinterpret_cast<void*>(p); }
 
 }  // namespace
 
+uint32_t compiled_kernels() {
+  core::DeviceCaps caps;
+  set_compiled(caps);
+  return caps.kernels;
+}
+
 int32_t device_count() {
   int count = 0;
   check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");

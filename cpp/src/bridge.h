@@ -40,7 +40,7 @@ rust::Vec<TileRowFfi> table_rows(int32_t kernel, bool decode);
 RowRef select_row(int32_t kernel, int32_t arch, int64_t head_dim, int64_t query_rows);
 StatusFfi choose_row(int32_t kernel, int64_t head_dim, int64_t query_rows, const CapsFfi& caps,
                      int32_t forced_arch, RowRef& row);
-int32_t arch_class(int32_t major, int32_t minor);
+int32_t arch_class(int32_t major, int32_t minor, int64_t smem_optin);
 int64_t arch_smem(int32_t arch, bool per_sm);
 int64_t wmma_smem_bytes(int32_t queries, int32_t keys, int32_t head_dim);
 int32_t auto_kernel(int32_t arch, int64_t query_rows, int64_t batch_heads, int64_t seq_k,
@@ -52,6 +52,8 @@ int32_t sequence_splits(int32_t kernel, const TileRowFfi& row, int64_t query_row
 LimitsFfi limits();
 
 // ---- CUDA (bridge.cpp) ----
+// One bit per kernel family this build compiled (bit `Kernel`).
+uint32_t compiled_kernels();
 int32_t device_count();
 DeviceInfo device_info(int32_t ordinal);
 // Keeps memory freed to the device's default pool cached (release threshold = max), so

@@ -112,8 +112,8 @@ StatusFfi choose_row(int32_t kernel, int64_t head_dim, int64_t query_rows, const
   return to_ffi(s);
 }
 
-int32_t arch_class(int32_t major, int32_t minor) {
-  const std::optional<ArchClass> a = flashcore::arch_class(major, minor);
+int32_t arch_class(int32_t major, int32_t minor, int64_t smem_optin) {
+  const std::optional<ArchClass> a = flashcore::arch_class(major, minor, smem_optin);
   return a ? static_cast<int32_t>(*a) : -1;
 }
 

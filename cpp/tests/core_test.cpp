@@ -229,12 +229,31 @@ void planning() {
   expect(flashcore::core::validate(r, &p).ok(), "valid for planning");
   flashcore::core::DeviceCaps l4{8, 9, 99 * 1024, ~0u, 58};
   flashcore::core::Plan plan{};
-  const Status s = flashcore::core::plan(r, p, l4, &plan);
+  Status s = flashcore::core::plan(r, p, l4, &plan);
   expect(s.ok() && plan.kernel == Kernel::Wmma && plan.row->arch == flashcore::ArchClass::Sm86Sm89,
          "an L4 runs WMMA's sm_89 row: " + s.message);
   flashcore::core::DeviceCaps volta{7, 0, 96 * 1024};
   expect(flashcore::core::plan(r, p, volta, &plan).code == Code::UnsupportedDevice,
          "compute capability 7.0 is refused");
+  // Newer than every SASS (the driver compiles the PTX): the class by shared memory, never the
+  // Hopper kernel's.
+  expect(flashcore::arch_class(10, 0, 227 * 1024) == ArchClass::Sm80 &&
+             flashcore::arch_class(12, 0, 99 * 1024) == ArchClass::Sm86Sm89 &&
+             flashcore::arch_class(13, 0, 163 * 1024) == ArchClass::Sm80 &&
+             !flashcore::arch_class(12, 0, 64 * 1024) && !flashcore::arch_class(7, 5, 227 * 1024),
+         "the classes of compute capability 10.0 and later follow their shared memory");
+  flashcore::core::DeviceCaps b200{10, 0, 227 * 1024, ~0u, 148};
+  Request big = r;
+  big.q = big.k = big.v = bshd(4, 1024, 16, 64);
+  big.out = bshd(4, 1024, 16, 64);
+  Problem big_p{};
+  s = flashcore::core::validate(big, &big_p);
+  s = s.ok() ? flashcore::core::plan(big, big_p, b200, &plan) : s;
+  expect(s.ok() && plan.kernel == Kernel::Wmma && plan.row->arch == ArchClass::Sm80,
+         "a B200 runs WMMA's sm_80 row where an H200 runs the Hopper kernel: " + s.message);
+  big.options.backend = flashcore::Backend::CutlassSm90;
+  expect(flashcore::core::plan(big, big_p, b200, &plan).code == Code::BackendUnavailable,
+         "the Hopper kernel forced on a B200 is refused");
   r.options.causal = Causal::BottomRight;
   r.q = bshd(2, 200, 8, 64);
   r.out = bshd(2, 200, 8, 64);  // 70 rows would see no key

@@ -239,7 +239,7 @@ pub(crate) mod sys {
             forced_arch: i32,
             row: &mut RowRef,
         ) -> StatusFfi;
-        fn arch_class(major: i32, minor: i32) -> i32;
+        fn arch_class(major: i32, minor: i32, smem_optin: i64) -> i32;
         fn arch_smem(arch: i32, per_sm: bool) -> i64;
         fn wmma_smem_bytes(queries: i32, keys: i32, head_dim: i32) -> i64;
         fn auto_kernel(
@@ -268,6 +268,8 @@ pub(crate) mod sys {
         ) -> i32;
         fn limits() -> LimitsFfi;
 
+        #[cfg(feature = "cuda")]
+        fn compiled_kernels() -> u32;
         #[cfg(feature = "cuda")]
         fn device_count() -> Result<i32>;
         #[cfg(feature = "cuda")]

@@ -10,9 +10,11 @@ use crate::ffi::{self, sys, CapsFfi, RowRef};
 /// Which shared-memory budget (and SASS) a device falls into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ArchClass {
-    /// sm_80 (A100, A30): 164 KB shared memory per SM, 163 KB opt-in per block.
+    /// sm_80 (A100, A30): 164 KB shared memory per SM, 163 KB opt-in per block; also compute
+    /// capability 10.0 and later with at least that much (B200), through PTX.
     Sm80,
-    /// sm_86 / sm_87 / sm_89 (RTX 30xx, A10, L4, L40, RTX 40xx): 100 KB per SM, 99 KB per block.
+    /// sm_86 / sm_87 / sm_89 (RTX 30xx, A10, L4, L40, RTX 40xx): 100 KB per SM, 99 KB per block;
+    /// also compute capability 10.0 and later with 99 to 162 KB (RTX 50xx), through PTX.
     Sm86Sm89,
     /// sm_90 (H100, H200): 228 KB per SM, 227 KB per block.
     Sm90,
@@ -22,10 +24,30 @@ impl ArchClass {
     /// All classes, in table order.
     pub const ALL: [ArchClass; 3] = [ArchClass::Sm80, ArchClass::Sm86Sm89, ArchClass::Sm90];
 
-    /// The class of a compute capability, or `None` where this build has no kernels (below
-    /// 8.0, or 10.0 and newer).
-    pub fn from_compute_capability(major: i32, minor: i32) -> Option<ArchClass> {
-        ffi::arch_of(sys::arch_class(major, minor))
+    /// The class of a device of compute capability `(major, minor)` on which one block may opt
+    /// in to `smem_per_block_optin` bytes of shared memory (a `Device` reports both), or
+    /// `None` below 8.0. From 10.0 on (Blackwell and later), where no SASS is built and the
+    /// driver compiles the kernels' PTX when it first loads them, the class is the first whose
+    /// per-block budget the device offers: [`ArchClass::Sm80`] from 163 KB (B200: 227 KB), else
+    /// [`ArchClass::Sm86Sm89`] from 99 KB (RTX 50xx), else `None`. Never [`ArchClass::Sm90`]:
+    /// the Hopper kernel's SASS (`sm_90a`) runs on 9.0 only.
+    ///
+    /// ```
+    /// use flashcore::plan::ArchClass;
+    /// let kb = 1024;
+    /// assert_eq!(ArchClass::from_compute_capability(8, 9, 99 * kb), Some(ArchClass::Sm86Sm89));
+    /// assert_eq!(ArchClass::from_compute_capability(9, 0, 227 * kb), Some(ArchClass::Sm90));
+    /// assert_eq!(ArchClass::from_compute_capability(10, 0, 227 * kb), Some(ArchClass::Sm80));
+    /// assert_eq!(ArchClass::from_compute_capability(12, 0, 99 * kb), Some(ArchClass::Sm86Sm89));
+    /// assert_eq!(ArchClass::from_compute_capability(7, 5, 64 * kb), None);
+    /// ```
+    pub fn from_compute_capability(
+        major: i32,
+        minor: i32,
+        smem_per_block_optin: usize,
+    ) -> Option<ArchClass> {
+        let smem = i64::try_from(smem_per_block_optin).unwrap_or(i64::MAX);
+        ffi::arch_of(sys::arch_class(major, minor, smem))
     }
 
     /// Shared memory one block may opt in to on this class (bytes).
@@ -77,6 +99,26 @@ impl Kernel {
     /// ```
     pub fn from_name(name: &str) -> Option<Kernel> {
         Kernel::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Whether this build compiled the family: always false without the `cuda` feature; the
+    /// Hopper kernel only where 90 is among `FLASHCORE_CUDA_ARCHS`. Forcing a family that was
+    /// not compiled is [`crate::Error::BackendUnavailable`]; Auto never picks one.
+    ///
+    /// ```
+    /// use flashcore::plan::Kernel;
+    /// // Every build with the `cuda` feature has the WMMA kernel.
+    /// assert_eq!(Kernel::Wmma.is_compiled(), cfg!(feature = "cuda"));
+    /// ```
+    pub fn is_compiled(self) -> bool {
+        #[cfg(feature = "cuda")]
+        {
+            sys::compiled_kernels() >> (self as u32) & 1 != 0
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            false
+        }
     }
 }
 

@@ -122,8 +122,14 @@ constexpr int64_t sm90_staging_bytes(Tile t) {
 // staging. Each sm90 instantiation static_asserts that its SharedStorage takes exactly this much.
 constexpr int64_t sm90_smem_bytes(Tile t) { return sm90_pipeline_bytes(t) + sm90_staging_bytes(t); }
 
-// The class of a compute capability; empty below 8.0 and from 10.0 (no kernels built there).
-std::optional<ArchClass> arch_class(int32_t major, int32_t minor) noexcept;
+// The tile-table class of a device of compute capability `major`.`minor` on which one block may
+// opt in to `smem_optin` bytes of shared memory; empty below 8.0. From 10.0 on
+// (Blackwell and later; no SASS is built there: the driver compiles the kernels' PTX when it
+// loads them) the class is the first whose per-block budget the device offers, Sm80 from 163 KB
+// (B200: 227 KB) or Sm86Sm89 from 99 KB (RTX 50xx), else empty. Never Sm90, whose Auto rules
+// count on the Hopper kernel: its SASS is sm_90a, which runs on 9.0 only.
+std::optional<ArchClass> arch_class(int32_t major, int32_t minor,
+                                    int64_t smem_optin) noexcept;
 
 // The row of `kernel`'s tables for `arch` serving `head_dim` with `query_rows` query rows per
 // head, or nullptr above the largest tier.

@@ -16,7 +16,7 @@ enum class Causal : int32_t { None = 0, TopLeft = 1, BottomRight = 2 };
 // The GPU kernel families. Each has its own folder under cpp/src/ and its own tile table
 // (flashcore/plan.h); the values are dense from 0 (kKernelCount).
 enum class Kernel : int32_t {
-  CutlassSm80 = 0,  // CUTLASS example 41 (Sm80 tag): compute capability 8.0 to 9.x
+  CutlassSm80 = 0,  // CUTLASS example 41 (Sm80 tag): compute capability 8.0 and later
   Wmma = 1,         // flashcore's FlashAttention-2 style kernel on nvcuda::wmma
   CutlassSm90 = 2,  // CUTLASS example 88's Hopper mainloop (wgmma, TMA): compute capability 9.0
 };

@@ -11,12 +11,21 @@
 
 namespace flashcore {
 
-std::optional<ArchClass> arch_class(int32_t major, int32_t minor) noexcept {
+std::optional<ArchClass> arch_class(int32_t major, int32_t minor,
+                                    int64_t smem_optin) noexcept {
   if (major == 8) {
     return minor == 0 ? ArchClass::Sm80 : ArchClass::Sm86Sm89;
   }
   if (major == 9) {
     return ArchClass::Sm90;
+  }
+  if (major < 8) {
+    return std::nullopt;
+  }
+  for (ArchClass a : {ArchClass::Sm80, ArchClass::Sm86Sm89}) {
+    if (smem_optin >= smem_per_block_optin(a)) {
+      return a;
+    }
   }
   return std::nullopt;
 }
@@ -223,7 +232,7 @@ Status check_sm90(const Request& r, const Problem& p, const DeviceCaps& caps) {
 
 // The tile-table class a plan uses: the forced one, else the device's.
 std::optional<ArchClass> class_for(const DeviceCaps& caps, std::optional<ArchClass> forced) {
-  return forced ? forced : arch_class(caps.major, caps.minor);
+  return forced ? forced : arch_class(caps.major, caps.minor, caps.smem_per_block_optin);
 }
 
 // Auto's family for a decode past two units per SM, where the dense rule (auto_kernel) gives

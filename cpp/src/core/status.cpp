@@ -202,7 +202,7 @@ std::string message(const Status& s, const std::string& detail) {
     case Code::SharedMemoryExceeded:
       return "tile needs " + v(0) + " bytes of shared memory per block, the device offers " + v(1);
     case Code::UnsupportedDevice:
-      return "compute capability " + v(0) + "." + v(1) + " is not supported (needs 8.0 to 9.x)";
+      return "compute capability " + v(0) + "." + v(1) + " is not supported (needs 8.0 or later)";
     case Code::NoDevice:
       return "no CUDA device " + v(0) + ": " + detail;
     case Code::StateCount:
