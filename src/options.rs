@@ -133,8 +133,10 @@ impl AttentionOptions {
     /// ```
     ///
     /// with `offset = seq_k - seq_q` (the bottom-right diagonal) under `Causal::BottomRight`
-    /// and `Causal::None`, and 0 under `Causal::TopLeft`. `None` leaves a side unbounded; a
-    /// causal mask also bounds the right side at 0. Rows the window leaves without keys are
+    /// and `Causal::None`, and 0 under `Causal::TopLeft`. `None` leaves a side unbounded, and so
+    /// does a side of at least `seq_q + seq_k`, which bounds nothing (such a window is no score
+    /// modifier: CUTLASS example 41 runs the call too); a causal mask also bounds the right side
+    /// at 0. Rows the window leaves without keys are
     /// [`crate::Error::NoVisibleKeys`], before anything runs. The CPU reference, the WMMA
     /// kernel and the Hopper kernel (`Kernel::CutlassSm90`, where `Backend::Auto` runs it for the plain call) apply it; the
     /// GPU kernels visit only the key tiles inside the band, so their time scales with the

@@ -121,28 +121,32 @@ const fn case(b: usize, h: usize, s: usize, d: usize) -> Case {
     }
 }
 
-/// Runs one case on the GPU with a NaN-poisoned output and returns the relative L2 error of
-/// the output (and of the lse, if asked) against the f64 reference.
-fn run_case<T: AttentionElement>(s: &Stream, c: Case, kernel: Kernel) -> (f64, f64) {
+/// Fresh random Q, K and V of `c` on the host.
+fn case_inputs<T: AttentionElement>(c: &Case) -> [Tensor<T>; 3] {
     let mut rng = Rng::fresh();
     let (qs, ks) = (
         Shape::new(c.b, c.sq, c.hq, c.d),
         Shape::new(c.b, c.sk, c.hk, c.d),
     );
-    let q = randn::<T>(&mut rng, &dims(qs, c.layout), c.layout);
-    let k = randn::<T>(&mut rng, &dims(ks, c.layout), c.layout);
-    let v = randn::<T>(&mut rng, &dims(ks, c.layout), c.layout);
-    let poison = T::from_f64(f64::NAN);
-    let mut out = Tensor::full(poison, &dims(qs, c.layout), c.layout)
-        .unwrap()
-        .to_device(s)
-        .unwrap();
-    let mut lse = c.lse.then(|| {
-        Tensor::full(f32::NAN, &[c.b, c.hq, c.sq, 1], Layout::Bhsd)
-            .unwrap()
-            .to_device(s)
-            .unwrap()
+    [qs, ks, ks].map(|shape| randn::<T>(&mut rng, &dims(shape, c.layout), c.layout))
+}
+
+/// `c`'s output, and its logsumexp where it asks for one, on the device, every element NaN.
+fn poisoned_outputs<T: AttentionElement>(s: &Stream, c: &Case) -> (Tensor<T>, Option<Tensor<f32>>) {
+    let qs = Shape::new(c.b, c.sq, c.hq, c.d);
+    let out = Tensor::full(T::from_f64(f64::NAN), &dims(qs, c.layout), c.layout);
+    let lse = c.lse.then(|| {
+        let lse = Tensor::full(f32::NAN, &[c.b, c.hq, c.sq, 1], Layout::Bhsd);
+        lse.unwrap().to_device(s).unwrap()
     });
+    (out.unwrap().to_device(s).unwrap(), lse)
+}
+
+/// Runs one case on the GPU with a NaN-poisoned output and returns the relative L2 error of
+/// the output (and of the lse, if asked) against the f64 reference.
+fn run_case<T: AttentionElement>(s: &Stream, c: Case, kernel: Kernel) -> (f64, f64) {
+    let [q, k, v] = case_inputs::<T>(&c);
+    let (mut out, mut lse) = poisoned_outputs::<T>(s, &c);
     let opts = AttentionOptions {
         causal: c.causal,
         backend: Backend::from(kernel),
@@ -2808,6 +2812,29 @@ fn mods_case<T: AttentionElement>(
     mods_case_on::<T>(s, Kernel::Wmma, None, sizes, heads, causal, mods)
 }
 
+/// Options with `causal` and `mods`' window, softcap and ALiBi slopes (on `s`'s device) for
+/// `batch` sequences of `heads_q` heads; their scale and bias are the caller's.
+fn modifier_options(
+    s: &Stream,
+    causal: Causal,
+    mods: &common::Mods,
+    (batch, heads_q): (usize, usize),
+) -> AttentionOptions {
+    let mut opts = AttentionOptions::default()
+        .causal(causal)
+        .window(mods.window.0, mods.window.1);
+    opts.softcap = mods.softcap.map(|c| c as f32);
+    opts.alibi = mods.alibi.as_ref().map(|slopes| {
+        let slopes = if slopes.len() == heads_q {
+            AlibiSlopes::new(slopes.clone())
+        } else {
+            AlibiSlopes::per_sequence(batch, slopes.clone())
+        };
+        slopes.unwrap().to_device(s).unwrap()
+    });
+    opts
+}
+
 /// [`mods_case`] on `kernel`, forced where `forced` (else Auto, which must choose it).
 fn mods_case_on<T: AttentionElement>(
     s: &Stream,
@@ -2831,20 +2858,8 @@ fn mods_case_on<T: AttentionElement>(
         .unwrap()
         .to_device(s)
         .unwrap();
-    let mut opts = AttentionOptions::default()
-        .causal(causal)
-        .window(mods.window.0, mods.window.1)
-        .with_lse();
+    let mut opts = modifier_options(s, causal, &mods, (b, hq)).with_lse();
     opts.scale = mods.scale;
-    opts.softcap = mods.softcap.map(|c| c as f32);
-    opts.alibi = mods.alibi.as_ref().map(|slopes| {
-        let slopes = if slopes.len() == hq {
-            AlibiSlopes::new(slopes.clone())
-        } else {
-            AlibiSlopes::per_sequence(b, slopes.clone())
-        };
-        slopes.unwrap().to_device(s).unwrap()
-    });
     opts.bias = mods.bias.as_ref().map(|nb| device_bias(nb, s));
     if let Some(k) = forced {
         opts = opts.backend(Backend::Kernel(k));
@@ -3899,4 +3914,243 @@ fn random_slopes(rng: &mut Rng, n: usize) -> Vec<f32> {
             }
         })
         .collect()
+}
+
+/// One random problem of [`random_problems_match_the_reference`].
+#[derive(Debug, Clone)]
+struct Drawn {
+    bf16: bool,
+    /// Shapes, causal mode, layout, logsumexp, a forced class (the tile rows of the A100 or the
+    /// L4 instead of this device's own) and the scale; its `backend` is unused.
+    case: Case,
+    mods: common::Mods,
+}
+
+impl Drawn {
+    /// A problem of at most 2^29 multiply-adds per product (the f64 reference stays fast):
+    /// decode, short and long sequences, Sq above and below Sk, GQA and MQA, every head dim,
+    /// both layouts, each score modifier at random, and a fifth of the problems on the tile rows
+    /// of compute capability 8.0 or 8.6-8.9.
+    fn draw(rng: &mut Rng) -> Drawn {
+        let pick = |rng: &mut Rng, xs: &[usize]| xs[rng.below(xs.len())];
+        let length = |rng: &mut Rng| match rng.below(10) {
+            0..=1 => 1 + rng.below(3),
+            2..=5 => 1 + rng.below(128),
+            6..=8 => 129 + rng.below(400),
+            _ => 529 + rng.below(1100),
+        };
+        loop {
+            let hk = pick(rng, &[1, 1, 2, 4, 8]);
+            let hq = hk * pick(rng, &[1, 2, 4, 8]);
+            let d = match rng.below(3) {
+                0 => pick(rng, &[64, 128, 256]),
+                _ => 8 * (1 + rng.below(32)),
+            };
+            let (b, sq, sk) = (1 + rng.below(3), length(rng), length(rng));
+            if b * hq * sq * sk * d > 1 << 29 {
+                continue;
+            }
+            let causal = pick_causal(rng);
+            let mut mods = common::Mods::default();
+            if rng.below(4) == 0 {
+                mods.softcap = Some([0.5, 5.0, 30.0][rng.below(3)]);
+            }
+            if rng.below(4) == 0 {
+                let side = |rng: &mut Rng| (rng.below(3) > 0).then(|| rng.below(2 * sk.max(sq)));
+                mods.window = (side(rng), side(rng));
+            }
+            if rng.below(5) == 0 {
+                let n = if rng.below(2) == 0 { hq } else { b * hq };
+                mods.alibi = Some(random_slopes(rng, n));
+            }
+            let scale = (rng.below(4) == 0).then(|| [0.03, 0.3, 1.0][rng.below(3)]);
+            let layout = [Layout::Bshd, Layout::Bhsd][rng.below(2)];
+            let (bf16, lse) = (rng.below(2) == 0, rng.below(2) == 0);
+            let force = match rng.below(10) {
+                0 => Some(ArchClass::Sm80),
+                1 => Some(ArchClass::Sm86Sm89),
+                _ => None,
+            };
+            let case = Case {
+                sq,
+                sk,
+                hk,
+                causal,
+                layout,
+                lse,
+                force,
+                scale,
+                ..case(b, hq, sq, d)
+            };
+            return Drawn { bf16, case, mods };
+        }
+    }
+
+    /// Whether a score modifier is set (CUTLASS example 41 applies none). A window side of at
+    /// least Sq + Sk bounds nothing and counts as unbounded ([`AttentionOptions::window`]).
+    fn modified(&self) -> bool {
+        let m = &self.mods;
+        let bounds = |side: Option<usize>| side.is_some_and(|w| w < self.case.sq + self.case.sk);
+        m.softcap.is_some() || bounds(m.window.0) || bounds(m.window.1) || m.alibi.is_some()
+    }
+
+    /// Whether some query sees no key: worked out here from the mask's definition (the causal
+    /// diagonal and the window around it), independently of the validator.
+    fn has_blind_rows(&self) -> bool {
+        let c = &self.case;
+        let (sq, sk) = (c.sq as i64, c.sk as i64);
+        let off = if c.causal == Causal::TopLeft {
+            0
+        } else {
+            sk - sq
+        };
+        (0..sq).any(|i| {
+            let diagonal = i + off;
+            let lo = self.mods.window.0.map_or(0, |l| diagonal - l as i64).max(0);
+            let hi = match (c.causal, self.mods.window.1) {
+                (Causal::None, Some(r)) => diagonal + r as i64,
+                (Causal::None, None) => sk - 1,
+                _ => diagonal,
+            };
+            lo > hi.min(sk - 1)
+        })
+    }
+}
+
+fn pick_causal(rng: &mut Rng) -> Causal {
+    [Causal::None, Causal::TopLeft, Causal::BottomRight][rng.below(3)]
+}
+
+/// How one family answered the problems of a fuzz run.
+#[derive(Default)]
+struct Tally {
+    ran: usize,
+    refused: usize,
+}
+
+/// Runs `p` on Auto and on every family in `families`, each with a NaN-poisoned output (and
+/// logsumexp), against the f64 reference. Expected: a problem with a query that sees no key is
+/// `NoVisibleKeys` everywhere; CUTLASS example 41 refuses score modifiers
+/// (`BackendUnavailable`); the Hopper kernel either runs or refuses with `BackendUnavailable`
+/// or `UnsupportedHeadDim`; every other call runs and matches. A refused call must leave its
+/// outputs as they were (nothing launched).
+fn fuzz_one<T: AttentionElement>(
+    s: &Stream,
+    p: &Drawn,
+    families: &[Kernel],
+    tallies: &mut [Tally],
+    failures: &mut Vec<String>,
+) {
+    let c = &p.case;
+    let [q, k, v] = case_inputs::<T>(c);
+    let (dq, dk, dv) = (
+        q.to_device(s).unwrap(),
+        k.to_device(s).unwrap(),
+        v.to_device(s).unwrap(),
+    );
+    let blind = p.has_blind_rows();
+    let scale = c.scale.map_or(1.0 / (c.d as f64).sqrt(), f64::from);
+    let reference =
+        (!blind).then(|| common::naive_mods(&q, &k, &v, scale, c.causal, p.mods.clone()));
+    let mut opts = modifier_options(s, c.causal, &p.mods, (c.b, c.hq));
+    opts.return_lse = c.lse;
+    opts.force_arch_class = c.force;
+    opts.scale = c.scale;
+    let backends = std::iter::once(None).chain(families.iter().copied().map(Some));
+    for (slot, forced) in backends.enumerate() {
+        let what = format!(
+            "{:?} on {}: {p:?}",
+            T::DTYPE,
+            forced.map_or("auto", Kernel::name)
+        );
+        let (mut out, mut lse) = poisoned_outputs::<T>(s, c);
+        let opts = forced.map_or(opts.clone(), |k| opts.clone().backend(Backend::Kernel(k)));
+        let result = attention_into(&dq, &dk, &dv, &mut out, lse.as_mut(), &opts);
+        let got = logical(&out.to_host().unwrap());
+        let got_lse = lse.map(|l| lse_values(&l.to_host().unwrap()));
+        let untouched =
+            got.iter().all(|x| x.is_nan()) && got_lse.iter().flatten().all(|x| x.is_nan());
+        let tally = &mut tallies[slot];
+        let refusal_allowed = |e: &Error| match e {
+            Error::NoVisibleKeys { .. } => blind,
+            Error::BackendUnavailable { .. } => {
+                forced == Some(Kernel::CutlassSm90)
+                    || forced == Some(Kernel::CutlassSm80) && p.modified()
+            }
+            Error::UnsupportedHeadDim(_) => forced == Some(Kernel::CutlassSm90),
+            _ => false,
+        };
+        match (result, &reference) {
+            (Err(e), _) if refusal_allowed(&e) && untouched => tally.refused += 1,
+            (Err(e), _) => failures.push(format!("{what}: {e} (outputs untouched: {untouched})")),
+            (Ok(_), None) => failures.push(format!("{what}: ran, but a query sees no key")),
+            (Ok(_), Some(_)) if forced == Some(Kernel::CutlassSm80) && p.modified() => {
+                failures.push(format!("{what}: example 41 ran with a score modifier"))
+            }
+            (Ok(exec), Some((want, want_lse))) => {
+                tally.ran += 1;
+                let err = rel_l2(&got, want);
+                let lse_err = got_lse.map_or(0.0, |l| common::lse_error(&l, want_lse));
+                let family = forced.map_or(true, |k| exec.backend == BackendKind::Kernel(k))
+                    && c.force
+                        .map_or(true, |a| exec.tile.is_some_and(|t| t.arch == a));
+                // false for NaN
+                if !(err < tolerance::<T>() && lse_err < 1e-4 && family) {
+                    failures.push(format!(
+                        "{what}: ran {:?}, rel L2 {err:.3e}, lse {lse_err:.3e}",
+                        exec.backend
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Differential fuzzing on the GPU: random problems (decode to 1.6k tokens, Sq above and below
+/// Sk, GQA and MQA, every head dim, both causal alignments and none, both layouts, the
+/// logsumexp, scales, softcaps, windows, ALiBi; [`Drawn::draw`]) on Auto and on every family
+/// that runs here, each against the f64 reference ([`fuzz_one`] says what each must do).
+/// `FLASHCORE_FUZZ_CASES` sets the run's size (default 300); each run prints its seed, which
+/// `FLASHCORE_FUZZ_SEED` replays.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn random_problems_match_the_reference() {
+    let s = stream();
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+    let seed = var("FLASHCORE_FUZZ_SEED").unwrap_or_else(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        now.map_or(1, |t| t.as_nanos() as u64)
+    });
+    let cases = var("FLASHCORE_FUZZ_CASES").unwrap_or(300);
+    println!("fuzz: FLASHCORE_FUZZ_SEED={seed} FLASHCORE_FUZZ_CASES={cases}");
+    let mut rng = Rng::seeded(seed);
+    let families: Vec<Kernel> = Kernel::ALL.into_iter().filter(|&k| runs_here(k)).collect();
+    let mut tallies: Vec<Tally> = (0..=families.len()).map(|_| Tally::default()).collect();
+    let mut failures = Vec::new();
+    for i in 0..cases {
+        let p = Drawn::draw(&mut rng);
+        let before = failures.len();
+        if p.bf16 {
+            fuzz_one::<bf16>(&s, &p, &families, &mut tallies, &mut failures);
+        } else {
+            fuzz_one::<f16>(&s, &p, &families, &mut tallies, &mut failures);
+        }
+        if failures.len() > before {
+            println!("fuzz case {i} (seed {seed}) failed: {p:?}");
+        }
+    }
+    let names = std::iter::once("auto").chain(families.iter().map(|k| k.name()));
+    for (name, t) in names.zip(&tallies) {
+        println!(
+            "fuzz: {name}: {} ran and matched, {} refused as expected",
+            t.ran, t.refused
+        );
+    }
+    assert!(tallies[0].ran > 0, "no problem ran on Auto");
+    assert!(
+        failures.is_empty(),
+        "{} of the fuzz run's calls failed (FLASHCORE_FUZZ_SEED={seed}):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -18,6 +18,16 @@ impl Rng {
         Rng(SEED.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed))
     }
 
+    /// A generator seeded with `seed` (a fuzz run that prints its seed can be replayed).
+    pub fn seeded(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// Uniform in `0..n` (`n` > 0; the modulo bias is below 2^-40 for the n of the tests).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
     fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;

@@ -170,12 +170,14 @@ struct Options {
   // Sliding-window (local) attention, in keys from the diagonal: query i sees key j only when
   //   i + offset - window_left <= j <= i + offset + window_right,
   // offset = seq_k - seq_q (the bottom-right diagonal, FlashAttention's definition) under
-  // Causal::BottomRight and Causal::None, 0 under Causal::TopLeft. An empty side is unbounded; a
-  // causal mask also bounds the right side at 0. Not negative (Code::InvalidWindow). Rows the
-  // window leaves without keys are Code::NoVisibleKeys. On the GPU the WMMA kernel runs it, and
-  // the Hopper kernel too (Backend::Auto picks the Hopper kernel where it picks it for the call
-  // without the window, else WMMA; forcing CUTLASS example 41 is Code::BackendUnavailable); both
-  // visit only the key tiles inside the band.
+  // Causal::BottomRight and Causal::None, 0 under Causal::TopLeft. An empty side is unbounded, as
+  // is a side of at least seq_q + seq_k, which bounds nothing (a window of such sides is no score
+  // modifier: CUTLASS example 41 runs the call too); a causal mask also bounds the right side at
+  // 0. Not negative (Code::InvalidWindow). Rows the window leaves without keys are
+  // Code::NoVisibleKeys. On the GPU the WMMA kernel runs it, and the Hopper kernel too
+  // (Backend::Auto picks the Hopper kernel where it picks it for the call without the window, else
+  // WMMA; forcing CUTLASS example 41 is Code::BackendUnavailable); both visit only the key tiles
+  // inside the band.
   std::optional<int64_t> window_left;
   std::optional<int64_t> window_right;
   Backend backend = Backend::Auto;
