@@ -4100,51 +4100,237 @@ fn fuzz_one<T: AttentionElement>(
     }
 }
 
-/// Differential fuzzing on the GPU: random problems (decode to 1.6k tokens, Sq above and below
-/// Sk, GQA and MQA, every head dim, both causal alignments and none, both layouts, the
-/// logsumexp, scales, softcaps, windows, ALiBi; [`Drawn::draw`]) on Auto and on every family
-/// that runs here, each against the f64 reference ([`fuzz_one`] says what each must do).
-/// `FLASHCORE_FUZZ_CASES` sets the run's size (default 300); each run prints its seed, which
-/// `FLASHCORE_FUZZ_SEED` replays.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn random_problems_match_the_reference() {
-    let s = stream();
+/// The state of one fuzz run: the families under test, and what each did.
+struct Fuzz {
+    families: Vec<Kernel>,
+    /// Auto's first, then one per family.
+    tallies: Vec<Tally>,
+    failures: Vec<String>,
+}
+
+/// Runs a fuzz test: `FLASHCORE_FUZZ_CASES` problems (default 300), each drawn and checked by
+/// `one` on Auto and every family that runs here, from a seed it prints (a time, unless
+/// `FLASHCORE_FUZZ_SEED` replays one); then prints what each family did, and fails with every
+/// failed call.
+fn fuzz_run(name: &str, mut one: impl FnMut(&mut Rng, &mut Fuzz) -> String) {
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
     let seed = var("FLASHCORE_FUZZ_SEED").unwrap_or_else(|| {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         now.map_or(1, |t| t.as_nanos() as u64)
     });
     let cases = var("FLASHCORE_FUZZ_CASES").unwrap_or(300);
-    println!("fuzz: FLASHCORE_FUZZ_SEED={seed} FLASHCORE_FUZZ_CASES={cases}");
+    println!("{name}: FLASHCORE_FUZZ_SEED={seed} FLASHCORE_FUZZ_CASES={cases}");
     let mut rng = Rng::seeded(seed);
     let families: Vec<Kernel> = Kernel::ALL.into_iter().filter(|&k| runs_here(k)).collect();
-    let mut tallies: Vec<Tally> = (0..=families.len()).map(|_| Tally::default()).collect();
-    let mut failures = Vec::new();
+    let tallies = (0..=families.len()).map(|_| Tally::default()).collect();
+    let mut fuzz = Fuzz {
+        families,
+        tallies,
+        failures: Vec::new(),
+    };
     for i in 0..cases {
-        let p = Drawn::draw(&mut rng);
-        let before = failures.len();
-        if p.bf16 {
-            fuzz_one::<bf16>(&s, &p, &families, &mut tallies, &mut failures);
-        } else {
-            fuzz_one::<f16>(&s, &p, &families, &mut tallies, &mut failures);
-        }
-        if failures.len() > before {
-            println!("fuzz case {i} (seed {seed}) failed: {p:?}");
+        let before = fuzz.failures.len();
+        let drawn = one(&mut rng, &mut fuzz);
+        if fuzz.failures.len() > before {
+            println!("{name} case {i} (seed {seed}) failed: {drawn}");
         }
     }
-    let names = std::iter::once("auto").chain(families.iter().map(|k| k.name()));
-    for (name, t) in names.zip(&tallies) {
+    let names = std::iter::once("auto").chain(fuzz.families.iter().map(|k| k.name()));
+    for (family, t) in names.zip(&fuzz.tallies) {
         println!(
-            "fuzz: {name}: {} ran and matched, {} refused as expected",
+            "{name}: {family}: {} ran and matched, {} refused as expected",
             t.ran, t.refused
         );
     }
-    assert!(tallies[0].ran > 0, "no problem ran on Auto");
+    assert!(fuzz.tallies[0].ran > 0, "no problem ran on Auto");
     assert!(
-        failures.is_empty(),
-        "{} of the fuzz run's calls failed (FLASHCORE_FUZZ_SEED={seed}):\n{}",
-        failures.len(),
-        failures.join("\n")
+        fuzz.failures.is_empty(),
+        "{} of the run's calls failed (FLASHCORE_FUZZ_SEED={seed}):\n{}",
+        fuzz.failures.len(),
+        fuzz.failures.join("\n")
     );
+}
+
+/// Differential fuzzing on the GPU: random problems (decode to 1.6k tokens, Sq above and below
+/// Sk, GQA and MQA, every head dim, both causal alignments and none, both layouts, the
+/// logsumexp, scales, softcaps, windows, ALiBi; [`Drawn::draw`]) on Auto and on every family
+/// that runs here, each against the f64 reference ([`fuzz_one`] says what each must do;
+/// [`fuzz_run`] the run's size and seed).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn random_problems_match_the_reference() {
+    let s = stream();
+    fuzz_run("fuzz", |rng, f| {
+        let p = Drawn::draw(rng);
+        let (families, tallies, failures) = (&f.families, &mut f.tallies, &mut f.failures);
+        if p.bf16 {
+            fuzz_one::<bf16>(&s, &p, families, tallies, failures);
+        } else {
+            fuzz_one::<f16>(&s, &p, families, tallies, failures);
+        }
+        format!("{p:?}")
+    });
+}
+
+/// Differential fuzzing of paged caches on the GPU: random calls ([`DrawnPaged::draw`]) on
+/// Auto and every family that runs here, against the CPU backend ([`fuzz_paged_one`] says what
+/// each must do; [`fuzz_run`] the run's size and seed).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn random_paged_calls_match_the_cpu() {
+    let s = stream();
+    fuzz_run("paged fuzz", |rng, f| {
+        let p = DrawnPaged::draw(rng);
+        let (families, tallies, failures) = (&f.families, &mut f.tallies, &mut f.failures);
+        if p.bf16 {
+            fuzz_paged_one::<bf16>(&s, &p, families, tallies, failures);
+        } else {
+            fuzz_paged_one::<f16>(&s, &p, families, tallies, failures);
+        }
+        format!("{p:?}")
+    });
+}
+
+/// One random paged call of [`random_paged_calls_match_the_cpu`]: Q `[batch, seq_q, heads_q,
+/// d]` against each sequence's keys in a shuffled cache of pages of `page` slots.
+#[derive(Debug, Clone)]
+struct DrawnPaged {
+    bf16: bool,
+    page: usize,
+    lengths: Vec<usize>,
+    case: Case,
+    mods: common::Mods,
+}
+
+impl DrawnPaged {
+    /// Decode and chunked prefill over 1 to 8 sequences of 1 to 2000 keys, every page size from
+    /// 16 to 256, GQA, head dims, causal modes, layouts and score modifiers at random; at most
+    /// 2^28 multiply-adds per product (the CPU oracle stays fast).
+    fn draw(rng: &mut Rng) -> DrawnPaged {
+        let (lengths, seq_q, hk, hq, d) = loop {
+            let lengths: Vec<usize> = (0..1 + rng.below(8)).map(|_| 1 + rng.below(2000)).collect();
+            let seq_q = [1, 1 + rng.below(64)][rng.below(2)];
+            let hk = [1, 2, 4, 8][rng.below(4)];
+            let hq = hk * [1, 4, 8][rng.below(3)];
+            let d = [64, 128, 256, 8 * (1 + rng.below(32))][rng.below(4)];
+            if lengths.iter().sum::<usize>() * seq_q * hq * d <= 1 << 28 {
+                break (lengths, seq_q, hk, hq, d);
+            }
+        };
+        let page = 16 << rng.below(5);
+        let mut mods = common::Mods::default();
+        if rng.below(4) == 0 {
+            mods.softcap = Some(20.0);
+        }
+        if rng.below(4) == 0 {
+            mods.window = (
+                Some(rng.below(600)),
+                (rng.below(2) == 0).then(|| rng.below(8)),
+            );
+        }
+        if rng.below(5) == 0 {
+            mods.alibi = Some(random_slopes(rng, hq));
+        }
+        let case = Case {
+            sk: *lengths.iter().max().unwrap(),
+            hk,
+            causal: [Causal::None, Causal::TopLeft, Causal::BottomRight][rng.below(3)],
+            layout: [Layout::Bshd, Layout::Bhsd][rng.below(2)],
+            lse: rng.below(2) == 0,
+            ..case(lengths.len(), hq, seq_q, d)
+        };
+        let bf16 = rng.below(2) == 0;
+        DrawnPaged {
+            bf16,
+            page,
+            lengths,
+            case,
+            mods,
+        }
+    }
+}
+
+/// Runs `p` on the CPU backend (the oracle) and on Auto and every family in `families`, each
+/// with NaN-poisoned outputs and NaN in the cache's unused slots. Where the CPU refuses the
+/// call (a query that sees no key), every GPU call must refuse it the same way and launch
+/// nothing; example 41, which reads no pages, must refuse with `BackendUnavailable`; every
+/// other call must match the CPU.
+fn fuzz_paged_one<T: AttentionElement>(
+    s: &Stream,
+    p: &DrawnPaged,
+    families: &[Kernel],
+    tallies: &mut [Tally],
+    failures: &mut Vec<String>,
+) {
+    let mut rng = Rng::fresh();
+    let c = &p.case;
+    let (table, num_pages) = random_pages(&mut rng, p.page, &p.lengths, 2);
+    let seqlens = p.lengths.iter().map(|&n| n as i32).collect();
+    let pages = PageTable::new(p.page, table.clone(), seqlens).unwrap();
+    let cache = |rng: &mut Rng| {
+        let dims = dims(Shape::new(num_pages, p.page, c.hk, c.d), c.layout);
+        let t = randn::<T>(rng, &dims, c.layout);
+        unused_slots_nan(t, &table, &p.lengths, p.page)
+    };
+    let (kc, vc) = (cache(&mut rng), cache(&mut rng));
+    let q = randn::<T>(
+        &mut rng,
+        &dims(Shape::new(c.b, c.sq, c.hq, c.d), c.layout),
+        c.layout,
+    );
+    let mut opts = modifier_options(s, c.causal, &p.mods, (c.b, c.hq));
+    opts.return_lse = c.lse;
+    let mut cpu_opts = opts.clone();
+    cpu_opts.alibi = p.mods.alibi.clone().map(|a| AlibiSlopes::new(a).unwrap());
+    let want = attention_paged(&q, &kc, &vc, &pages, &cpu_opts);
+    let (dq, dk, dv) = (
+        q.to_device(s).unwrap(),
+        kc.to_device(s).unwrap(),
+        vc.to_device(s).unwrap(),
+    );
+    let dpages = pages.to_device(s).unwrap();
+    let backends = std::iter::once(None).chain(families.iter().copied().map(Some));
+    for (slot, forced) in backends.enumerate() {
+        let name = forced.map_or("auto", Kernel::name);
+        let what = format!("{:?} paged on {name}: {p:?}", T::DTYPE);
+        let (mut out, mut lse) = poisoned_outputs::<T>(s, c);
+        let opts = forced.map_or(opts.clone(), |k| opts.clone().backend(Backend::Kernel(k)));
+        let result = attention_paged_into(&dq, &dk, &dv, &dpages, &mut out, lse.as_mut(), &opts);
+        let got = logical(&out.to_host().unwrap());
+        let got_lse = lse.map(|l| lse_values(&l.to_host().unwrap()));
+        let untouched =
+            got.iter().all(|x| x.is_nan()) && got_lse.iter().flatten().all(|x| x.is_nan());
+        let unavailable = forced == Some(Kernel::CutlassSm80);
+        match (result, &want) {
+            (Err(e), Err(w)) if std::mem::discriminant(&e) == std::mem::discriminant(w) => {
+                if untouched {
+                    tallies[slot].refused += 1;
+                } else {
+                    failures.push(format!("{what}: refused ({e}) but wrote its outputs"));
+                }
+            }
+            (Err(Error::BackendUnavailable { .. }), _) if unavailable && untouched => {
+                tallies[slot].refused += 1
+            }
+            (Err(e), _) => failures.push(format!("{what}: {e} (CPU: {:?})", want.as_ref().err())),
+            (Ok(_), Err(w)) => failures.push(format!("{what}: ran, but the CPU refused: {w}")),
+            (Ok(_), Ok(_)) if unavailable => failures.push(format!("{what}: example 41 ran")),
+            (Ok(exec), Ok(want)) => {
+                tallies[slot].ran += 1;
+                let err = rel_l2(&got, &logical(&want.out));
+                let want_lse = want.lse.as_ref().map(lse_values);
+                let lse_err = got_lse
+                    .zip(want_lse)
+                    .map_or(0.0, |(g, w)| common::lse_error(&g, &w));
+                let family = forced.map_or(true, |k| exec.backend == BackendKind::Kernel(k));
+                // false for NaN
+                if !(err < tolerance::<T>() && lse_err < 1e-4 && family) {
+                    failures.push(format!(
+                        "{what}: ran {:?}, rel L2 {err:.3e}, lse {lse_err:.3e}",
+                        exec.backend
+                    ));
+                }
+            }
+        }
+    }
 }
