@@ -4503,7 +4503,8 @@ fn fuzz_varlen_one<T: AttentionElement>(s: &Stream, p: &DrawnVarlen, fuzz: FuzzP
     // Known bug, found by this test (session 64, call 236): forcing the Hopper kernel on a batch
     // with no query at all is refused by its TMA stride check (a Q of no tokens has zero
     // strides), though nothing would launch. The fix (core/plan.cpp check_sm90, with a core
-    // test) waits for a GPU run; until it lands, such a refusal is let through here.
+    // test; branch session64-empty-hopper) waits for a GPU run; until it lands, such a refusal
+    // is let through here.
     let no_queries = p.lq.iter().all(|&n| n == 0);
     let refusal = |k| match (k, modified) {
         (Kernel::CutlassSm80, true) => Refusal::May,
