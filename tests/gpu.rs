@@ -4024,16 +4024,10 @@ struct Tally {
     refused: usize,
 }
 
-/// Runs `p` on Auto and on every family in `families`, each with a NaN-poisoned output (and
-/// logsumexp), against the f64 reference. Expected: a problem with a query that sees no key is
-/// `NoVisibleKeys` everywhere; CUTLASS example 41 refuses score modifiers and the Hopper
-/// kernel the tile rows of another class (`BackendUnavailable`); every other call runs and
-/// matches. A refused call must leave its outputs as they were (nothing launched).
-fn fuzz_one<T: AttentionElement>(
-    s: &Stream,
-    p: &Drawn,
-    (families, tallies, failures): FuzzParts<'_>,
-) {
+/// [`check_families`] for dense problem `p` against the f64 reference, or, where a query sees
+/// no key, `NoVisibleKeys`. CUTLASS example 41 must refuse score modifiers, and the Hopper
+/// kernel the tile rows of another class (`BackendUnavailable`).
+fn fuzz_one<T: AttentionElement>(s: &Stream, p: &Drawn, fuzz: &mut Fuzz) {
     let c = &p.case;
     let [q, k, v] = case_inputs::<T>(c);
     let (dq, dk, dv) = (
@@ -4041,61 +4035,33 @@ fn fuzz_one<T: AttentionElement>(
         k.to_device(s).unwrap(),
         v.to_device(s).unwrap(),
     );
-    let blind = p.has_blind_rows();
-    let scale = c.scale.map_or(1.0 / (c.d as f64).sqrt(), f64::from);
-    let reference =
-        (!blind).then(|| common::naive_mods(&q, &k, &v, scale, c.causal, p.mods.clone()));
+    let expected = if p.has_blind_rows() {
+        Expected::Refused(Box::new(|e| matches!(e, Error::NoVisibleKeys { .. })))
+    } else {
+        let scale = c.scale.map_or(1.0 / (c.d as f64).sqrt(), f64::from);
+        let (out, lse) = common::naive_mods(&q, &k, &v, scale, c.causal, p.mods.clone());
+        Expected::Values(out, c.lse.then_some(lse))
+    };
     let mut opts = modifier_options(s, c.causal, &p.mods, (c.b, c.hq));
     opts.return_lse = c.lse;
     opts.force_arch_class = c.force;
     opts.scale = c.scale;
-    let backends = std::iter::once(None).chain(families.iter().copied().map(Some));
-    for (slot, forced) in backends.enumerate() {
-        let what = format!(
-            "{:?} on {}: {p:?}",
-            T::DTYPE,
-            forced.map_or("auto", Kernel::name)
-        );
-        let (mut out, mut lse) = poisoned_outputs::<T>(s, c);
-        let opts = forced.map_or(opts.clone(), |k| opts.clone().backend(Backend::Kernel(k)));
-        let result = attention_into(&dq, &dk, &dv, &mut out, lse.as_mut(), &opts);
-        let got = logical(&out.to_host().unwrap());
-        let got_lse = lse.map(|l| lse_values(&l.to_host().unwrap()));
-        let untouched =
-            got.iter().all(|x| x.is_nan()) && got_lse.iter().flatten().all(|x| x.is_nan());
-        let tally = &mut tallies[slot];
-        let refusal_allowed = |e: &Error| match e {
-            Error::NoVisibleKeys { .. } => blind,
-            Error::BackendUnavailable { .. } => {
-                forced == Some(Kernel::CutlassSm90) && c.force.is_some()
-                    || forced == Some(Kernel::CutlassSm80) && p.modified()
-            }
-            _ => false,
-        };
-        match (result, &reference) {
-            (Err(e), _) if refusal_allowed(&e) && untouched => tally.refused += 1,
-            (Err(e), _) => failures.push(format!("{what}: {e} (outputs untouched: {untouched})")),
-            (Ok(_), None) => failures.push(format!("{what}: ran, but a query sees no key")),
-            (Ok(_), Some(_)) if forced == Some(Kernel::CutlassSm80) && p.modified() => {
-                failures.push(format!("{what}: example 41 ran with a score modifier"))
-            }
-            (Ok(exec), Some((want, want_lse))) => {
-                tally.ran += 1;
-                let err = rel_l2(&got, want);
-                let lse_err = got_lse.map_or(0.0, |l| common::lse_error(&l, want_lse));
-                let family = forced.map_or(true, |k| exec.backend == BackendKind::Kernel(k))
-                    && c.force
-                        .map_or(true, |a| exec.tile.is_some_and(|t| t.arch == a));
-                // false for NaN
-                if !(err < tolerance::<T>() && lse_err < 1e-4 && family) {
-                    failures.push(format!(
-                        "{what}: ran {:?}, rel L2 {err:.3e}, lse {lse_err:.3e}",
-                        exec.backend
-                    ));
-                }
-            }
-        }
-    }
+    let refusal = |k| match k {
+        Kernel::CutlassSm80 if p.modified() => Refusal::Must,
+        Kernel::CutlassSm90 if c.force.is_some() => Refusal::Must,
+        _ => Refusal::Never,
+    };
+    let what = format!("{p:?}");
+    check_families(
+        s,
+        &what,
+        c,
+        &expected,
+        &opts,
+        fuzz,
+        refusal,
+        |out, lse, opts| attention_into(&dq, &dk, &dv, out, lse, opts),
+    );
 }
 
 /// The state of one fuzz run: the families under test, and what each did.
@@ -4114,12 +4080,8 @@ trait FuzzCall: std::fmt::Debug {
     fn bf16(&self) -> bool;
     /// Checks the call in dtype `T` on Auto and every family of `fuzz`, counting and noting
     /// what each did.
-    fn check<T: AttentionElement>(&self, s: &Stream, fuzz: FuzzParts<'_>);
+    fn check<T: AttentionElement>(&self, s: &Stream, fuzz: &mut Fuzz);
 }
-
-/// What a fuzz check updates: the families under test (read), the tallies (Auto's first) and
-/// the failures.
-type FuzzParts<'a> = (&'a [Kernel], &'a mut [Tally], &'a mut Vec<String>);
 
 /// Implements [`FuzzCall`] for `$call` through its own `draw` and the check `$check`.
 macro_rules! fuzz_call {
@@ -4131,7 +4093,7 @@ macro_rules! fuzz_call {
             fn bf16(&self) -> bool {
                 self.bf16
             }
-            fn check<T: AttentionElement>(&self, s: &Stream, fuzz: FuzzParts<'_>) {
+            fn check<T: AttentionElement>(&self, s: &Stream, fuzz: &mut Fuzz) {
                 $check::<T>(s, self, fuzz)
             }
         }
@@ -4165,15 +4127,10 @@ fn fuzz_run<P: FuzzCall>(name: &str) {
     for i in 0..cases {
         let before = fuzz.failures.len();
         let call = P::random(&mut rng);
-        let parts = (
-            &fuzz.families[..],
-            &mut fuzz.tallies[..],
-            &mut fuzz.failures,
-        );
         if call.bf16() {
-            call.check::<bf16>(&s, parts);
+            call.check::<bf16>(&s, &mut fuzz);
         } else {
-            call.check::<f16>(&s, parts);
+            call.check::<f16>(&s, &mut fuzz);
         }
         if fuzz.failures.len() > before {
             println!("{name} case {i} (seed {seed}) failed: {call:?}");
@@ -4295,27 +4252,47 @@ impl DrawnPaged {
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Refusal {
     Never,
-    /// With `BackendUnavailable` (example 41 where a score modifier is set, which it applies
-    /// only where the modifier bounds nothing).
+    /// Refuse with `BackendUnavailable`, or run and match.
     May,
-    /// With `BackendUnavailable` (example 41, which reads no pages).
+    /// Refuse with `BackendUnavailable` (a feature or tile rows the family lacks).
     Must,
 }
 
+/// What a fuzz call must give: the reference's output and, where asked for, logsumexp (in
+/// logical order), or a refusal the predicate accepts.
+enum Expected {
+    Values(Vec<f64>, Option<Vec<f64>>),
+    Refused(Box<dyn Fn(&Error) -> bool>),
+}
+
+impl Expected {
+    /// The CPU backend's answer to a call, as the GPU must give it.
+    fn from_cpu<T: AttentionElement>(
+        cpu: flashcore::Result<flashcore::AttentionOutput<T>>,
+    ) -> Self {
+        match cpu {
+            Ok(want) => Expected::Values(logical(&want.out), want.lse.as_ref().map(lse_values)),
+            Err(w) => {
+                let kind = std::mem::discriminant(&w);
+                Expected::Refused(Box::new(move |e| std::mem::discriminant(e) == kind))
+            }
+        }
+    }
+}
+
 /// Runs one fuzz call through `call` (the output, the logsumexp, the options) on Auto and every
-/// family of `f`, each with NaN-poisoned outputs of `c`'s shape, against the CPU backend's
-/// answer `want` (the oracle). Where the CPU refuses the call (a query that sees no key), every
-/// GPU call must refuse it the same way; a family may or must refuse with `BackendUnavailable`
-/// as `refusal` says; a refusal must leave the outputs as they were (nothing launched); every
-/// other call must match the CPU.
+/// family of `fuzz`, each with NaN-poisoned outputs of `c`'s shape, against `expected`. A family
+/// may or must refuse with `BackendUnavailable` as `refusal` says; a refusal must leave the
+/// outputs as they were (nothing launched); every other call must match, on the forced family
+/// and, where `c` forces a class, on its tile rows.
 #[allow(clippy::too_many_arguments)]
-fn against_cpu<T: AttentionElement>(
+fn check_families<T: AttentionElement>(
     s: &Stream,
     what: &str,
     c: &Case,
-    want: &flashcore::Result<flashcore::AttentionOutput<T>>,
+    expected: &Expected,
     opts: &AttentionOptions,
-    (families, tallies, failures): FuzzParts<'_>,
+    fuzz: &mut Fuzz,
     refusal: impl Fn(Kernel) -> Refusal,
     call: impl Fn(
         &mut Tensor<T>,
@@ -4323,7 +4300,7 @@ fn against_cpu<T: AttentionElement>(
         &AttentionOptions,
     ) -> flashcore::Result<Execution>,
 ) {
-    let backends = std::iter::once(None).chain(families.iter().copied().map(Some));
+    let backends = std::iter::once(None).chain(fuzz.families.iter().copied().map(Some));
     for (slot, forced) in backends.enumerate() {
         let name = forced.map_or("auto", Kernel::name);
         let what = format!("{:?} {what} on {name}", T::DTYPE);
@@ -4335,10 +4312,11 @@ fn against_cpu<T: AttentionElement>(
         let untouched =
             got.iter().all(|x| x.is_nan()) && got_lse.iter().flatten().all(|x| x.is_nan());
         let refusal = forced.map_or(Refusal::Never, &refusal);
-        match (result, want) {
-            (Err(e), Err(w)) if std::mem::discriminant(&e) == std::mem::discriminant(w) => {
+        let (tally, failures) = (&mut fuzz.tallies[slot], &mut fuzz.failures);
+        match (result, expected) {
+            (Err(e), Expected::Refused(accepts)) if accepts(&e) => {
                 if untouched {
-                    tallies[slot].refused += 1;
+                    tally.refused += 1;
                 } else {
                     failures.push(format!("{what}: refused ({e}) but wrote its outputs"));
                 }
@@ -4346,21 +4324,24 @@ fn against_cpu<T: AttentionElement>(
             (Err(Error::BackendUnavailable { .. }), _)
                 if refusal != Refusal::Never && untouched =>
             {
-                tallies[slot].refused += 1
+                tally.refused += 1
             }
-            (Err(e), _) => failures.push(format!("{what}: {e} (CPU: {:?})", want.as_ref().err())),
-            (Ok(_), Err(w)) => failures.push(format!("{what}: ran, but the CPU refused: {w}")),
-            (Ok(_), Ok(_)) if refusal == Refusal::Must => {
+            (Err(e), _) => failures.push(format!("{what}: {e} (outputs untouched: {untouched})")),
+            (Ok(_), Expected::Refused(_)) => {
+                failures.push(format!("{what}: ran, but must be refused"))
+            }
+            (Ok(_), _) if refusal == Refusal::Must => {
                 failures.push(format!("{what}: ran, but must refuse"))
             }
-            (Ok(exec), Ok(want)) => {
-                tallies[slot].ran += 1;
-                let err = rel_l2(&got, &logical(&want.out));
-                let want_lse = want.lse.as_ref().map(lse_values);
+            (Ok(exec), Expected::Values(want, want_lse)) => {
+                tally.ran += 1;
+                let err = rel_l2(&got, want);
                 let lse_err = got_lse
-                    .zip(want_lse)
-                    .map_or(0.0, |(g, w)| common::lse_error(&g, &w));
-                let family = forced.map_or(true, |k| exec.backend == BackendKind::Kernel(k));
+                    .zip(want_lse.as_ref())
+                    .map_or(0.0, |(g, w)| common::lse_error(&g, w));
+                let family = forced.map_or(true, |k| exec.backend == BackendKind::Kernel(k))
+                    && c.force
+                        .map_or(true, |a| exec.tile.is_some_and(|t| t.arch == a));
                 // false for NaN
                 if !(err < tolerance::<T>() && lse_err < 1e-4 && family) {
                     failures.push(format!(
@@ -4388,9 +4369,9 @@ fn fuzz_options(
     (opts, cpu)
 }
 
-/// [`against_cpu`] for paged call `p`, whose cache's unused slots hold NaN; example 41, which
+/// [`check_families`] for paged call `p`, whose cache's unused slots hold NaN; example 41, which
 /// reads no pages, must refuse it.
-fn fuzz_paged_one<T: AttentionElement>(s: &Stream, p: &DrawnPaged, fuzz: FuzzParts<'_>) {
+fn fuzz_paged_one<T: AttentionElement>(s: &Stream, p: &DrawnPaged, fuzz: &mut Fuzz) {
     let mut rng = Rng::fresh();
     let c = &p.case;
     let (table, num_pages) = random_pages(&mut rng, p.page, &p.lengths, 2);
@@ -4405,7 +4386,7 @@ fn fuzz_paged_one<T: AttentionElement>(s: &Stream, p: &DrawnPaged, fuzz: FuzzPar
     let q_dims = dims(Shape::new(c.b, c.sq, c.hq, c.d), c.layout);
     let q = randn::<T>(&mut rng, &q_dims, c.layout);
     let (opts, cpu_opts) = fuzz_options(s, c, &p.mods, (c.b, c.hq));
-    let want = attention_paged(&q, &kc, &vc, &pages, &cpu_opts);
+    let expected = Expected::from_cpu(attention_paged(&q, &kc, &vc, &pages, &cpu_opts));
     let (dq, dk, dv) = (
         q.to_device(s).unwrap(),
         kc.to_device(s).unwrap(),
@@ -4417,11 +4398,11 @@ fn fuzz_paged_one<T: AttentionElement>(s: &Stream, p: &DrawnPaged, fuzz: FuzzPar
         _ => Refusal::Never,
     };
     let what = format!("paged {p:?}");
-    against_cpu(
+    check_families(
         s,
         &what,
         c,
-        &want,
+        &expected,
         &opts,
         fuzz,
         example41,
@@ -4483,15 +4464,15 @@ impl DrawnVarlen {
     }
 }
 
-/// [`against_cpu`] for variable-length batch `p`; example 41 takes such batches but no score
+/// [`check_families`] for variable-length batch `p`; example 41 takes such batches but no score
 /// modifier, which it may refuse (and see the known bug below).
-fn fuzz_varlen_one<T: AttentionElement>(s: &Stream, p: &DrawnVarlen, fuzz: FuzzParts<'_>) {
+fn fuzz_varlen_one<T: AttentionElement>(s: &Stream, p: &DrawnVarlen, fuzz: &mut Fuzz) {
     let mut rng = Rng::fresh();
     let c = &p.case;
     let heads = (c.hq, c.hk);
     let (batch, q, k, v) = varlen_of_lengths::<T>(&mut rng, &p.lq, &p.lk, heads, c.d, c.layout);
     let (opts, cpu_opts) = fuzz_options(s, c, &p.mods, (p.lq.len(), c.hq));
-    let want = attention_varlen(&q, &k, &v, &batch, &cpu_opts);
+    let expected = Expected::from_cpu(attention_varlen(&q, &k, &v, &batch, &cpu_opts));
     let (dq, dk, dv) = (
         q.to_device(s).unwrap(),
         k.to_device(s).unwrap(),
@@ -4512,11 +4493,11 @@ fn fuzz_varlen_one<T: AttentionElement>(s: &Stream, p: &DrawnVarlen, fuzz: FuzzP
         _ => Refusal::Never,
     };
     let what = format!("varlen {p:?}");
-    against_cpu(
+    check_families(
         s,
         &what,
         c,
-        &want,
+        &expected,
         &opts,
         fuzz,
         refusal,
