@@ -254,6 +254,19 @@ void planning() {
   big.options.backend = flashcore::Backend::CutlassSm90;
   expect(flashcore::core::plan(big, big_p, b200, &plan).code == Code::BackendUnavailable,
          "the Hopper kernel forced on a B200 is refused");
+  // No queries, in BHSD (the head stride of a Q of no tokens is 0): nothing to launch, so the
+  // Hopper kernel's TMA strides are not checked.
+  Request empty = big;
+  empty.q = bshd(4, 0, 16, 64);
+  empty.out = bshd(4, 0, 16, 64);
+  flashcore::bhsd_strides(empty.q.shape, empty.q.stride);  // heads 0 elements apart
+  flashcore::bhsd_strides(empty.out.shape, empty.out.stride);
+  Problem empty_p{};
+  s = flashcore::core::validate(empty, &empty_p);
+  const flashcore::core::DeviceCaps h200{9, 0, 227 * 1024, ~0u, 132};
+  s = s.ok() ? flashcore::core::plan(empty, empty_p, h200, &plan) : s;
+  expect(s.ok() && plan.kernel == Kernel::CutlassSm90,
+         "an empty problem forced on the Hopper kernel plans: " + s.message);
   r.options.causal = Causal::BottomRight;
   r.q = bshd(2, 200, 8, 64);
   r.out = bshd(2, 200, 8, 64);  // 70 rows would see no key

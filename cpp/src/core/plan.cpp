@@ -227,7 +227,9 @@ Status check_sm90(const Request& r, const Problem& p, const DeviceCaps& caps) {
   }
   Status s = limit(kernel, Field::WorkUnits, sm90_work_units(p.query_rows(), p.batch_heads()),
                    kI32Max);
-  return s.ok() ? check_tma_strides(kernel, r) : s;
+  // An empty problem launches nothing and describes no tensor to TMA (a Q of no tokens may have
+  // zero strides).
+  return s.ok() && !p.empty() ? check_tma_strides(kernel, r) : s;
 }
 
 // The tile-table class a plan uses: the forced one, else the device's.
