@@ -4465,7 +4465,7 @@ impl DrawnVarlen {
 }
 
 /// [`check_families`] for variable-length batch `p`; example 41 takes such batches but no score
-/// modifier, which it may refuse (and see the known bug below).
+/// modifier, which it may refuse.
 fn fuzz_varlen_one<T: AttentionElement>(s: &Stream, p: &DrawnVarlen, fuzz: &mut Fuzz) {
     let mut rng = Rng::fresh();
     let c = &p.case;
@@ -4481,15 +4481,8 @@ fn fuzz_varlen_one<T: AttentionElement>(s: &Stream, p: &DrawnVarlen, fuzz: &mut 
     let dbatch = batch.to_device(s).unwrap();
     let m = &p.mods;
     let modified = m.softcap.is_some() || m.window != (None, None) || m.alibi.is_some();
-    // Known bug, found by this test (session 64, call 236): forcing the Hopper kernel on a batch
-    // with no query at all is refused by its TMA stride check (a Q of no tokens has zero
-    // strides), though nothing would launch. The fix (core/plan.cpp check_sm90, with a core
-    // test; branch session64-empty-hopper) waits for a GPU run; until it lands, such a refusal
-    // is let through here.
-    let no_queries = p.lq.iter().all(|&n| n == 0);
     let refusal = |k| match (k, modified) {
         (Kernel::CutlassSm80, true) => Refusal::May,
-        (Kernel::CutlassSm90, _) if no_queries => Refusal::May,
         _ => Refusal::Never,
     };
     let what = format!("varlen {p:?}");
