@@ -52,6 +52,7 @@ fn main() {
         "src/core/checks.cpp",
         "src/core/validate.cpp",
         "src/core/merge.cpp",
+        "src/core/backward.cpp",
         "src/core/varlen.cpp",
         "src/core/paged.cpp",
         "src/core/alibi.cpp",

@@ -20,7 +20,7 @@ pub struct AttentionOutput<T: Element> {
 
 /// A tensor shaped `dims` (in `layout`'s order) where `like` lives; host tensors are zeroed,
 /// device contents are unspecified (the kernel writes every element).
-fn alloc_like<U: Element, T: Element>(
+pub(crate) fn alloc_like<U: Element, T: Element>(
     like: &Tensor<T>,
     dims: &[usize],
     layout: Layout,

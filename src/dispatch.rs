@@ -31,7 +31,7 @@ fn on_gpu(requested: Backend, location: Location) -> bool {
 }
 
 /// The error for a backend that cannot run where the (validated) operands are.
-fn misplaced(requested: Backend) -> Error {
+pub(crate) fn misplaced(requested: Backend) -> Error {
     let backend = match requested {
         Backend::Cpu => {
             return Error::BackendUnavailable {

@@ -33,6 +33,14 @@ pub enum Operand {
     Bias,
     /// The source of a copy (`Tensor::to_device`, `Tensor::copy_from`).
     Source,
+    /// The gradient of the output given to [`crate::attention_backward`].
+    DOut,
+    /// The gradient of the queries ([`crate::attention_backward`]'s output).
+    DQ,
+    /// The gradient of the keys ([`crate::attention_backward`]'s output).
+    DK,
+    /// The gradient of the values ([`crate::attention_backward`]'s output).
+    DV,
 }
 
 /// Which rule a paged KV cache breaks ([`Error::InvalidPageTable`]).
@@ -102,6 +110,10 @@ impl std::fmt::Display for Operand {
             Operand::AlibiSlopes => f.write_str("alibi_slopes"),
             Operand::Bias => f.write_str("bias"),
             Operand::Source => f.write_str("source"),
+            Operand::DOut => f.write_str("dout"),
+            Operand::DQ => f.write_str("dq"),
+            Operand::DK => f.write_str("dk"),
+            Operand::DV => f.write_str("dv"),
         }
     }
 }
@@ -370,7 +382,8 @@ pub enum Error {
     /// write in place: its output may be one of the states exactly.
     #[error("{operand} overlaps {}", match other { Some(o) => format!("the memory of {o}"), None => "itself (two elements share an address)".into() })]
     OverlappingOutput {
-        /// The output: [`Operand::Out`] or [`Operand::Lse`].
+        /// The output: [`Operand::Out`] or [`Operand::Lse`] (of the backward pass:
+        /// [`Operand::DQ`], [`Operand::DK`] or [`Operand::DV`]).
         operand: Operand,
         /// What it overlaps; `None`: itself.
         other: Option<Operand>,

@@ -95,6 +95,7 @@
 
 mod alibi;
 mod attention;
+mod backward;
 mod bias;
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -115,6 +116,7 @@ mod varlen;
 
 pub use alibi::AlibiSlopes;
 pub use attention::{attention, attention_into, AttentionOutput};
+pub use backward::{attention_backward, attention_backward_into, Gradients, GradientsMut};
 pub use bias::Bias;
 #[cfg(feature = "cuda")]
 #[doc(hidden)]

@@ -150,9 +150,25 @@ pub(crate) fn validate(
     location: Location,
 ) -> Result<Problem> {
     let raw = ffi::validate(request, hosts.0, hosts.1)?;
+    Ok(problem_of(&raw, request, location))
+}
+
+/// Checks the backward call of the forward call `request` with the gradients dout, dq, dk, dv
+/// (C++ `core::validate_backward`) and returns its problem.
+pub(crate) fn validate_backward(
+    request: &RequestFfi,
+    grads: &[ffi::DescFfi; 4],
+    location: Location,
+) -> Result<Problem> {
+    let raw = ffi::validate_backward(request, grads)?;
+    Ok(problem_of(&raw, request, location))
+}
+
+/// The problem that C++ validation described in `raw`, for `request` at `location`.
+fn problem_of(raw: &ffi::ProblemFfi, request: &RequestFfi, location: Location) -> Problem {
     let size = |v: i64| v as usize; // validated: non-negative and within the tensors' extents
     let side = |v: i64| usize::try_from(v).ok(); // -1: unbounded
-    Ok(Problem {
+    Problem {
         batch: size(raw.batch),
         seq_q: size(raw.seq_q),
         seq_k: size(raw.seq_k),
@@ -166,5 +182,5 @@ pub(crate) fn validate(
         bias: None,
         causal: ffi::causal_of(raw.causal),
         location,
-    })
+    }
 }

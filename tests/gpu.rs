@@ -4497,3 +4497,79 @@ fn fuzz_varlen_one<T: AttentionElement>(s: &Stream, p: &DrawnVarlen, fuzz: &mut 
         |out, lse, opts| attention_varlen_into(&dq, &dk, &dv, &dbatch, out, lse, opts),
     );
 }
+
+/// The backward pass on device tensors: validated first (a bad gradient gets its own error),
+/// then refused with `BackendUnavailable` (it has no GPU kernel yet) without writing the
+/// gradients; the same call on host copies runs on the CPU.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn backward_on_a_device_is_validated_then_refused() {
+    use flashcore::{attention_backward_into, GradientsMut};
+    let s = stream();
+    let mut rng = Rng::fresh();
+    let q = randn::<f16>(&mut rng, &[1, 16, 4, 64], Layout::Bshd);
+    let kv = randn::<f16>(&mut rng, &[1, 16, 2, 64], Layout::Bshd);
+    let opts = AttentionOptions::default().with_lse();
+    let fwd = attention(&q, &kv, &kv, &opts).unwrap();
+    let dev = |t: &Tensor<f16>| t.to_device(&s).unwrap();
+    let (dq_, dkv, dout) = (dev(&q), dev(&kv), dev(&fwd.out));
+    let lse = fwd.lse.as_ref().unwrap().to_device(&s).unwrap();
+    let state = AttentionState {
+        out: &dout,
+        lse: &lse,
+    };
+    let poison = |dims: &[usize]| {
+        Tensor::full(f16::NAN, dims, Layout::Bshd)
+            .unwrap()
+            .to_device(&s)
+            .unwrap()
+    };
+    let (mut dq, mut dk, mut dv) = (
+        poison(&[1, 16, 4, 64]),
+        poison(&[1, 16, 2, 64]),
+        poison(&[1, 16, 2, 64]),
+    );
+    let mut wrong = poison(&[1, 16, 4, 64]);
+    let grads = GradientsMut {
+        dq: &mut dq,
+        dk: &mut wrong,
+        dv: &mut dv,
+    };
+    let e = attention_backward_into(&dq_, &dkv, &dkv, state, &dout, grads, &opts).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ShapeMismatch {
+                operand: Operand::DK,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    for backend in [Backend::Auto, Backend::Kernel(Kernel::Wmma), Backend::Cpu] {
+        let grads = GradientsMut {
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dv,
+        };
+        let forced = opts.backend(backend);
+        let e =
+            attention_backward_into(&dq_, &dkv, &dkv, state, &dout, grads, &forced).unwrap_err();
+        assert!(
+            matches!(e, Error::BackendUnavailable { .. }),
+            "{backend:?}: {e:?}"
+        );
+    }
+    for t in [&dq, &dk, &dv] {
+        assert!(
+            logical(&t.to_host().unwrap()).iter().all(|x| x.is_nan()),
+            "a gradient was written"
+        );
+    }
+    let state = AttentionState {
+        out: &fwd.out,
+        lse: fwd.lse.as_ref().unwrap(),
+    };
+    let grads = flashcore::attention_backward(&q, &kv, &kv, state, &q, &opts).unwrap();
+    assert_eq!(grads.execution.backend, BackendKind::Cpu);
+}

@@ -6,6 +6,7 @@
 
 #include "bridge_convert.h"
 #include "core/alibi.h"
+#include "core/backward.h"
 #include "core/merge.h"
 #include "core/splits.h"
 
@@ -35,6 +36,7 @@ static_assert(static_cast<int>(Field::WorkUnits) == 11 &&
                   static_cast<int>(Operand::CuSeqlensK) == 9 &&
                   static_cast<int>(Operand::AlibiSlopes) == 12 &&
                   static_cast<int>(Operand::Bias) == 13 &&
+                  static_cast<int>(Operand::DV) == 17 &&
                   static_cast<int>(Field::WindowLeft) == 20 &&
                   static_cast<int>(Field::WindowRight) == 21,
               "flashcore::Field / Operand values are part of the bridge: update src/ffi/mod.rs");
@@ -43,6 +45,18 @@ StatusFfi validate(const RequestFfi& request, rust::Slice<const int32_t> host_q,
                    rust::Slice<const int32_t> host_k, ProblemFfi& problem) {
   core::Problem p{};
   const Status s = core::validate(from_ffi(request, host_q, host_k), &p);
+  if (s.ok()) {
+    problem = to_ffi(p);
+  }
+  return to_ffi(s);
+}
+
+StatusFfi validate_backward(const RequestFfi& request, const DescFfi& dout, const DescFfi& dq,
+                            const DescFfi& dk, const DescFfi& dv, ProblemFfi& problem) {
+  core::BackwardRequest r{from_ffi(request), from_ffi(dout), from_ffi(dq), from_ffi(dk),
+                          from_ffi(dv)};
+  core::Problem p{};
+  const Status s = core::validate_backward(r, &p);
   if (s.ok()) {
     problem = to_ffi(p);
   }

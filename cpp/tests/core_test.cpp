@@ -15,6 +15,7 @@
 #include <new>
 
 #include "core/alibi.h"
+#include "core/backward.h"
 #include "core/merge.h"
 #include "core/splits.h"
 #include "core/validate.h"
@@ -1585,6 +1586,94 @@ void last_wave_in_pieces() {
          "no blocks or no key tiles: nothing");
 }
 
+// The backward pass: the forward call's rules (its logsumexp required), then each gradient's
+// extent, location, shape and strides, then overlaps, each with its own operand.
+void backward() {
+  using flashcore::core::BackwardRequest;
+  const auto valid_backward = [] {
+    BackwardRequest r{valid(), bshd(2, 100, 8, 64), bshd(2, 100, 8, 64), bshd(2, 130, 2, 64),
+                      bshd(2, 130, 2, 64)};
+    r.forward.lse = bshd(2, 100, 8, 1);
+    flashcore::bhsd_strides(r.forward.lse.shape, r.forward.lse.stride);
+    r.forward.lse.element_bytes = 4;
+    return r;
+  };
+  const auto run = [](const BackwardRequest& r) {
+    Problem p{};
+    return flashcore::core::validate_backward(r, &p);
+  };
+  const auto refused = [&](const BackwardRequest& r, Code code, Operand op, const std::string& what) {
+    const Status s = run(r);
+    expect(s.code == code && s.operand == op && !s.message.empty(),
+           "backward, " + what + ": got " + flashcore::name(s.code) + " for " +
+               flashcore::name(s.operand) + " (" + s.message + ")");
+  };
+  Problem p{};
+  const Status ok = flashcore::core::validate_backward(valid_backward(), &p);
+  expect(ok.ok() && p.batch == 2 && p.seq_q == 100 && p.seq_k == 130 && p.heads_kv == 2,
+         "a valid backward call passes and describes its problem: " + ok.message);
+
+  BackwardRequest r = valid_backward();
+  r.forward.has_lse = false;  // ignored: the logsumexp is always an operand
+  expect(run(r).ok(), "backward: has_lse is implied");
+  r.forward.lse.shape[1] = 7;
+  refused(r, Code::ShapeMismatch, Operand::Lse, "a logsumexp of other heads");
+  r = valid_backward();
+  r.forward.k.shape[3] = 32;
+  refused(r, Code::ShapeMismatch, Operand::K, "a forward rule (k's head dim)");
+  r = valid_backward();
+  r.forward.varlen = true;
+  refused(r, Code::BackendUnavailable, Operand::None, "a variable-length batch");
+  r = valid_backward();
+  r.forward.paged = true;
+  refused(r, Code::BackendUnavailable, Operand::None, "a paged cache");
+
+  r = valid_backward();
+  r.dq.stride[0] = -1;
+  refused(r, Code::SizeOverflow, Operand::DQ, "a negative dq stride");
+  r = valid_backward();
+  r.dv.location = kHost;
+  refused(r, Code::DeviceMismatch, Operand::DV, "dv on the host");
+  r = valid_backward();
+  r.dout.shape[2] = 2;
+  refused(r, Code::ShapeMismatch, Operand::DOut, "dout shaped like k");
+  r = valid_backward();
+  r.dk.shape[1] = 100;
+  refused(r, Code::ShapeMismatch, Operand::DK, "dk shaped like q");
+  r = valid_backward();
+  r.dq.stride[3] = 2;
+  refused(r, Code::NonContiguousHeadDim, Operand::DQ, "dq's head dim strided");
+  r = valid_backward();
+  r.dk.address += 8;
+  refused(r, Code::MisalignedPointer, Operand::DK, "dk 8 bytes off");
+
+  const auto overlap = [&](const BackwardRequest& r, Operand op, Operand other,
+                           const std::string& what) {
+    const Status s = run(r);
+    expect(s.code == Code::OverlappingOutput && s.operand == op &&
+               s.values[0] == static_cast<int64_t>(other),
+           "backward, " + what + ": " + (s.ok() ? std::string("accepted") : s.message));
+  };
+  r = valid_backward();
+  r.dq.stride[1] = 0;
+  overlap(r, Operand::DQ, Operand::None, "dq with seq stride 0");
+  r = valid_backward();
+  r.dq = r.dout;
+  overlap(r, Operand::DQ, Operand::DOut, "dq is dout");
+  r = valid_backward();
+  r.dk = r.forward.k;
+  overlap(r, Operand::DK, Operand::K, "dk is k");
+  r = valid_backward();
+  r.dv.address = r.forward.out.address;
+  overlap(r, Operand::DV, Operand::Out, "dv over the forward output");
+  r = valid_backward();
+  r.dv = r.dk;
+  overlap(r, Operand::DV, Operand::DK, "dv is dk");
+  r = valid_backward();
+  r.dq.address = r.forward.lse.address;
+  overlap(r, Operand::DQ, Operand::Lse, "dq over the logsumexp");
+}
+
 int main() {
   valid_call_passes();
   negative_sizes_and_strides();
@@ -1606,6 +1695,7 @@ int main() {
   sequence_key_splits();
   sequence_walk_order();
   last_wave_in_pieces();
+  backward();
   if (failures != 0) {
     std::printf("core_test: %d check(s) FAILED\n", failures);
     return 1;

@@ -1,7 +1,9 @@
-//! The CPU reference backend: exact softmax attention accumulated in f64, and the merge of
-//! attention states (`merge`).
+//! The CPU reference backend: exact softmax attention accumulated in f64, its gradients
+//! (`backward`), and the merge of attention states (`merge`).
 
+mod backward;
 mod merge;
+pub(crate) use backward::{attention_backward, BackwardOperands};
 pub(crate) use merge::{merge, merge_in_place};
 
 use crate::element::Element;
@@ -43,6 +45,46 @@ impl At<'_> {
             Some((row, size)) => (row[j / size] as usize, j % size),
             None => (self.b, self.k0 + j),
         }
+    }
+}
+
+/// The scores of one query head `h` of the sequence at `at`: the scaled dot products with the
+/// problem's softcap, ALiBi slope and bias applied.
+struct Head<'a> {
+    p: &'a Problem,
+    at: At<'a>,
+    h: usize,
+    slope: Option<f64>,
+}
+
+impl<'a> Head<'a> {
+    fn new(p: &'a Problem, at: At<'a>, h: usize) -> Self {
+        let slope = p.alibi.as_ref().map(|a| f64::from(a.slope(at.seq, h)));
+        Head { p, at, h, slope }
+    }
+
+    /// Query row `i`'s score for key `j` whose dot product with it is `dot`, and the score's
+    /// derivative in `dot` (the scale, times `1 - tanh^2` under a softcap).
+    fn score(&self, i: usize, j: usize, dot: f64) -> (f64, f64) {
+        let p = self.p;
+        let scale = f64::from(p.scale);
+        let (score, derivative) = match p.softcap {
+            Some(cap) => {
+                let t = (dot * scale / f64::from(cap)).tanh();
+                (f64::from(cap) * t, scale * (1.0 - t * t))
+            }
+            None => (dot * scale, scale),
+        };
+        // ALiBi's distance from the diagonal (sizes fit in i64: tensor extents).
+        let gap = (i as i64 + p.diagonal() - j as i64).unsigned_abs() as f64;
+        // The bias is on the host (validated), so `value` finds it.
+        let bias = p.bias.as_ref().map_or(0.0, |x| {
+            x.value(self.at.seq, i, self.h, j).unwrap_or(f64::NAN)
+        });
+        (
+            score - self.slope.map_or(0.0, |m| m * gap) + bias,
+            derivative,
+        )
     }
 }
 
@@ -188,6 +230,11 @@ impl RowBuffers {
     }
 }
 
+/// The dot product of two rows.
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
 /// One sequence of `p.seq_q` queries on `p.seq_k` keys, starting at `at`.
 #[allow(clippy::too_many_arguments)] // the operands of one call, where to start, the buffers
 fn sequence<T: Element>(
@@ -205,9 +252,7 @@ fn sequence<T: Element>(
     };
     let group = p.heads_q / p.heads_kv.max(1);
     let d = p.head_dim;
-    let scale = f64::from(p.scale);
     let b = at.b;
-    let diagonal = p.diagonal();
     for kvh in 0..p.heads_kv {
         rows.load_kv(at, (k, v), kvh, p.seq_k);
         let RowBuffers {
@@ -218,7 +263,7 @@ fn sequence<T: Element>(
             values,
         } = &mut *rows;
         for h in kvh * group..(kvh + 1) * group {
-            let slope = p.alibi.as_ref().map(|a| f64::from(a.slope(at.seq, h)));
+            let head = Head::new(p, at, h);
             for i in 0..p.seq_q {
                 let visible = p.visible(i);
                 let (first, n) = (visible.start, visible.len());
@@ -228,18 +273,7 @@ fn sequence<T: Element>(
                 }
                 for (j, s) in scores[..n].iter_mut().enumerate() {
                     let key = &keys[(first + j) * d..(first + j + 1) * d];
-                    let dot: f64 = query.iter().zip(key).map(|(a, b)| a * b).sum();
-                    let score = match p.softcap {
-                        Some(cap) => f64::from(cap) * (dot * scale / f64::from(cap)).tanh(),
-                        None => dot * scale,
-                    };
-                    // ALiBi's distance from the diagonal (sizes fit in i64: tensor extents).
-                    let gap = (i as i64 + diagonal - (first + j) as i64).unsigned_abs() as f64;
-                    // The bias is on the host (validated), so `value` finds it.
-                    let bias = p.bias.as_ref().map_or(0.0, |x| {
-                        x.value(at.seq, i, h, first + j).unwrap_or(f64::NAN)
-                    });
-                    *s = score - slope.map_or(0.0, |m| m * gap) + bias;
+                    *s = head.score(i, first + j, dot(query, key)).0;
                 }
                 let max = scores[..n]
                     .iter()

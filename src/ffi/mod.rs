@@ -218,6 +218,15 @@ pub(crate) mod sys {
             host_k: &[i32],
             problem: &mut ProblemFfi,
         ) -> StatusFfi;
+        /// Validates a backward call (C++ `core::validate_backward`).
+        fn validate_backward(
+            request: &RequestFfi,
+            dout: &DescFfi,
+            dq: &DescFfi,
+            dk: &DescFfi,
+            dv: &DescFfi,
+            problem: &mut ProblemFfi,
+        ) -> StatusFfi;
         /// Checks that every ALiBi slope is finite (C++ `core::check_alibi_values`).
         fn check_alibi_slopes(slopes: &[f32]) -> StatusFfi;
         /// Validates a merge of `outs.len()` states (C++ `core::validate_merge`).
@@ -502,6 +511,10 @@ fn operand(value: i32, index: i64) -> Operand {
         11 => Operand::SeqlensK,
         12 => Operand::AlibiSlopes,
         13 => Operand::Bias,
+        14 => Operand::DOut,
+        15 => Operand::DQ,
+        16 => Operand::DK,
+        17 => Operand::DV,
         _ => Operand::Q,
     }
 }
@@ -582,6 +595,8 @@ pub(crate) enum Described<'a> {
     Nothing,
     /// An attention call.
     Attention(&'a RequestFfi),
+    /// A backward call: the forward call and the gradients dout, dq, dk, dv.
+    Backward(&'a RequestFfi, &'a [DescFfi; 4]),
     /// A merge of states.
     Merge {
         outs: &'a [DescFfi],
@@ -608,8 +623,17 @@ impl Described<'_> {
                 | Operand::BlockTable
                 | Operand::SeqlensK
                 | Operand::AlibiSlopes
-                | Operand::Source => r.out,
+                | Operand::Source
+                | Operand::DOut
+                | Operand::DQ
+                | Operand::DK
+                | Operand::DV => r.out,
             }),
+            (Described::Backward(_, grads), Operand::DOut) => Some(grads[0]),
+            (Described::Backward(_, grads), Operand::DQ) => Some(grads[1]),
+            (Described::Backward(_, grads), Operand::DK) => Some(grads[2]),
+            (Described::Backward(_, grads), Operand::DV) => Some(grads[3]),
+            (Described::Backward(r, _), op) => Described::Attention(r).of(op),
             (Described::Merge { outs, .. }, Operand::State(i)) => outs.get(i).copied(),
             (Described::Merge { lses, .. }, Operand::StateLse(i)) => lses.get(i).copied(),
             (Described::Merge { lse, .. }, Operand::Lse) => Some(*lse),
@@ -788,6 +812,21 @@ pub(crate) fn validate(
     check(
         sys::validate(request, host_q, host_k, &mut problem),
         &Described::Attention(request),
+    )?;
+    Ok(problem)
+}
+
+/// Validates a backward call (C++ `core::validate_backward`): the forward call `request` (its
+/// logsumexp required) and the gradients dout, dq, dk, dv.
+pub(crate) fn validate_backward(
+    request: &RequestFfi,
+    grads: &[DescFfi; 4],
+) -> crate::Result<ProblemFfi> {
+    let mut problem = ProblemFfi::default();
+    let [dout, dq, dk, dv] = grads;
+    check(
+        sys::validate_backward(request, dout, dq, dk, dv, &mut problem),
+        &Described::Backward(request, grads),
     )?;
     Ok(problem)
 }

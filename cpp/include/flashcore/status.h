@@ -62,9 +62,10 @@ enum class Code : int32_t {
 // Which tensor a Status is about. State and StateLse are the output and the logsumexp of one of
 // merge_states' inputs; its position in the list is then values[2] (free in every code that
 // names an operand). CuSeqlensQ / CuSeqlensK are a variable-length batch's offsets (Sequences).
+// DOut is the backward pass's incoming gradient of the output; DQ, DK and DV its outputs.
 enum class Operand : int32_t {
   None = 0, Q, K, V, Out, Lse, State, StateLse, CuSeqlensQ, CuSeqlensK, BlockTable, SeqlensK,
-  AlibiSlopes, Bias
+  AlibiSlopes, Bias, DOut, DQ, DK, DV
 };
 
 // Which dimension, stride or limit a Status is about.

@@ -57,6 +57,10 @@ const char* name(Operand operand) noexcept {
     case Operand::SeqlensK: return "seqlens_k";
     case Operand::AlibiSlopes: return "alibi_slopes";
     case Operand::Bias: return "bias";
+    case Operand::DOut: return "dout";
+    case Operand::DQ: return "dq";
+    case Operand::DK: return "dk";
+    case Operand::DV: return "dv";
   }
   return "unknown";
 }
