@@ -113,6 +113,7 @@ fn main() {
         .file(cpp.join("src/attention.cpp"))
         .file(cpp.join("src/planned.cpp"))
         .file(cpp.join("src/merge.cpp"))
+        .file(cpp.join("src/backward.cpp"))
         .file(cpp.join("src/dispatch.cpp"))
         .include(&cuda.include);
 

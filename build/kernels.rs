@@ -50,7 +50,7 @@ impl Optional {
     }
 }
 
-pub const FAMILIES: [Family; 4] = [
+pub const FAMILIES: [Family; 5] = [
     // CUTLASS example 41.
     Family {
         dir: "sm80",
@@ -90,6 +90,15 @@ pub const FAMILIES: [Family; 4] = [
         hopper: false,
         ampere_as_sm80: false,
         no_spills: true,
+        optional: None,
+    },
+    // flashcore's backward pass (WMMA tensor cores; no tile table).
+    Family {
+        dir: "backward",
+        cutlass_example: None,
+        hopper: false,
+        ampere_as_sm80: true,
+        no_spills: false,
         optional: None,
     },
 ];

@@ -6,7 +6,7 @@
 //! `cargo run --release --example bench -- [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X]`
 //! `--shapes-json PATH` writes the shape list (the shapes `--filter` keeps) and exits. After the
 //! shape list come fixed rows (variable-length, paged, score modifiers, bias, host cost, small
-//! prefills): `--rows varlen,host` runs only
+//! prefills, the backward pass): `--rows varlen,host` runs only
 //! those groups, `--rows none` none of them. `--kernels cutlass-sm90,wmma` times only those
 //! families on the shape list (default: every one). Each measurement is taken as triton's `do_bench`
 //! takes torch's: 25 ms of warm-up calls (`FLASHCORE_BENCH_WARM_MS` sets another), then at least
@@ -42,13 +42,14 @@ struct Args {
 }
 
 /// The groups of fixed rows after the shape list, by `--rows` name.
-const ROW_GROUPS: [&str; 7] = [
+const ROW_GROUPS: [&str; 8] = [
     "varlen",
     "paged",
     "modifiers",
     "bias",
     "host",
     "small",
+    "backward",
     "none",
 ];
 
@@ -117,7 +118,7 @@ fn parse() -> Args {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("{msg}\nusage: bench [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X] [--shapes-json PATH] [--force-class sm80|sm89|sm90] [--rows varlen,paged,modifiers,bias,host,small|none] [--kernels cutlass-sm80,wmma,cutlass-sm90]");
+    eprintln!("{msg}\nusage: bench [--filter SUBSTR] [--iters N] [--json PATH] [--peak-tflops X] [--shapes-json PATH] [--force-class sm80|sm89|sm90] [--rows varlen,paged,modifiers,bias,host,small,backward|none] [--kernels cutlass-sm80,wmma,cutlass-sm90]");
     std::process::exit(2)
 }
 
@@ -555,6 +556,51 @@ fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 10]
         time(4, 4096, wmma.softcap(30.0).backend(Backend::Auto))?,
         time(4, 4096, wmma.alibi(slopes).backend(Backend::Auto))?,
     ])
+}
+
+/// The backward pass's rows (`scripts/torch_sdpa_backward.py` times torch's on the same shapes):
+/// (name, batch, heads_q, heads_kv, seq, head_dim, causal).
+const BACKWARD_ROWS: [(&str, usize, usize, usize, usize, usize, bool); 4] = [
+    ("4x16x2048x128", 4, 16, 16, 2048, 128, false),
+    ("4x16x2048x128 causal", 4, 16, 16, 2048, 128, true),
+    ("4x32(kv8)x2048x128 causal", 4, 32, 8, 2048, 128, true),
+    ("8x16x2048x64 causal", 8, 16, 16, 2048, 64, true),
+];
+
+/// The backward pass (bf16) on [`BACKWARD_ROWS`]: per row (name, median us, TFLOP/s at 2.5 times
+/// the forward pass's FLOPs, as FlashAttention counts).
+fn backward_rows(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(String, f64, f64)>> {
+    use flashcore::{attention_backward_into, AttentionState, GradientsMut};
+    let mut out = Vec::new();
+    for (name, b, hq, hk, s, d, causal) in BACKWARD_ROWS {
+        let dev = |h: usize| random_on::<bf16>(stream, &[b, s, h, d], Layout::Bshd);
+        let (q, k, v, dout) = (dev(hq)?, dev(hk)?, dev(hk)?, dev(hq)?);
+        let causal = if causal {
+            Causal::BottomRight
+        } else {
+            Causal::None
+        };
+        let opts = AttentionOptions::default().causal(causal).with_lse();
+        let fwd = attention(&q, &k, &v, &opts)?;
+        let state = AttentionState {
+            out: &fwd.out,
+            lse: fwd.lse.as_ref().expect("asked for"),
+        };
+        let (mut dq, mut dk, mut dv) = (dev(hq)?, dev(hk)?, dev(hk)?);
+        let times = time_fn(stream, 3, iters, |_| {
+            let grads = GradientsMut {
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+            };
+            attention_backward_into(&q, &k, &v, state, &dout, grads, &opts).map(|_| ())
+        })?;
+        let us = percentiles(&mut times.clone()).0;
+        let forward =
+            4.0 * (b * hq * s * s * d) as f64 * if causal == Causal::None { 1.0 } else { 0.5 };
+        out.push((name.to_owned(), us, 2.5 * forward / (us * 1e-6) / 1e12));
+    }
+    Ok(out)
 }
 
 /// Times `call` (one attention call with the options it is given) under Auto, WMMA and the
@@ -1023,10 +1069,29 @@ fn main() {
             }
         }
     };
+    let backward = if !args.wants("backward") {
+        serde_json::Value::Null
+    } else {
+        match backward_rows(&stream, args.iters) {
+            Ok(rows) => {
+                let mut out = Vec::new();
+                for (name, us, tflops) in rows {
+                    println!("backward {name} bf16: {us:.1} us, {tflops:.1} TFLOP/s");
+                    out.push(json!({ "shape": name, "us": us, "tflops": tflops }));
+                }
+                serde_json::Value::Array(out)
+            }
+            Err(e) => {
+                eprintln!("backward: {e}");
+                serde_json::Value::Null
+            }
+        }
+    };
     if let Some(path) = args.json {
         let doc = json!({ "device": device.name(), "records": rows, "host_overhead": overhead,
                           "varlen_prefill": varlen, "varlen_decode": varlen_decodes, "paged_decode": paged, "paged_prefill": prefill,
-                          "score_modifiers": modifiers, "bias": bias, "small_prefill": small });
+                          "score_modifiers": modifiers, "bias": bias, "small_prefill": small,
+                          "backward": backward });
         write_json(&path, &doc);
         eprintln!("wrote {path}");
     }

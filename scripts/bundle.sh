@@ -63,7 +63,8 @@ fi
 echo "bundled cpp-example"
 cp scripts/run_bundle.sh bundle/run.sh
 cp scripts/torch_sdpa.py scripts/merge_bench.py scripts/sanitize.sh scripts/ab_bench.sh \
-  scripts/ab_report.py scripts/scoreboard.sh scripts/scoreboard_report.py scripts/limited.sh bundle/
+  scripts/ab_report.py scripts/scoreboard.sh scripts/scoreboard_report.py scripts/limited.sh \
+  scripts/torch_sdpa_backward.py bundle/
 du -sh bundle
 # The device tool carries at most 64 MiB: an xz archive of the bundle (in ignored dist/) fits with
 # room to spare. On the GPU host: tar xJf dist/bundle.tar.xz && bash bundle/run.sh OUT_DIR

@@ -3,7 +3,8 @@
 use crate::attention::alloc_like;
 use crate::dispatch::{misplaced, Execution, CPU};
 use crate::element::{AttentionElement, Element};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::ffi::RequestFfi;
 use crate::merge::AttentionState;
 use crate::options::{AttentionOptions, Backend};
 use crate::tensor::{Layout, Location, Tensor};
@@ -47,10 +48,15 @@ pub struct GradientsMut<'a, T: Element> {
 /// and its logsumexp (so they follow the rounding of that output, as other attention libraries'
 /// backward passes do). ALiBi slopes and a bias are constants: they get no gradient.
 ///
-/// **Where it runs:** the CPU backend, in f64 (a reference for training code and for the GPU
-/// kernels to come). Operands on a GPU are validated and then refused with
-/// [`Error::BackendUnavailable`]: there is no GPU backward kernel yet. Dense batches only (no
-/// variable-length batch or paged cache).
+/// **Where it runs:** host tensors on the CPU backend, in f64 (the reference); device tensors on
+/// the GPU backward kernels (compute capability 8.0 and later, WMMA tensor cores, f32
+/// accumulation; reported as [`crate::plan::Kernel::Wmma`]), on dq's stream, ordered after pending work on
+/// the other operands' streams. The GPU takes head dims up to 128 (a larger one, or forcing
+/// another kernel family, is [`crate::Error::BackendUnavailable`]) and allocates an f32 dQ
+/// accumulator of `batch * heads_q * seq_q * 64` (head dims up to 64) or `* 128` floats for the
+/// call. **It is correct, not yet fast:** 0.12-0.15x the speed of torch's cuDNN backward on the
+/// H200 (docs/PERFORMANCE.md, session 65). Dense batches only (no variable-length batch or
+/// paged cache).
 ///
 /// ```
 /// use flashcore::{
@@ -108,8 +114,7 @@ pub fn attention_backward<T: AttentionElement>(
 /// Like [`attention_backward`], writing the gradients into the caller's tensors (every element
 /// of each). Everything is validated before anything runs, with the forward call's rules and
 /// then the gradients' (shapes, strides, locations, and no gradient sharing memory with an input
-/// or another gradient); an empty problem (batch, heads or seq_q of 0) writes zeros to dk and
-/// dv on the CPU.
+/// or another gradient); a problem without queries (seq_q of 0) writes zeros to dk and dv.
 pub fn attention_backward_into<T: AttentionElement>(
     q: &Tensor<T>,
     k: &Tensor<T>,
@@ -129,16 +134,9 @@ pub fn attention_backward_into<T: AttentionElement>(
         (Backend::Cpu, Location::Cuda(_)) | (_, Location::Host) => {
             return Err(misplaced(opts.backend))
         }
-        (requested, Location::Cuda(_)) => {
-            return Err(Error::BackendUnavailable {
-                backend: match requested {
-                    Backend::Kernel(kernel) => kernel.name(),
-                    _ => "auto",
-                },
-                reason: "the backward pass has no GPU kernel yet: it runs on the CPU backend \
-                         (copy the tensors with Tensor::to_host)"
-                    .into(),
-            })
+        (_, Location::Cuda(_)) => {
+            let inputs = [q, k, v, forward.out, dout];
+            return on_gpu(&request, inputs, forward.lse, [dq, dk, dv], opts);
         }
     }
     let problem = crate::validate::Problem {
@@ -156,4 +154,35 @@ pub fn attention_backward_into<T: AttentionElement>(
     };
     crate::cpu::attention_backward(&problem, &operands, [dq, dk, dv])?;
     Ok(CPU)
+}
+
+/// The backward pass on device tensors (validated here; C++ validates again, plans and
+/// launches: cpp/src/backward.cpp).
+#[cfg(feature = "cuda")]
+fn on_gpu<T: AttentionElement>(
+    request: &RequestFfi,
+    inputs: [&Tensor<T>; 5],
+    lse: &Tensor<f32>,
+    grads: [&mut Tensor<T>; 3],
+    opts: &AttentionOptions,
+) -> Result<Execution> {
+    let scores = crate::dispatch::ScoreTensors::of(opts);
+    crate::cuda::launch::backward(request, inputs, lse, grads, scores)?;
+    // Its one kernel family.
+    Ok(Execution {
+        backend: crate::BackendKind::Kernel(crate::plan::Kernel::Wmma),
+        tile: None,
+        splits: 1,
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn on_gpu<T: AttentionElement>(
+    _: &RequestFfi,
+    _: [&Tensor<T>; 5],
+    _: &Tensor<f32>,
+    _: [&mut Tensor<T>; 3],
+    _: &AttentionOptions,
+) -> Result<Execution> {
+    Err(crate::Error::CudaNotBuilt)
 }

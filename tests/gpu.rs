@@ -4103,20 +4103,26 @@ fuzz_call!(Drawn, fuzz_one);
 fuzz_call!(DrawnPaged, fuzz_paged_one);
 fuzz_call!(DrawnVarlen, fuzz_varlen_one);
 
+/// A fuzz test's generator, call count and seed: `FLASHCORE_FUZZ_CASES` calls (else `default`)
+/// from the seed `FLASHCORE_FUZZ_SEED` (else the time), both printed under `name`.
+fn fuzz_draws(name: &str, default: u64) -> (Rng, u64, u64) {
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+    let seed = var("FLASHCORE_FUZZ_SEED").unwrap_or_else(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        now.map_or(1, |t| t.as_nanos() as u64)
+    });
+    let cases = var("FLASHCORE_FUZZ_CASES").unwrap_or(default);
+    println!("{name}: FLASHCORE_FUZZ_SEED={seed} FLASHCORE_FUZZ_CASES={cases}");
+    (Rng::seeded(seed), cases, seed)
+}
+
 /// Runs a fuzz test of calls `P`: `FLASHCORE_FUZZ_CASES` calls (default 300), each checked on
 /// Auto and every family that runs here, from a seed it prints (a time, unless
 /// `FLASHCORE_FUZZ_SEED` replays one); then prints what each family did, and fails with every
 /// failed call.
 fn fuzz_run<P: FuzzCall>(name: &str) {
     let s = stream();
-    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
-    let seed = var("FLASHCORE_FUZZ_SEED").unwrap_or_else(|| {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        now.map_or(1, |t| t.as_nanos() as u64)
-    });
-    let cases = var("FLASHCORE_FUZZ_CASES").unwrap_or(300);
-    println!("{name}: FLASHCORE_FUZZ_SEED={seed} FLASHCORE_FUZZ_CASES={cases}");
-    let mut rng = Rng::seeded(seed);
+    let (mut rng, cases, seed) = fuzz_draws(name, 300);
     let families: Vec<Kernel> = Kernel::ALL.into_iter().filter(|&k| runs_here(k)).collect();
     let tallies = (0..=families.len()).map(|_| Tally::default()).collect();
     let mut fuzz = Fuzz {
@@ -4498,78 +4504,266 @@ fn fuzz_varlen_one<T: AttentionElement>(s: &Stream, p: &DrawnVarlen, fuzz: &mut 
     );
 }
 
-/// The backward pass on device tensors: validated first (a bad gradient gets its own error),
-/// then refused with `BackendUnavailable` (it has no GPU kernel yet) without writing the
-/// gradients; the same call on host copies runs on the CPU.
+/// One backward problem of [`backward_matches_the_cpu`]: the forward call's case and modifiers
+/// (a bias among them: dims, `[b, sq, hq, sk]` each the call's or 1).
+#[derive(Debug)]
+struct DrawnBackward {
+    bf16: bool,
+    case: Case,
+    mods: common::Mods,
+}
+
+impl DrawnBackward {
+    fn draw(rng: &mut Rng) -> Self {
+        let hk = 1 + rng.below(2);
+        let (b, sq, sk) = (1 + rng.below(2), 1 + rng.below(300), 1 + rng.below(300));
+        let hq = hk * [1, 2, 4][rng.below(3)];
+        let d = [64, 128, 8 * (1 + rng.below(16))][rng.below(3)];
+        let mut mods = random_mods(rng, hq, (300, 50));
+        if rng.below(5) == 0 {
+            let dims = [[b, 1][rng.below(2)], sq, [hq, 1][rng.below(2)], sk];
+            let layout = [Layout::Bshd, Layout::Bhsd][rng.below(2)];
+            let dtype = [DType::F16, DType::BF16, DType::F32][rng.below(3)];
+            mods.bias = Some(common::NaiveBias::random(
+                rng,
+                dims,
+                (1.0, 0.1),
+                dtype,
+                layout,
+            ));
+        }
+        let case = Case {
+            sq,
+            sk,
+            hk,
+            causal: [Causal::None, Causal::TopLeft, Causal::BottomRight][rng.below(3)],
+            layout: [Layout::Bshd, Layout::Bhsd][rng.below(2)],
+            ..case(b, hq, sq, d)
+        };
+        DrawnBackward {
+            bf16: rng.below(2) == 0,
+            case,
+            mods,
+        }
+    }
+}
+
+/// The gradients of drawn problem `p` on the GPU (from poisoned outputs) against the CPU
+/// backend's, as relative L2 errors of dq, dk, dv; `None` where the CPU refuses the forward call
+/// (then the GPU backward must refuse alike).
+fn backward_case<T: AttentionElement>(s: &Stream, p: &DrawnBackward) -> Option<[f64; 3]> {
+    use flashcore::{attention_backward_into, GradientsMut};
+    let c = &p.case;
+    let mut rng = Rng::fresh();
+    let [q, k, v] = case_inputs::<T>(c);
+    let dout = randn::<T>(
+        &mut rng,
+        &dims(Shape::new(c.b, c.sq, c.hq, c.d), c.layout),
+        c.layout,
+    );
+    let (mut opts, mut cpu) = fuzz_options(s, c, &p.mods, (c.b, c.hq));
+    opts.return_lse = true;
+    cpu.return_lse = true;
+    cpu.bias = p.mods.bias.as_ref().map(|b| b.bias());
+    opts.bias = p.mods.bias.as_ref().map(|b| device_bias(b, s));
+    let fwd = match attention(&q, &k, &v, &cpu) {
+        Ok(f) => f,
+        Err(e) => {
+            let dev = |t: &Tensor<T>| t.to_device(s).unwrap();
+            let (dq_, dk_, dv_, out_) = (dev(&q), dev(&k), dev(&v), dev(&dout));
+            let (mut gq, mut gk, mut gv) = (dev(&q), dev(&k), dev(&v));
+            let lse = Tensor::full(0f32, &[c.b, c.hq, c.sq, 1], Layout::Bhsd).unwrap();
+            let state = AttentionState {
+                out: &out_,
+                lse: &lse.to_device(s).unwrap(),
+            };
+            let grads = GradientsMut {
+                dq: &mut gq,
+                dk: &mut gk,
+                dv: &mut gv,
+            };
+            let got = attention_backward_into(&dq_, &dk_, &dv_, state, &dq_, grads, &opts);
+            let got = got.expect_err("the GPU backward ran a problem the CPU refuses");
+            assert_eq!(
+                std::mem::discriminant(&got),
+                std::mem::discriminant(&e),
+                "{p:?}"
+            );
+            return None;
+        }
+    };
+    let lse = fwd.lse.as_ref().unwrap();
+    let state = AttentionState { out: &fwd.out, lse };
+    let want = flashcore::attention_backward(&q, &k, &v, state, &dout, &cpu).unwrap();
+    let dev = |t: &Tensor<T>| t.to_device(s).unwrap();
+    let (dq_, dk_, dv_, dout_, out_) = (dev(&q), dev(&k), dev(&v), dev(&dout), dev(&fwd.out));
+    let lse_ = lse.to_device(s).unwrap();
+    let poison = |t: &Tensor<T>| {
+        let shape = t.shape();
+        let dims = dims(shape, c.layout);
+        Tensor::full(T::from_f64(f64::NAN), &dims, c.layout)
+            .unwrap()
+            .to_device(s)
+            .unwrap()
+    };
+    let (mut gq, mut gk, mut gv) = (poison(&q), poison(&k), poison(&v));
+    let grads = GradientsMut {
+        dq: &mut gq,
+        dk: &mut gk,
+        dv: &mut gv,
+    };
+    let state = AttentionState {
+        out: &out_,
+        lse: &lse_,
+    };
+    let ran = attention_backward_into(&dq_, &dk_, &dv_, state, &dout_, grads, &opts)
+        .unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    assert_eq!(ran.backend, BackendKind::Kernel(Kernel::Wmma));
+    let got = [&gq, &gk, &gv].map(|t| logical(&t.to_host().unwrap()));
+    let want = [&want.dq, &want.dk, &want.dv].map(|t| logical(t));
+    Some([0, 1, 2].map(|i| gradient_error(&got[i], &want[i])))
+}
+
+/// ||got - want|| relative to ||want||, or to an RMS of 0.1 per element where the gradient is
+/// smaller: a gradient that cancels to (nearly) 0, as dQ and dK do where a row sees one key
+/// (dS = P (dP - D) with P = 1 and dP = D), has only rounding left. Infinite when `got` holds a
+/// value that is not finite.
+fn gradient_error(got: &[f64], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    if got.iter().any(|x| !x.is_finite()) {
+        return f64::INFINITY;
+    }
+    let norm = |x: &mut dyn Iterator<Item = f64>| x.map(|e| e * e).sum::<f64>().sqrt();
+    let diff = norm(&mut got.iter().zip(want).map(|(a, b)| a - b));
+    let floor = 0.1 * (want.len() as f64).sqrt();
+    diff / norm(&mut want.iter().copied()).max(floor)
+}
+
+/// The GPU backward pass against the CPU backend's f64 gradients on random problems: GQA and
+/// MQA, head dims 8 to 128, lengths 1 to 300 both ways, causal modes, layouts, softcaps,
+/// windows, ALiBi, biases (`FLASHCORE_FUZZ_CASES`, `FLASHCORE_FUZZ_SEED` as the fuzz tests).
 #[test]
 #[ignore = "needs a CUDA device"]
-fn backward_on_a_device_is_validated_then_refused() {
-    use flashcore::{attention_backward_into, GradientsMut};
+fn backward_matches_the_cpu() {
+    let s = stream();
+    let (mut rng, cases, _) = fuzz_draws("backward", 60);
+    let (mut ran, mut worst) = (0, [[0f64; 3]; 2]);
+    let mut failures = Vec::new();
+    for _ in 0..cases {
+        let p = DrawnBackward::draw(&mut rng);
+        let errors = if p.bf16 {
+            backward_case::<bf16>(&s, &p)
+        } else {
+            backward_case::<f16>(&s, &p)
+        };
+        let Some(errors) = errors else { continue };
+        ran += 1;
+        // Measured on the H200: see docs/PERFORMANCE.md (session 65).
+        let tol = if p.bf16 { 2e-2 } else { 4e-3 };
+        let w = &mut worst[usize::from(p.bf16)];
+        for (w, e) in w.iter_mut().zip(errors) {
+            *w = w.max(e);
+        }
+        if errors.iter().any(|e| e.is_nan() || *e >= tol) {
+            failures.push(format!("{p:?}: {errors:?}"));
+        }
+    }
+    println!("backward: {ran} of {cases} ran (the others refused as the CPU did); worst (dq, dk, dv): f16 {:?}, bf16 {:?}", worst[0], worst[1]);
+    assert!(
+        failures.is_empty(),
+        "{} failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// The GPU backward pass refuses what it does not take, after validation and without writing
+/// the gradients: another forced family, a head dim above 128; and a problem without queries
+/// zeroes dK and dV.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn backward_refusals_and_empty_problems() {
+    use flashcore::{attention_backward, attention_backward_into, GradientsMut};
     let s = stream();
     let mut rng = Rng::fresh();
-    let q = randn::<f16>(&mut rng, &[1, 16, 4, 64], Layout::Bshd);
-    let kv = randn::<f16>(&mut rng, &[1, 16, 2, 64], Layout::Bshd);
-    let opts = AttentionOptions::default().with_lse();
-    let fwd = attention(&q, &kv, &kv, &opts).unwrap();
-    let dev = |t: &Tensor<f16>| t.to_device(&s).unwrap();
-    let (dq_, dkv, dout) = (dev(&q), dev(&kv), dev(&fwd.out));
-    let lse = fwd.lse.as_ref().unwrap().to_device(&s).unwrap();
-    let state = AttentionState {
-        out: &dout,
-        lse: &lse,
-    };
-    let poison = |dims: &[usize]| {
-        Tensor::full(f16::NAN, dims, Layout::Bshd)
+    let dev = |t: Tensor<f16>| t.to_device(&s).unwrap();
+    for (d, backend, refused) in [
+        (64, Backend::Kernel(Kernel::CutlassSm80), true),
+        (64, Backend::Kernel(Kernel::CutlassSm90), true),
+        (256, Backend::Auto, true),
+        (128, Backend::Kernel(Kernel::Wmma), false),
+    ] {
+        let q = dev(randn::<f16>(&mut rng, &[1, 16, 4, d], Layout::Bshd));
+        let out = dev(randn::<f16>(&mut rng, &[1, 16, 4, d], Layout::Bshd));
+        let kv = dev(randn::<f16>(&mut rng, &[1, 16, 2, d], Layout::Bshd));
+        let lse = Tensor::full(0f32, &[1, 4, 16, 1], Layout::Bhsd)
             .unwrap()
             .to_device(&s)
-            .unwrap()
-    };
-    let (mut dq, mut dk, mut dv) = (
-        poison(&[1, 16, 4, 64]),
-        poison(&[1, 16, 2, 64]),
-        poison(&[1, 16, 2, 64]),
-    );
-    let mut wrong = poison(&[1, 16, 4, 64]);
-    let grads = GradientsMut {
-        dq: &mut dq,
-        dk: &mut wrong,
-        dv: &mut dv,
-    };
-    let e = attention_backward_into(&dq_, &dkv, &dkv, state, &dout, grads, &opts).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::ShapeMismatch {
-                operand: Operand::DK,
-                ..
-            }
-        ),
-        "{e:?}"
-    );
-    for backend in [Backend::Auto, Backend::Kernel(Kernel::Wmma), Backend::Cpu] {
+            .unwrap();
+        let state = AttentionState {
+            out: &out,
+            lse: &lse,
+        };
+        let poison = |dims: &[usize]| dev(Tensor::full(f16::NAN, dims, Layout::Bshd).unwrap());
+        let (mut dq, mut dk, mut dv) = (
+            poison(&[1, 16, 4, d]),
+            poison(&[1, 16, 2, d]),
+            poison(&[1, 16, 2, d]),
+        );
+        let mut wrong = poison(&[1, 16, 4, d]);
+        let opts = AttentionOptions::default().backend(backend);
+        let grads = GradientsMut {
+            dq: &mut dq,
+            dk: &mut wrong,
+            dv: &mut dv,
+        };
+        let e = attention_backward_into(&q, &kv, &kv, state, &q, grads, &opts).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ShapeMismatch {
+                    operand: Operand::DK,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         let grads = GradientsMut {
             dq: &mut dq,
             dk: &mut dk,
             dv: &mut dv,
         };
-        let forced = opts.backend(backend);
-        let e =
-            attention_backward_into(&dq_, &dkv, &dkv, state, &dout, grads, &forced).unwrap_err();
-        assert!(
-            matches!(e, Error::BackendUnavailable { .. }),
-            "{backend:?}: {e:?}"
-        );
+        let got = attention_backward_into(&q, &kv, &kv, state, &q, grads, &opts);
+        if refused {
+            let e = got.unwrap_err();
+            assert!(
+                matches!(e, Error::BackendUnavailable { .. }),
+                "{d} {backend:?}: {e:?}"
+            );
+            for t in [&dq, &dk, &dv] {
+                assert!(
+                    logical(&t.to_host().unwrap()).iter().all(|x| x.is_nan()),
+                    "written"
+                );
+            }
+        } else {
+            assert_eq!(got.unwrap().backend, BackendKind::Kernel(Kernel::Wmma));
+        }
     }
-    for t in [&dq, &dk, &dv] {
-        assert!(
-            logical(&t.to_host().unwrap()).iter().all(|x| x.is_nan()),
-            "a gradient was written"
-        );
-    }
+    // No queries: dK and dV are zero (the CPU backend does the same).
+    let q = dev(Tensor::full(f16::ZERO, &[2, 0, 4, 64], Layout::Bshd).unwrap());
+    let out = dev(Tensor::full(f16::ZERO, &[2, 0, 4, 64], Layout::Bshd).unwrap());
+    let kv = dev(randn::<f16>(&mut rng, &[2, 40, 2, 64], Layout::Bshd));
+    let lse = Tensor::full(0f32, &[2, 4, 0, 1], Layout::Bhsd)
+        .unwrap()
+        .to_device(&s)
+        .unwrap();
     let state = AttentionState {
-        out: &fwd.out,
-        lse: fwd.lse.as_ref().unwrap(),
+        out: &out,
+        lse: &lse,
     };
-    let grads = flashcore::attention_backward(&q, &kv, &kv, state, &q, &opts).unwrap();
-    assert_eq!(grads.execution.backend, BackendKind::Cpu);
+    let grads = attention_backward(&q, &kv, &kv, state, &q, &AttentionOptions::default()).unwrap();
+    for t in [&grads.dk, &grads.dv] {
+        assert!(logical(&t.to_host().unwrap()).iter().all(|x| *x == 0.0));
+    }
 }

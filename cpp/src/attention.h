@@ -22,6 +22,9 @@ FmhaArgs make_args(const core::Request& r, const core::Problem& p, const core::P
 void run(const core::Request& r, const core::Problem& p, const core::Plan& plan,
          cudaStream_t stream);
 
+// The core's description of `args` for a call on `device` (asking CUDA where each pointer lives).
+core::Request request_of(const AttentionArgs& args, int32_t device);
+
 // Describes `args` on the current device (asking CUDA where each pointer lives), validates and
 // plans it: the whole host work of attention_forward but the launch.
 Status prepare(const AttentionArgs& args, Prepared* call);

@@ -470,6 +470,25 @@ StatusFfi merge_states(int32_t dtype, rust::Slice<const DescFfi> outs,
   return to_ffi(s);
 }
 
+StatusFfi attention_backward(const RequestFfi& request, const DescFfi& dout, const DescFfi& dq,
+                             const DescFfi& dk, const DescFfi& dv, int32_t ordinal,
+                             size_t stream) {
+  BackwardArgs a;
+  a.forward = public_args(request, {}, {});
+  a.dout = to_ref<TensorRef>(dout);
+  a.dq = to_ref<OutputRef>(dq);
+  a.dk = to_ref<OutputRef>(dk);
+  a.dv = to_ref<OutputRef>(dv);
+  Status s;
+  try {
+    use_device(ordinal);
+    s = flashcore::attention_backward(a, as_stream(stream));
+  } catch (const std::exception& e) {
+    s = detail::to_status(e);
+  }
+  return to_ffi(s);
+}
+
 size_t cpp_malloc(int32_t ordinal, size_t bytes) {
   use_device(ordinal);
   void* p = nullptr;

@@ -1672,6 +1672,56 @@ void backward() {
   r = valid_backward();
   r.dq.address = r.forward.lse.address;
   overlap(r, Operand::DQ, Operand::Lse, "dq over the logsumexp");
+
+  // The GPU backward pass's plan: Auto or Wmma; compute capability 8.0 on; head dims to 128;
+  // shared memory; the grid's limits.
+  flashcore::core::DeviceCaps l4;
+  l4.major = 8, l4.minor = 9, l4.smem_per_block_optin = 99 * 1024;
+  const auto plan = [&](const BackwardRequest& b, const flashcore::core::DeviceCaps& caps) {
+    Problem q{};
+    const Status v = flashcore::core::validate_backward(b, &q);
+    return v.ok() ? flashcore::core::plan_backward(b.forward, q, caps) : v;
+  };
+  r = valid_backward();
+  expect(plan(r, l4).ok(), "backward plans on an L4: " + plan(r, l4).message);
+  expect(flashcore::core::backward_smem_bytes(128) <= 99 * 1024 &&
+             flashcore::core::backward_smem_bytes(64) < flashcore::core::backward_smem_bytes(128),
+         "the backward kernel's shared memory fits an L4");
+  r.forward.options.backend = flashcore::Backend::Wmma;
+  expect(plan(r, l4).ok(), "backward forced on wmma");
+  r.forward.options.backend = flashcore::Backend::CutlassSm80;
+  Status s = plan(r, l4);
+  expect(s.code == Code::BackendUnavailable && s.values[0] == int64_t(Kernel::CutlassSm80),
+         "backward forced on example 41: " + s.message);
+  r = valid_backward();
+  flashcore::core::DeviceCaps t4 = l4;
+  t4.major = 7, t4.minor = 5, t4.smem_per_block_optin = 64 * 1024;
+  expect(plan(r, t4).code == Code::UnsupportedDevice, "backward on compute capability 7.5");
+  flashcore::core::DeviceCaps small = l4;
+  small.smem_per_block_optin = 48 * 1024;
+  expect(plan(r, small).code == Code::SharedMemoryExceeded, "backward beyond shared memory");
+  for (TensorDesc* t : {&r.forward.q, &r.forward.k, &r.forward.v, &r.forward.out, &r.dout, &r.dq,
+                        &r.dk, &r.dv}) {
+    t->shape[3] = 256;
+    flashcore::bshd_strides(t->shape, t->stride);
+  }
+  s = plan(r, l4);
+  expect(s.code == Code::BackendUnavailable && s.message.find("128") != std::string::npos,
+         "backward at head dim 256 on the GPU: " + s.message);
+  r = valid_backward();
+  for (TensorDesc* t : {&r.forward.k, &r.forward.v, &r.dk, &r.dv}) {
+    t->shape[2] = 70000;
+    flashcore::bshd_strides(t->shape, t->stride);
+  }
+  for (TensorDesc* t : {&r.forward.q, &r.forward.out, &r.dout, &r.dq}) {
+    t->shape[2] = 70000;
+    flashcore::bshd_strides(t->shape, t->stride);
+  }
+  r.forward.lse.shape[2] = 70000;
+  flashcore::bhsd_strides(r.forward.lse.shape, r.forward.lse.stride);
+  s = plan(r, l4);
+  expect(s.code == Code::IndexOverflow && s.field == Field::Heads && s.values[1] == 65535,
+         "backward with 70000 kv heads: " + s.message);
 }
 
 int main() {

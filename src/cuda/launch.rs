@@ -168,6 +168,46 @@ pub(crate) fn run<T: AttentionElement>(
     Ok(ran)
 }
 
+/// Enqueues the backward pass of the forward call `request` (its inputs q, k, v, out, dout and
+/// the logsumexp `lse`, with `scores`' tensors) on dq's stream, ordered after pending work on
+/// every other operand's stream and before later work there.
+pub(crate) fn backward<T: AttentionElement>(
+    request: &RequestFfi,
+    inputs: [&Tensor<T>; 5],
+    lse: &Tensor<f32>,
+    [dq, dk, dv]: [&mut Tensor<T>; 3],
+    scores: crate::dispatch::ScoreTensors<'_>,
+) -> Result<()> {
+    let dout = desc(inputs[4])?;
+    let descs = [desc(dq)?, desc(dk)?, desc(dv)?];
+    let (stream, dq) = device_parts(dq)?;
+    let (dk_stream, dk) = device_parts(dk)?;
+    let (dv_stream, dv) = device_parts(dv)?;
+    let mut others = vec![device_stream(lse)?, dk_stream, dv_stream];
+    for t in inputs {
+        others.push(device_stream(t)?);
+    }
+    others.extend(
+        scores
+            .alibi
+            .and_then(AlibiSlopes::device)
+            .map(|s| s.stream()),
+    );
+    others.extend(scores.bias.and_then(Bias::device).map(|(_, s)| s));
+    order_after(stream, &others)?;
+    let [dq_desc, dk_desc, dv_desc] = descs;
+    let operands = ffi::BackwardOperands {
+        request,
+        dout,
+        grads: [(dq, dq_desc), (dk, dk_desc), (dv, dv_desc)],
+    };
+    ffi::attention_backward(stream.raw(), operands)?;
+    for s in others {
+        order_after(s, &[stream])?;
+    }
+    Ok(())
+}
+
 /// Host nanoseconds per iteration when C++ runs `probe` `iters` times from its own loop (bench
 /// only). All operands must be on `out`'s stream.
 pub(crate) fn cpp_launch_ns<T: AttentionElement>(

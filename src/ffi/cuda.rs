@@ -746,6 +746,40 @@ impl crate::cuda::Stream {
     }
 }
 
+/// A backward call: the forward call's description (its inputs' device addresses), the output
+/// gradient's, and the gradients' buffers, borrowed exclusively for the call, with their
+/// descriptions.
+pub(crate) struct BackwardOperands<'a> {
+    pub request: &'a RequestFfi,
+    pub dout: DescFfi,
+    pub grads: [(&'a mut RawBuffer, DescFfi); 3],
+}
+
+/// The backward pass through the public C++ API (`flashcore::attention_backward`) on `stream`.
+pub(crate) fn attention_backward(stream: &RawStream, b: BackwardOperands<'_>) -> Result<()> {
+    let [dq, dk, dv] = b.grads.map(|(buffer, mut d)| {
+        d.address = buffer.ptr() as u64;
+        d
+    });
+    let descs = [b.dout, dq, dk, dv];
+    // SAFETY: every address is a live allocation of `stream`'s device: the inputs' tensors are
+    // borrowed by the caller for this call, the gradients' buffers exclusively here; C++
+    // validates again (shapes, strides, places, overlaps) before launching, and the kernels are
+    // ordered on `stream` before any later free (the caller orders the other streams around it).
+    let status = unsafe {
+        sys::attention_backward(
+            b.request,
+            &descs[0],
+            &descs[1],
+            &descs[2],
+            &descs[3],
+            stream.ordinal,
+            stream.handle,
+        )
+    };
+    super::check(status, &super::Described::Backward(b.request, &descs))
+}
+
 /// The descriptions of a merge, with the device addresses of the borrowed tensors.
 pub(crate) struct MergeOperands<'a> {
     pub outs: &'a [DescFfi],

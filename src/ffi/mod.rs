@@ -418,6 +418,19 @@ pub(crate) mod sys {
             ordinal: i32,
             stream: usize,
         ) -> StatusFfi;
+        /// The backward pass through the public C++ API (`flashcore::attention_backward`) on
+        /// `stream` of device `ordinal`.
+        #[cfg(feature = "cuda")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn attention_backward(
+            request: &RequestFfi,
+            dout: &DescFfi,
+            dq: &DescFfi,
+            dk: &DescFfi,
+            dv: &DescFfi,
+            ordinal: i32,
+            stream: usize,
+        ) -> StatusFfi;
         /// `cudaMalloc` / `cudaFree` / synchronous copies done by C++ (interop tests).
         #[cfg(feature = "cuda")]
         fn cpp_malloc(ordinal: i32, bytes: usize) -> Result<usize>;

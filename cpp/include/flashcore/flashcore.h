@@ -1,4 +1,5 @@
-// flashcore — fused multi-head attention forward on NVIDIA GPUs: the public C++17 API.
+// flashcore — fused multi-head attention on NVIDIA GPUs (forward, and its gradients): the
+// public C++17 API.
 //
 //   out = softmax(scale * Q K^T + causal mask) V, per batch and query head.
 //
@@ -183,5 +184,32 @@ struct MergeArgs {
 // must not otherwise overlap them, itself or its logsumexp (Code::OverlappingOutput). Nothing is launched when the Status is not ok; problems
 // without rows succeed without launching. Never throws.
 Status merge_states(const MergeArgs& args, cudaStream_t stream) noexcept;
+
+// The backward pass: the gradients of attention_forward's output with respect to Q, K and V,
+// given the gradient of a loss with respect to that output.
+//
+//   P = exp(s(Q K^T) - lse),  D = rowsum(dO * O),  dS = P * (dO V^T - D) * s'(Q K^T),
+//   dQ = dS K,  dK = dS^T Q (summed over the query heads of each kv head),  dV = P^T dO,
+// where s is the forward call's score (scale, softcap, ALiBi, bias; masked keys have P = 0).
+struct BackwardArgs {
+  // The forward call as it ran: q, k, v, its options, ALiBi slopes and bias (constants: no
+  // gradient), its output `out` (read) and its logsumexp `lse` (required; read). No
+  // variable-length batch or paged cache (Code::BackendUnavailable).
+  AttentionArgs forward;
+  TensorRef dout;  // the gradient of the output, like out
+  OutputRef dq;    // like q; written
+  OutputRef dk;    // like k; written
+  OutputRef dv;    // like v; written
+};
+
+// Validates `args` (the forward call's rules, then each gradient's: shapes, strides, alignment,
+// device, no gradient overlapping an input or another gradient; Operand::DOut, DQ, DK, DV) and
+// enqueues the backward kernels on `stream` (of the current device): one family, WMMA tensor
+// cores, compute capability 8.0 or later, head dims up to 128 (a larger head dim, or another
+// forced family, is Code::BackendUnavailable). It allocates an f32 dQ accumulator of
+// batch x heads_q x seq_q x (64 or 128) floats, stream-ordered, for the call. Nothing is
+// launched when the Status is not ok; a problem without gradient elements succeeds without
+// launching. Never throws.
+Status attention_backward(const BackwardArgs& args, cudaStream_t stream) noexcept;
 
 }  // namespace flashcore

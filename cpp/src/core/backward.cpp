@@ -1,6 +1,9 @@
 // Validation of the backward pass: see backward.h.
 #include "core/backward.h"
 
+#include <climits>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "core/checks.h"
@@ -76,6 +79,50 @@ Status validate_backward(const BackwardRequest& r, Problem* problem) noexcept {
     *problem = p;
     return {};
   } catch (...) {  // only std::bad_alloc from a message string can get here
+    return out_of_host_memory();
+  }
+}
+
+Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps) noexcept {
+  try {
+    const std::optional<Kernel> forced = kernel_of(r.options.backend);
+    if (forced && *forced != Kernel::Wmma) {
+      return fail(Code::BackendUnavailable, Operand::None, Field::None,
+                  static_cast<int64_t>(*forced), 0, 0,
+                  "the backward pass has one GPU kernel, of the wmma family (ask for Auto or Wmma)");
+    }
+    if (!arch_class(caps.major, caps.minor, caps.smem_per_block_optin)) {
+      return fail(Code::UnsupportedDevice, Operand::None, Field::None, caps.major, caps.minor);
+    }
+    if (p.head_dim > kBackwardMaxHeadDim) {
+      return fail(Code::BackendUnavailable, Operand::None, Field::None,
+                  static_cast<int64_t>(Kernel::Wmma), 0, 0,
+                  "the GPU backward pass takes head dims up to " +
+                      std::to_string(kBackwardMaxHeadDim) + " (head dim " +
+                      std::to_string(p.head_dim) + "; the CPU backend takes every head dim)");
+    }
+    const int64_t smem = backward_smem_bytes(p.head_dim);
+    if (smem > caps.smem_per_block_optin) {
+      return fail(Code::SharedMemoryExceeded, Operand::None, Field::None, smem,
+                  caps.smem_per_block_optin);
+    }
+    // Sizes in 32 bits; kv heads and batch on the grid's y and z axes; the row-sum kernel's grid
+    // of 4 rows per block on x.
+    const std::pair<Field, std::pair<int64_t, int64_t>> limits[] = {
+        {Field::SeqQ, {p.seq_q, INT32_MAX}},
+        {Field::SeqK, {p.seq_k, INT32_MAX}},
+        {Field::Heads, {p.heads_q, INT32_MAX}},
+        {Field::Heads, {p.heads_kv, 65535}},
+        {Field::Batch, {p.batch, 65535}},
+        {Field::WorkUnits, {p.batch * p.heads_q * p.seq_q / 4, INT32_MAX}}};
+    for (const auto& [field, bound] : limits) {
+      if (bound.first > bound.second) {
+        return fail(Code::IndexOverflow, Operand::None, field, bound.first, bound.second,
+                    static_cast<int64_t>(Kernel::Wmma));
+      }
+    }
+    return {};
+  } catch (...) {
     return out_of_host_memory();
   }
 }

@@ -23,4 +23,23 @@ struct BackwardRequest {
 // or a paged cache is BackendUnavailable: the backward pass takes dense batches.
 Status validate_backward(const BackwardRequest& r, Problem* problem) noexcept;
 
+// The GPU backward pass (cpp/src/backward/): its largest head dim, its head-dim tier (the
+// kernels' D: columns past the head dim are zero), its key block and query step, and the shared
+// memory of its key-block kernel (2-byte elements): K and V, Q and dO rows padded by 8, the f32
+// S and dP of a step, its P and dS.
+constexpr int64_t kBackwardMaxHeadDim = 128;
+constexpr int64_t kBackwardKeys = 64, kBackwardRows = 32;
+constexpr int64_t backward_tier(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
+constexpr int64_t backward_smem_bytes(int64_t head_dim) {
+  const int64_t d = backward_tier(head_dim);
+  return 2 * kBackwardKeys * (d + 8) * 2 + 2 * kBackwardRows * (d + 8) * 2 +
+         2 * kBackwardRows * (kBackwardKeys + 4) * 4 + 2 * kBackwardRows * (kBackwardKeys + 8) * 2;
+}
+
+// Whether the GPU backward kernels take the validated problem `p` of `r` on a device with `caps`:
+// the backend (Auto or Wmma; another forced family is BackendUnavailable), the device (compute
+// capability 8.0 or later), the head dim (at most kBackwardMaxHeadDim: BackendUnavailable),
+// shared memory, and the grid's limits (IndexOverflow).
+Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps) noexcept;
+
 }  // namespace flashcore::core

@@ -1,0 +1,96 @@
+// The public backward entry (flashcore/flashcore.h attention_backward): describe, validate,
+// plan, launch (cpp/src/backward/).
+#include <cuda_runtime_api.h>
+
+#include "attention.h"
+#include "backward/launch.h"
+#include "core/backward.h"
+#include "describe.h"
+#include "flashcore/flashcore.h"
+
+namespace flashcore {
+namespace {
+
+// The launch of the validated backward call `r` (problem `p`).
+BackwardLaunch make_launch(const core::BackwardRequest& r, const core::Problem& p) {
+  const core::Request& f = r.forward;
+  BackwardLaunch a{};
+  a.dtype = f.dtype;
+  a.batch = static_cast<int32_t>(p.batch);
+  a.seq_q = static_cast<int32_t>(p.seq_q);
+  a.seq_k = static_cast<int32_t>(p.seq_k);
+  a.heads_q = static_cast<int32_t>(p.heads_q);
+  a.heads_kv = static_cast<int32_t>(p.heads_kv);
+  a.head_dim = static_cast<int32_t>(p.head_dim);
+  const auto at = [](const core::TensorDesc& t) { return reinterpret_cast<void*>(t.address); };
+  a.q = at(f.q), a.k = at(f.k), a.v = at(f.v), a.out = at(f.out), a.dout = at(r.dout);
+  a.lse = static_cast<const float*>(at(f.lse));
+  a.dq = at(r.dq), a.dk = at(r.dk), a.dv = at(r.dv);
+  const std::pair<int64_t*, const core::TensorDesc*> strides[] = {
+      {a.q_stride, &f.q},   {a.k_stride, &f.k},   {a.v_stride, &f.v},
+      {a.o_stride, &f.out}, {a.do_stride, &r.dout}, {a.dq_stride, &r.dq},
+      {a.dk_stride, &r.dk}, {a.dv_stride, &r.dv}};
+  for (const auto& [to, t] : strides) {
+    for (int i = 0; i < 3; ++i) {
+      to[i] = t->stride[i];
+    }
+  }
+  a.scale = p.scale;
+  a.softcap = f.options.softcap.value_or(0.0f);
+  // Key j is visible to row i when lo <= j - i <= hi (validate.h: blind_rows).
+  const int64_t diagonal = p.causal == Causal::TopLeft ? 0 : p.seq_k - p.seq_q;
+  a.alibi_diagonal = diagonal;
+  a.has_hi = p.causal != Causal::None || p.window_right >= 0;
+  a.diagonal_hi = diagonal + (p.causal != Causal::None ? 0 : p.window_right);
+  a.has_lo = p.window_left >= 0;
+  a.diagonal_lo = diagonal - p.window_left;
+  if (f.has_alibi) {
+    a.alibi = reinterpret_cast<const float*>(f.alibi.address);
+    a.alibi_batch_stride = f.alibi.batch == 1 ? 0 : f.alibi.heads;
+  }
+  if (f.has_bias) {
+    a.bias = at(f.bias);
+    a.bias_type = static_cast<int32_t>(f.bias_type);
+    for (int i = 0; i < 4; ++i) {
+      a.bias_stride[i] = f.bias.shape[i] == 1 ? 0 : f.bias.stride[i];
+    }
+  }
+  return a;
+}
+
+}  // namespace
+
+Status attention_backward(const BackwardArgs& args, cudaStream_t stream) noexcept {
+  try {
+    int device = 0;
+    if (Status s = detail::current_device(&device); !s.ok()) {
+      return s;
+    }
+    core::BackwardRequest r;
+    r.forward = detail::request_of(args.forward, device);
+    r.forward.has_lse = true;
+    if (args.forward.lse) {
+      r.forward.lse = detail::describe(*args.forward.lse, 4, device);
+    }
+    r.dout = detail::describe(args.dout, 2, device);
+    r.dq = detail::describe(args.dq, 2, device);
+    r.dk = detail::describe(args.dk, 2, device);
+    r.dv = detail::describe(args.dv, 2, device);
+    core::Problem p{};
+    if (Status s = core::validate_backward(r, &p); !s.ok()) {
+      return s;
+    }
+    if (p.location != device) {
+      return core::fail(Code::DeviceMismatch, Operand::Q, Field::None, p.location, device, 0);
+    }
+    if (Status s = core::plan_backward(r.forward, p, detail::device_caps(device)); !s.ok()) {
+      return s;
+    }
+    launch_backward(make_launch(r, p), stream);
+    return {};
+  } catch (const std::exception& e) {
+    return detail::to_status(e);
+  }
+}
+
+}  // namespace flashcore

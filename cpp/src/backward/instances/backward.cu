@@ -1,0 +1,69 @@
+// The backward kernels for f16 and bf16 at head-dim tiers 64 and 128, and their launcher (one
+// translation unit): see ../kernel.cuh.
+#include <algorithm>
+#include <string>
+
+#include "backward/kernel.cuh"
+#include "check.h"
+#include "scratch.h"
+
+namespace flashcore {
+namespace {
+
+template <typename T, int D>
+void launch_tier(const BackwardLaunch& a, cudaStream_t stream) {
+  using namespace backward;
+  const int64_t rows = int64_t(a.batch) * a.heads_q * a.seq_q;
+  // dQ's f32 accumulator ([batch, heads_q, seq_q, D]) and the row sums D_i after it.
+  detail::Scratch scratch(size_t(rows) * (D + 1) * sizeof(float), stream);
+  float* dq_acc = scratch.floats();
+  float* sums = dq_acc + rows * D;
+  if (rows > 0) {
+    const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+    row_sums<T, D><<<blocks, kThreads, 0, stream>>>(a, sums, dq_acc);
+    check_cuda(cudaGetLastError(), "launch backward row_sums");
+  }
+  const size_t smem = Smem<T, D>::kBytes;
+  check_cuda(cudaFuncSetAttribute(key_block<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)),
+             "cudaFuncSetAttribute(backward key_block)");
+  const dim3 grid(static_cast<unsigned>((a.seq_k + kKeys - 1) / kKeys),
+                  static_cast<unsigned>(a.heads_kv), static_cast<unsigned>(a.batch));
+  key_block<T, D><<<grid, kThreads, smem, stream>>>(a, sums, dq_acc);
+  check_cuda(cudaGetLastError(), "launch backward key_block");
+  if (rows > 0) {
+    const int64_t work = (rows * a.head_dim + kThreads - 1) / kThreads;
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(work, int64_t{1} << 20));
+    convert<T, D><<<blocks, kThreads, 0, stream>>>(a, dq_acc);
+    check_cuda(cudaGetLastError(), "launch backward convert");
+  }
+}
+
+template <typename T>
+void launch_typed(const BackwardLaunch& a, cudaStream_t stream) {
+  if (core::backward_tier(a.head_dim) == 64) {
+    launch_tier<T, 64>(a, stream);
+  } else {
+    launch_tier<T, 128>(a, stream);
+  }
+}
+
+}  // namespace
+
+void launch_backward(const BackwardLaunch& a, cudaStream_t stream) {
+  if (a.batch == 0 || a.heads_kv == 0 || a.seq_k == 0) {
+    return;  // no gradient element (seq_k = 0 with queries was refused by validation)
+  }
+  if (a.head_dim > core::kBackwardMaxHeadDim) {
+    throw detail::Failure(Code::Launch, "",
+                          "backward: head dim " + std::to_string(a.head_dim) + " beyond " +
+                              std::to_string(core::kBackwardMaxHeadDim));
+  }
+  if (a.dtype == DType::F16) {
+    launch_typed<__half>(a, stream);
+  } else {
+    launch_typed<__nv_bfloat16>(a, stream);
+  }
+}
+
+}  // namespace flashcore

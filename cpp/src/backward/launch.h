@@ -1,0 +1,43 @@
+// The backward kernels' launch interface (internal): the gradients of attention with respect to
+// Q, K and V. Reached only through cpp/src/backward.cpp, after validate_backward and
+// plan_backward (cpp/src/core/backward.h).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "flashcore/types.h"
+
+namespace flashcore {
+
+// One backward launch. Strides in elements over (batch, seq, head); head dims contiguous. The
+// logsumexp is dense [batch, heads_q, seq_q] (natural log, as the forward call wrote it).
+struct BackwardLaunch {
+  DType dtype;
+  int32_t batch, seq_q, seq_k, heads_q, heads_kv, head_dim;
+  const void *q, *k, *v, *out, *dout;
+  const float* lse;
+  void *dq, *dk, *dv;
+  int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3], do_stride[3];
+  int64_t dq_stride[3], dk_stride[3], dv_stride[3];
+  float scale;    // positive and finite
+  float softcap;  // 0: none
+  // Key j is visible to query row i when diagonal_lo <= j - i <= diagonal_hi (each bound
+  // present unless has_lo / has_hi is false): the causal mask and the window.
+  int64_t diagonal_lo, diagonal_hi;
+  bool has_lo, has_hi;
+  int64_t alibi_diagonal;  // ALiBi's distance is |i + alibi_diagonal - j|
+  const float* alibi;      // [batch or 1, heads_q] slopes (null: none)
+  int64_t alibi_batch_stride;
+  const void* bias;  // element [b, i, h, j] at the strides (0 on broadcast axes); null: none
+  int32_t bias_type;  // 0 f16, 1 bf16, 2 f32
+  int64_t bias_stride[4];
+};
+
+// Enqueues the backward pass on `stream` (of the current device): the row sums D = rowsum(dO *
+// O) and a zeroed f32 dQ accumulator in stream-ordered scratch memory, the key-block kernel
+// (dK and dV written, dQ accumulated), then dQ converted. Throws detail::Failure.
+void launch_backward(const BackwardLaunch& args, cudaStream_t stream);
+
+}  // namespace flashcore
