@@ -50,8 +50,8 @@ pub struct GradientsMut<'a, T: Element> {
 ///
 /// **Where it runs:** host tensors on the CPU backend, in f64 (the reference); device tensors on
 /// the GPU backward kernels (compute capability 8.0 and later, WMMA tensor cores, f32
-/// accumulation; reported as [`crate::plan::Kernel::Wmma`]), on dq's stream, ordered after pending work on
-/// the other operands' streams. The GPU takes head dims up to 128 (a larger one, or forcing
+/// accumulation; reported as [`crate::plan::Kernel::Wmma`]), on dq's stream, ordered after
+/// pending work on the other operands' streams. The GPU takes head dims up to 128 (a larger one, or forcing
 /// another kernel family, is [`crate::Error::BackendUnavailable`]) and allocates an f32 dQ
 /// accumulator of `batch * heads_q * seq_q * 64` (head dims up to 64) or `* 128` floats for the
 /// call. **It is correct, not yet fast:** 0.12-0.15x the speed of torch's cuDNN backward on the

@@ -67,11 +67,7 @@ Status attention_backward(const BackwardArgs& args, cudaStream_t stream) noexcep
       return s;
     }
     core::BackwardRequest r;
-    r.forward = detail::request_of(args.forward, device);
-    r.forward.has_lse = true;
-    if (args.forward.lse) {
-      r.forward.lse = detail::describe(*args.forward.lse, 4, device);
-    }
+    r.forward = detail::request_of(args.forward, device);  // its lse: required (validation)
     r.dout = detail::describe(args.dout, 2, device);
     r.dq = detail::describe(args.dq, 2, device);
     r.dk = detail::describe(args.dk, 2, device);

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "backward/launch.h"
+#include "element.cuh"
 #include "core/backward.h"
 
 namespace flashcore::backward {
@@ -34,19 +35,6 @@ constexpr int kKeys = 16 * kWarps;  // keys per block: each warp owns 16 key row
 constexpr int kRows = 32;           // query rows per step
 static_assert(kKeys == core::kBackwardKeys && kRows == core::kBackwardRows, "core/backward.h");
 
-inline __device__ float to_float(__half x) { return __half2float(x); }
-inline __device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-inline __device__ float to_float(float x) { return x; }
-template <typename T>
-inline __device__ T from_float(float x);
-template <>
-inline __device__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-inline __device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 // Shared-memory plan of the key-block kernel for head dim tier D (elements of T unless named).
 template <typename T, int D>

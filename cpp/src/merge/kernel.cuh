@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "element.cuh"
 #include "merge/launch.h"
 #include "merge/state.cuh"
 
@@ -25,18 +26,6 @@ namespace flashcore::merge {
 
 constexpr int kVector = 8;  // elements per thread: one 16-byte load or store
 
-inline __device__ float to_float(__half x) { return __half2float(x); }
-inline __device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-inline __device__ T from_float(float x);
-template <>
-inline __device__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-inline __device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 // `rows_per_block` rows of `head_dim / 8` threads each. The states are read through the launch
 // parameters (`__grid_constant__`: indexed in place, never copied to local memory).
