@@ -1,7 +1,7 @@
 //! The backward pass: the gradients of attention's output with respect to Q, K and V.
 
 use crate::attention::alloc_like;
-use crate::dispatch::{misplaced, Execution, CPU};
+use crate::dispatch::{misplaced, Batching, Execution, CPU};
 use crate::element::{AttentionElement, Element};
 use crate::error::Result;
 use crate::ffi::RequestFfi;
@@ -9,6 +9,7 @@ use crate::merge::AttentionState;
 use crate::options::{AttentionOptions, Backend};
 use crate::tensor::{Layout, Location, Tensor};
 use crate::validate::desc;
+use crate::varlen::VarlenBatch;
 
 /// The result of [`attention_backward`]: the gradients, each shaped like its input (dense BSHD,
 /// where the inputs live).
@@ -55,8 +56,8 @@ pub struct GradientsMut<'a, T: Element> {
 /// another kernel family, is [`crate::Error::BackendUnavailable`]) and allocates an f32 dQ
 /// accumulator of `batch * heads_q * seq_q * 64` (head dims up to 64) or `* 128` floats for the
 /// call. **It is correct, not yet fast:** 0.12-0.15x the speed of torch's cuDNN backward on the
-/// H200 (docs/PERFORMANCE.md, session 65). Dense batches only (no variable-length batch or
-/// paged cache).
+/// H200 (docs/PERFORMANCE.md, session 65). Variable-length batches:
+/// [`attention_varlen_backward`]; no paged cache.
 ///
 /// ```
 /// use flashcore::{
@@ -92,22 +93,8 @@ pub fn attention_backward<T: AttentionElement>(
     dout: &Tensor<T>,
     opts: &AttentionOptions,
 ) -> Result<Gradients<T>> {
-    let like = |t: &Tensor<T>| {
-        let s = t.shape();
-        alloc_like::<T, T>(t, &[s.batch, s.seq, s.heads, s.head_dim], Layout::Bshd)
-    };
-    let (mut dq, mut dk, mut dv) = (like(q)?, like(k)?, like(v)?);
-    let grads = GradientsMut {
-        dq: &mut dq,
-        dk: &mut dk,
-        dv: &mut dv,
-    };
-    let execution = attention_backward_into(q, k, v, forward, dout, grads, opts)?;
-    Ok(Gradients {
-        dq,
-        dk,
-        dv,
-        execution,
+    with_gradients([q, k, v], |grads| {
+        attention_backward_into(q, k, v, forward, dout, grads, opts)
     })
 }
 
@@ -124,11 +111,123 @@ pub fn attention_backward_into<T: AttentionElement>(
     grads: GradientsMut<'_, T>,
     opts: &AttentionOptions,
 ) -> Result<Execution> {
+    backward_into([q, k, v], Batching::Dense, forward, dout, grads, opts)
+}
+
+/// The gradients of [`attention_varlen`](crate::attention_varlen)'s output: as
+/// [`attention_backward`], for the sequences of `batch` packed along the token axis (Q, dout and
+/// dQ `[1, total_q, heads_q, head_dim]`, K, V, dK and dV `[1, total_k, heads_kv, head_dim]`,
+/// the logsumexp `[1, heads_q, total_q]` as the forward call wrote it). Each sequence's
+/// gradients are those of its own attention; a sequence without queries gets zero dK and dV.
+/// On a GPU the offsets must be on the device (`VarlenBatch::to_device`).
+///
+/// ```
+/// use flashcore::{
+///     attention_backward, attention_varlen, attention_varlen_backward, AttentionOptions,
+///     AttentionState, Causal, Layout, Tensor, VarlenBatch,
+/// };
+/// use half::f16;
+/// let (h, d) = (2, 8);
+/// let val = |n: usize, seed: usize| -> Vec<f16> {
+///     (0..n).map(|i| f16::from_f32(((i * 7 + seed) % 11) as f32 * 0.1 - 0.5)).collect()
+/// };
+/// // Two sequences: 3 queries on 4 keys, then 2 queries on 2 keys.
+/// let batch = VarlenBatch::from_lengths(&[3, 2], &[4, 2])?;
+/// let q = Tensor::from_vec(val(5 * h * d, 1), &[1, 5, h, d], Layout::Bshd)?;
+/// let k = Tensor::from_vec(val(6 * h * d, 2), &[1, 6, h, d], Layout::Bshd)?;
+/// let v = Tensor::from_vec(val(6 * h * d, 3), &[1, 6, h, d], Layout::Bshd)?;
+/// let dout = Tensor::from_vec(val(5 * h * d, 4), &[1, 5, h, d], Layout::Bshd)?;
+/// let opts = AttentionOptions::default().causal(Causal::BottomRight).with_lse();
+/// let fwd = attention_varlen(&q, &k, &v, &batch, &opts)?;
+/// let state = AttentionState { out: &fwd.out, lse: fwd.lse.as_ref().unwrap() };
+/// let grads = attention_varlen_backward(&q, &k, &v, &batch, state, &dout, &opts)?;
+/// // The first sequence's keys get the gradients of the first sequence alone.
+/// let part = |t: &Tensor<f16>, r: std::ops::Range<usize>| -> flashcore::Result<Tensor<f16>> {
+///     let data = t.host_data().unwrap()[r.start * h * d..r.end * h * d].to_vec();
+///     Tensor::from_vec(data, &[1, r.len(), h, d], Layout::Bshd)
+/// };
+/// let (q0, k0, v0, g0) = (part(&q, 0..3)?, part(&k, 0..4)?, part(&v, 0..4)?, part(&dout, 0..3)?);
+/// let first = flashcore::attention(&q0, &k0, &v0, &opts)?;
+/// let state = AttentionState { out: &first.out, lse: first.lse.as_ref().unwrap() };
+/// let alone = attention_backward(&q0, &k0, &v0, state, &g0, &opts)?;
+/// assert_eq!(grads.dk.get(0, 3, 1, 5), alone.dk.get(0, 3, 1, 5));
+/// # Ok::<(), flashcore::Error>(())
+/// ```
+pub fn attention_varlen_backward<T: AttentionElement>(
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    batch: &VarlenBatch,
+    forward: AttentionState<'_, T>,
+    dout: &Tensor<T>,
+    opts: &AttentionOptions,
+) -> Result<Gradients<T>> {
+    with_gradients([q, k, v], |grads| {
+        attention_varlen_backward_into(q, k, v, batch, forward, dout, grads, opts)
+    })
+}
+
+/// Like [`attention_varlen_backward`], writing the gradients into the caller's tensors, as
+/// [`attention_backward_into`] does.
+#[allow(clippy::too_many_arguments)] // the forward call's operands and batch, dout, the gradients
+pub fn attention_varlen_backward_into<T: AttentionElement>(
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    batch: &VarlenBatch,
+    forward: AttentionState<'_, T>,
+    dout: &Tensor<T>,
+    grads: GradientsMut<'_, T>,
+    opts: &AttentionOptions,
+) -> Result<Execution> {
+    backward_into(
+        [q, k, v],
+        Batching::Varlen(batch),
+        forward,
+        dout,
+        grads,
+        opts,
+    )
+}
+
+/// Gradients shaped like `qkv` (dense BSHD, where Q lives), filled by `run`.
+fn with_gradients<T: AttentionElement>(
+    qkv: [&Tensor<T>; 3],
+    run: impl FnOnce(GradientsMut<'_, T>) -> Result<Execution>,
+) -> Result<Gradients<T>> {
+    let like = |t: &Tensor<T>| {
+        let s = t.shape();
+        alloc_like::<T, T>(t, &[s.batch, s.seq, s.heads, s.head_dim], Layout::Bshd)
+    };
+    let [mut dq, mut dk, mut dv] = [like(qkv[0])?, like(qkv[1])?, like(qkv[2])?];
+    let execution = run(GradientsMut {
+        dq: &mut dq,
+        dk: &mut dk,
+        dv: &mut dv,
+    })?;
+    Ok(Gradients {
+        dq,
+        dk,
+        dv,
+        execution,
+    })
+}
+
+/// Validates the backward call of these operands (C++ `core::validate_backward`), then runs it
+/// on the CPU backend (host tensors) or the GPU.
+fn backward_into<T: AttentionElement>(
+    [q, k, v]: [&Tensor<T>; 3],
+    batch: Batching<'_>,
+    forward: AttentionState<'_, T>,
+    dout: &Tensor<T>,
+    grads: GradientsMut<'_, T>,
+    opts: &AttentionOptions,
+) -> Result<Execution> {
     let GradientsMut { dq, dk, dv } = grads;
-    let request = crate::validate::request(q, k, v, forward.out, Some(forward.lse), opts)?;
+    let request = crate::dispatch::request([q, k, v, forward.out], Some(forward.lse), batch, opts)?;
     let descs = [desc(dout)?, desc(dq)?, desc(dk)?, desc(dv)?];
     let location = q.location();
-    let problem = crate::validate::validate_backward(&request, &descs, location)?;
+    let problem = crate::validate::validate_backward(&request, batch.hosts(), &descs, location)?;
     match (opts.backend, location) {
         (Backend::Auto | Backend::Cpu, Location::Host) => {}
         (Backend::Cpu, Location::Cuda(_)) | (_, Location::Host) => {
@@ -136,7 +235,7 @@ pub fn attention_backward_into<T: AttentionElement>(
         }
         (_, Location::Cuda(_)) => {
             let inputs = [q, k, v, forward.out, dout];
-            return on_gpu(&request, inputs, forward.lse, [dq, dk, dv], opts);
+            return on_gpu(&request, inputs, forward.lse, [dq, dk, dv], (batch, opts));
         }
     }
     let problem = crate::validate::Problem {
@@ -152,7 +251,11 @@ pub fn attention_backward_into<T: AttentionElement>(
         lse: forward.lse,
         dout,
     };
-    crate::cpu::attention_backward(&problem, &operands, [dq, dk, dv])?;
+    let varlen = match batch {
+        Batching::Varlen(b) => Some(b),
+        _ => None,
+    };
+    crate::cpu::attention_backward(&problem, varlen, &operands, [dq, dk, dv])?;
     Ok(CPU)
 }
 
@@ -164,10 +267,10 @@ fn on_gpu<T: AttentionElement>(
     inputs: [&Tensor<T>; 5],
     lse: &Tensor<f32>,
     grads: [&mut Tensor<T>; 3],
-    opts: &AttentionOptions,
+    (batch, opts): (Batching<'_>, &AttentionOptions),
 ) -> Result<Execution> {
     let scores = crate::dispatch::ScoreTensors::of(opts);
-    crate::cuda::launch::backward(request, inputs, lse, grads, scores)?;
+    crate::cuda::launch::backward(request, inputs, lse, grads, (batch, scores))?;
     // Its one kernel family.
     Ok(Execution {
         backend: crate::BackendKind::Kernel(crate::plan::Kernel::Wmma),
@@ -182,7 +285,7 @@ fn on_gpu<T: AttentionElement>(
     _: [&Tensor<T>; 5],
     _: &Tensor<f32>,
     _: [&mut Tensor<T>; 3],
-    _: &AttentionOptions,
+    _: (Batching<'_>, &AttentionOptions),
 ) -> Result<Execution> {
     Err(crate::Error::CudaNotBuilt)
 }

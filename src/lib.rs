@@ -116,7 +116,10 @@ mod varlen;
 
 pub use alibi::AlibiSlopes;
 pub use attention::{attention, attention_into, AttentionOutput};
-pub use backward::{attention_backward, attention_backward_into, Gradients, GradientsMut};
+pub use backward::{
+    attention_backward, attention_backward_into, attention_varlen_backward,
+    attention_varlen_backward_into, Gradients, GradientsMut,
+};
 pub use bias::Bias;
 #[cfg(feature = "cuda")]
 #[doc(hidden)]

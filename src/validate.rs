@@ -153,14 +153,16 @@ pub(crate) fn validate(
     Ok(problem_of(&raw, request, location))
 }
 
-/// Checks the backward call of the forward call `request` with the gradients dout, dq, dk, dv
+/// Checks the backward call of the forward call `request` (with the host copies of a
+/// variable-length batch's offsets; empty for a dense call) with the gradients dout, dq, dk, dv
 /// (C++ `core::validate_backward`) and returns its problem.
 pub(crate) fn validate_backward(
     request: &RequestFfi,
+    hosts: Hosts<'_>,
     grads: &[ffi::DescFfi; 4],
     location: Location,
 ) -> Result<Problem> {
-    let raw = ffi::validate_backward(request, grads)?;
+    let raw = ffi::validate_backward(request, hosts, grads)?;
     Ok(problem_of(&raw, request, location))
 }
 

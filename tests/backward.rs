@@ -5,11 +5,12 @@
 
 mod common;
 
-use common::{dims, logical, randn, rel_l2, Rng};
+use common::{dims, logical, randn, random_lengths, rel_l2, tokens, Rng};
 use flashcore::plan::Kernel;
 use flashcore::{
-    attention, attention_backward, attention_backward_into, AttentionOptions, AttentionState,
-    Backend, BackendKind, Causal, Error, GradientsMut, Layout, Operand, Shape, Tensor,
+    attention, attention_backward, attention_backward_into, attention_varlen,
+    attention_varlen_backward, AttentionOptions, AttentionState, Backend, BackendKind, Causal,
+    Error, GradientsMut, Layout, Operand, Shape, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 
@@ -273,4 +274,66 @@ fn an_empty_problem_zeroes_dk_and_dv() {
     };
     attention_backward_into(&q, &k, &k, state, &q, grads, &AttentionOptions::default()).unwrap();
     assert!(logical(&dk).iter().chain(&logical(&dv)).all(|x| *x == 0.0));
+}
+
+/// A variable-length batch's gradients are, sequence by sequence, those of its own attention
+/// (the naive definition on each sequence's tokens); a sequence without queries gets zero dK
+/// and dV.
+#[test]
+fn variable_length_gradients_are_each_sequences() {
+    let mut rng = Rng::fresh();
+    for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+        let (mut lq, lk) = random_lengths(&mut rng, 5, 40, 50, causal == Causal::BottomRight);
+        lq[1] = 0;
+        let (hq, hk, d) = (4, 2, 16);
+        let batch = VarlenBatch::from_lengths(&lq, &lk).unwrap();
+        let (tq, tk) = (lq.iter().sum::<usize>(), lk.iter().sum::<usize>());
+        let q = randn::<f16>(&mut rng, &[1, tq, hq, d], Layout::Bshd);
+        let k = randn::<f16>(&mut rng, &[1, tk, hk, d], Layout::Bshd);
+        let v = randn::<f16>(&mut rng, &[1, tk, hk, d], Layout::Bshd);
+        let dout = randn::<f16>(&mut rng, &[1, tq, hq, d], Layout::Bshd);
+        let opts = AttentionOptions::default().causal(causal).with_lse();
+        let fwd = match attention_varlen(&q, &k, &v, &batch, &opts) {
+            Ok(f) => f,
+            Err(Error::NoVisibleKeys { .. }) => continue, // top-left rows beyond a short sequence
+            Err(e) => panic!("{e}"),
+        };
+        let state = AttentionState {
+            out: &fwd.out,
+            lse: fwd.lse.as_ref().unwrap(),
+        };
+        let grads = attention_varlen_backward(&q, &k, &v, &batch, state, &dout, &opts).unwrap();
+        let (mut q0, mut k0) = (0, 0);
+        for (&nq, &nk) in lq.iter().zip(&lk) {
+            let (qr, kr) = (q0..q0 + nq, k0..k0 + nk);
+            let slices = [&q, &k, &v, &dout].map(|t| {
+                let r = if t.shape().heads == hq {
+                    qr.clone()
+                } else {
+                    kr.clone()
+                };
+                tokens(t, r)
+            });
+            let [sq, sk, sv, sd] = &slices;
+            let want = naive_backward([sq, sk, sv, sd], 1.0 / (d as f64).sqrt(), causal);
+            let got = [
+                tokens(&grads.dq, qr.clone()),
+                tokens(&grads.dk, kr.clone()),
+                tokens(&grads.dv, kr.clone()),
+            ];
+            for (name, (g, w)) in ["dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
+                let g = logical(g);
+                if w.iter().all(|x| *x == 0.0) {
+                    assert!(
+                        g.iter().all(|x| *x == 0.0),
+                        "{causal:?} {lq:?} {lk:?}: {name}"
+                    );
+                } else {
+                    let e = rel_l2(&g, w);
+                    assert!(e < 1e-3, "{causal:?} {lq:?} {lk:?}: {name} {e}");
+                }
+            }
+            (q0, k0) = (q0 + nq, k0 + nk);
+        }
+    }
 }

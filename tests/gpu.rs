@@ -4511,6 +4511,8 @@ struct DrawnBackward {
     bf16: bool,
     case: Case,
     mods: common::Mods,
+    /// A variable-length batch's query and key lengths (the case is then its packed batch 1).
+    lengths: Option<(Vec<usize>, Vec<usize>)>,
 }
 
 impl DrawnBackward {
@@ -4532,7 +4534,7 @@ impl DrawnBackward {
                 layout,
             ));
         }
-        let case = Case {
+        let mut case = Case {
             sq,
             sk,
             hk,
@@ -4540,10 +4542,20 @@ impl DrawnBackward {
             layout: [Layout::Bshd, Layout::Bhsd][rng.below(2)],
             ..case(b, hq, sq, d)
         };
+        let mut lengths = None;
+        if rng.below(3) == 0 {
+            let bottom_right = case.causal == Causal::BottomRight;
+            let n = 1 + rng.below(4);
+            let (lq, lk) = random_lengths(rng, n, 200, 200, bottom_right);
+            (case.b, case.sq, case.sk) = (1, lq.iter().sum(), lk.iter().sum());
+            mods.bias = None;
+            lengths = Some((lq, lk));
+        }
         DrawnBackward {
             bf16: rng.below(2) == 0,
             case,
             mods,
+            lengths,
         }
     }
 }
@@ -4552,7 +4564,7 @@ impl DrawnBackward {
 /// backend's, as relative L2 errors of dq, dk, dv; `None` where the CPU refuses the forward call
 /// (then the GPU backward must refuse alike).
 fn backward_case<T: AttentionElement>(s: &Stream, p: &DrawnBackward) -> Option<[f64; 3]> {
-    use flashcore::{attention_backward_into, GradientsMut};
+    use flashcore::{attention_backward_into, attention_varlen_backward_into, GradientsMut};
     let c = &p.case;
     let mut rng = Rng::fresh();
     let [q, k, v] = case_inputs::<T>(c);
@@ -4561,28 +4573,56 @@ fn backward_case<T: AttentionElement>(s: &Stream, p: &DrawnBackward) -> Option<[
         &dims(Shape::new(c.b, c.sq, c.hq, c.d), c.layout),
         c.layout,
     );
-    let (mut opts, mut cpu) = fuzz_options(s, c, &p.mods, (c.b, c.hq));
+    let host = p
+        .lengths
+        .as_ref()
+        .map(|(lq, lk)| VarlenBatch::from_lengths(lq, lk).unwrap());
+    let device = host.as_ref().map(|b| b.to_device(s).unwrap());
+    let sequences = p.lengths.as_ref().map_or(c.b, |(lq, _)| lq.len());
+    let (mut opts, mut cpu) = fuzz_options(s, c, &p.mods, (sequences, c.hq));
     opts.return_lse = true;
     cpu.return_lse = true;
     cpu.bias = p.mods.bias.as_ref().map(|b| b.bias());
     opts.bias = p.mods.bias.as_ref().map(|b| device_bias(b, s));
-    let fwd = match attention(&q, &k, &v, &cpu) {
+    // The backward call, dense or over the batch, on these tensors (the GPU's: `device`).
+    let backward = |[q, k, v, out, dout]: [&Tensor<T>; 5],
+                    lse: &Tensor<f32>,
+                    grads: GradientsMut<'_, T>,
+                    (batch, opts): (Option<&VarlenBatch>, &AttentionOptions)| {
+        let state = AttentionState { out, lse };
+        match batch {
+            Some(b) => attention_varlen_backward_into(q, k, v, b, state, dout, grads, opts),
+            None => attention_backward_into(q, k, v, state, dout, grads, opts),
+        }
+    };
+    let poison = |t: &Tensor<T>| {
+        let dims = dims(t.shape(), c.layout);
+        Tensor::full(T::from_f64(f64::NAN), &dims, c.layout).unwrap()
+    };
+    let dev = |t: &Tensor<T>| t.to_device(s).unwrap();
+    let forward = match &host {
+        Some(b) => attention_varlen(&q, &k, &v, b, &cpu),
+        None => attention(&q, &k, &v, &cpu),
+    };
+    let fwd = match forward {
         Ok(f) => f,
         Err(e) => {
-            let dev = |t: &Tensor<T>| t.to_device(s).unwrap();
-            let (dq_, dk_, dv_, out_) = (dev(&q), dev(&k), dev(&v), dev(&dout));
-            let (mut gq, mut gk, mut gv) = (dev(&q), dev(&k), dev(&v));
+            let inputs = [&q, &k, &v, &dout, &dout].map(dev);
+            let [gq, gk, gv] = &mut [&q, &k, &v].map(|t| dev(&poison(t)));
             let lse = Tensor::full(0f32, &[c.b, c.hq, c.sq, 1], Layout::Bhsd).unwrap();
-            let state = AttentionState {
-                out: &out_,
-                lse: &lse.to_device(s).unwrap(),
-            };
             let grads = GradientsMut {
-                dq: &mut gq,
-                dk: &mut gk,
-                dv: &mut gv,
+                dq: gq,
+                dk: gk,
+                dv: gv,
             };
-            let got = attention_backward_into(&dq_, &dk_, &dv_, state, &dq_, grads, &opts);
+            let [q_, k_, v_, out_, dout_] = &inputs;
+            let lse = lse.to_device(s).unwrap();
+            let got = backward(
+                [q_, k_, v_, out_, dout_],
+                &lse,
+                grads,
+                (device.as_ref(), &opts),
+            );
             let got = got.expect_err("the GPU backward ran a problem the CPU refuses");
             assert_eq!(
                 std::mem::discriminant(&got),
@@ -4593,34 +4633,38 @@ fn backward_case<T: AttentionElement>(s: &Stream, p: &DrawnBackward) -> Option<[
         }
     };
     let lse = fwd.lse.as_ref().unwrap();
-    let state = AttentionState { out: &fwd.out, lse };
-    let want = flashcore::attention_backward(&q, &k, &v, state, &dout, &cpu).unwrap();
-    let dev = |t: &Tensor<T>| t.to_device(s).unwrap();
-    let (dq_, dk_, dv_, dout_, out_) = (dev(&q), dev(&k), dev(&v), dev(&dout), dev(&fwd.out));
-    let lse_ = lse.to_device(s).unwrap();
-    let poison = |t: &Tensor<T>| {
-        let shape = t.shape();
-        let dims = dims(shape, c.layout);
-        Tensor::full(T::from_f64(f64::NAN), &dims, c.layout)
-            .unwrap()
-            .to_device(s)
-            .unwrap()
+    let [mut wq, mut wk, mut wv] = [&q, &k, &v].map(poison);
+    let want = GradientsMut {
+        dq: &mut wq,
+        dk: &mut wk,
+        dv: &mut wv,
     };
-    let (mut gq, mut gk, mut gv) = (poison(&q), poison(&k), poison(&v));
+    backward(
+        [&q, &k, &v, &fwd.out, &dout],
+        lse,
+        want,
+        (host.as_ref(), &cpu),
+    )
+    .unwrap();
+    let inputs = [&q, &k, &v, &fwd.out, &dout].map(dev);
+    let [mut gq, mut gk, mut gv] = [&q, &k, &v].map(|t| dev(&poison(t)));
     let grads = GradientsMut {
         dq: &mut gq,
         dk: &mut gk,
         dv: &mut gv,
     };
-    let state = AttentionState {
-        out: &out_,
-        lse: &lse_,
-    };
-    let ran = attention_backward_into(&dq_, &dk_, &dv_, state, &dout_, grads, &opts)
-        .unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    let [q_, k_, v_, out_, dout_] = &inputs;
+    let lse_ = lse.to_device(s).unwrap();
+    let ran = backward(
+        [q_, k_, v_, out_, dout_],
+        &lse_,
+        grads,
+        (device.as_ref(), &opts),
+    )
+    .unwrap_or_else(|e| panic!("{p:?}: {e}"));
     assert_eq!(ran.backend, BackendKind::Kernel(Kernel::Wmma));
     let got = [&gq, &gk, &gv].map(|t| logical(&t.to_host().unwrap()));
-    let want = [&want.dq, &want.dk, &want.dv].map(|t| logical(t));
+    let want = [&wq, &wk, &wv].map(|t| logical(t));
     Some([0, 1, 2].map(|i| gradient_error(&got[i], &want[i])))
 }
 
@@ -4640,8 +4684,8 @@ fn gradient_error(got: &[f64], want: &[f64]) -> f64 {
 }
 
 /// The GPU backward pass against the CPU backend's f64 gradients on random problems: GQA and
-/// MQA, head dims 8 to 128, lengths 1 to 300 both ways, causal modes, layouts, softcaps,
-/// windows, ALiBi, biases (`FLASHCORE_FUZZ_CASES`, `FLASHCORE_FUZZ_SEED` as the fuzz tests).
+/// MQA, head dims 8 to 128, lengths 1 to 300 both ways, variable-length batches of 1 to 4
+/// sequences of 0 to 200 queries, causal modes, layouts, softcaps, windows, ALiBi, biases (`FLASHCORE_FUZZ_CASES`, `FLASHCORE_FUZZ_SEED` as the fuzz tests).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn backward_matches_the_cpu() {

@@ -37,13 +37,16 @@ BackwardLaunch make_launch(const core::BackwardRequest& r, const core::Problem& 
   }
   a.scale = p.scale;
   a.softcap = f.options.softcap.value_or(0.0f);
-  // Key j is visible to row i when lo <= j - i <= hi (validate.h: blind_rows).
-  const int64_t diagonal = p.causal == Causal::TopLeft ? 0 : p.seq_k - p.seq_q;
-  a.alibi_diagonal = diagonal;
-  a.has_hi = p.causal != Causal::None || p.window_right >= 0;
-  a.diagonal_hi = diagonal + (p.causal != Causal::None ? 0 : p.window_right);
-  a.has_lo = p.window_left >= 0;
-  a.diagonal_lo = diagonal - p.window_left;
+  a.causal = p.causal != Causal::None;
+  a.bottom_right = p.causal != Causal::TopLeft;  // validate.h: blind_rows
+  a.window_left = p.window_left;
+  a.window_right = p.window_right;
+  if (p.varlen) {
+    a.cu_q = reinterpret_cast<const int32_t*>(f.cu_q.address);
+    a.cu_k = reinterpret_cast<const int32_t*>(f.cu_k.address);
+    a.total_q = static_cast<int32_t>(f.q.shape[1]);
+    a.total_k = static_cast<int32_t>(f.k.shape[1]);
+  }
   if (f.has_alibi) {
     a.alibi = reinterpret_cast<const float*>(f.alibi.address);
     a.alibi_batch_stride = f.alibi.batch == 1 ? 0 : f.alibi.heads;

@@ -33,10 +33,12 @@ StatusFfi validate(const RequestFfi& request, rust::Slice<const int32_t> host_q,
                    rust::Slice<const int32_t> host_k, ProblemFfi& problem);
 // The ALiBi slopes' values (core::check_alibi_values), checked once when Rust makes them.
 StatusFfi check_alibi_slopes(rust::Slice<const float> slopes);
-// A backward call (core::validate_backward): the forward call's request (its logsumexp required)
-// and the gradients dout, dq, dk, dv.
-StatusFfi validate_backward(const RequestFfi& request, const DescFfi& dout, const DescFfi& dq,
-                            const DescFfi& dk, const DescFfi& dv, ProblemFfi& problem);
+// A backward call (core::validate_backward): the forward call's request (its logsumexp required;
+// a variable-length batch's offsets with their host copies) and the gradients dout, dq, dk, dv.
+StatusFfi validate_backward(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                            rust::Slice<const int32_t> host_k, const DescFfi& dout,
+                            const DescFfi& dq, const DescFfi& dk, const DescFfi& dv,
+                            ProblemFfi& problem);
 StatusFfi validate_merge(int32_t dtype, rust::Slice<const DescFfi> outs,
                          rust::Slice<const DescFfi> lses, const DescFfi& out, const DescFfi& lse,
                          bool has_lse);

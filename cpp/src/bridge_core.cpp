@@ -51,10 +51,12 @@ StatusFfi validate(const RequestFfi& request, rust::Slice<const int32_t> host_q,
   return to_ffi(s);
 }
 
-StatusFfi validate_backward(const RequestFfi& request, const DescFfi& dout, const DescFfi& dq,
-                            const DescFfi& dk, const DescFfi& dv, ProblemFfi& problem) {
-  core::BackwardRequest r{from_ffi(request), from_ffi(dout), from_ffi(dq), from_ffi(dk),
-                          from_ffi(dv)};
+StatusFfi validate_backward(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                            rust::Slice<const int32_t> host_k, const DescFfi& dout,
+                            const DescFfi& dq, const DescFfi& dk, const DescFfi& dv,
+                            ProblemFfi& problem) {
+  core::BackwardRequest r{from_ffi(request, host_q, host_k), from_ffi(dout), from_ffi(dq),
+                          from_ffi(dk), from_ffi(dv)};
   core::Problem p{};
   const Status s = core::validate_backward(r, &p);
   if (s.ok()) {

@@ -1622,9 +1622,6 @@ void backward() {
   r.forward.k.shape[3] = 32;
   refused(r, Code::ShapeMismatch, Operand::K, "a forward rule (k's head dim)");
   r = valid_backward();
-  r.forward.varlen = true;
-  refused(r, Code::BackendUnavailable, Operand::None, "a variable-length batch");
-  r = valid_backward();
   r.forward.paged = true;
   refused(r, Code::BackendUnavailable, Operand::None, "a paged cache");
 

@@ -10,11 +10,12 @@
 //! summed over the query heads that share a key/value head (GQA). A row whose logsumexp is
 //! `-inf` saw no key: its probabilities are 0.
 
-use super::{dot, At, Head, RowBuffers};
+use super::{dot, varlen_sequences, At, Head, RowBuffers};
 use crate::element::Element;
 use crate::error::Result;
 use crate::tensor::{host_vec, Tensor};
 use crate::validate::Problem;
+use crate::varlen::VarlenBatch;
 
 /// The operands of a backward call on host tensors: the forward call's inputs, output and
 /// logsumexp, and the gradient of its output.
@@ -37,40 +38,55 @@ struct Buffers {
     dout: Vec<f64>,
 }
 
-/// Writes the gradients of attention (`p`, validated, on host tensors) with respect to Q, K and
-/// V into `dq`, `dk` and `dv` (every element). Fails only when the host cannot hold one kv
-/// head's K, V and their gradients in f64.
+/// Writes the gradients of attention (`p`, validated, on host tensors; a variable-length batch
+/// with `batch`) with respect to Q, K and V into `dq`, `dk` and `dv` (every element). Fails
+/// only when the host cannot hold one kv head's K, V and their gradients in f64.
 pub(crate) fn attention_backward<T: Element>(
+    p: &Problem,
+    batch: Option<&VarlenBatch>,
+    x: &BackwardOperands<'_, T>,
+    grads: [&mut Tensor<T>; 3],
+) -> Result<()> {
+    match batch {
+        Some(b) => each_sequence(p, x, grads, varlen_sequences(p, b)),
+        None => each_sequence(p, x, grads, (0..p.batch).map(|b| (p.clone(), At::entry(b)))),
+    }
+}
+
+/// The gradients of each (sequence's problem, where it starts) of `sequences`, with one set of
+/// buffers sized by `p` (whose seq_k is the longest sequence's).
+fn each_sequence<'a, T: Element>(
     p: &Problem,
     x: &BackwardOperands<'_, T>,
     [dq, dk, dv]: [&mut Tensor<T>; 3],
+    sequences: impl IntoIterator<Item = (Problem, At<'a>)>,
 ) -> Result<()> {
-    let (keys, d) = (p.seq_k, p.head_dim);
-    let rows = keys.saturating_mul(d); // an overflowing size saturates, and host_vec fails
+    let d = p.head_dim;
+    let rows = p.seq_k.saturating_mul(d); // an overflowing size saturates, and host_vec fails
     let mut buf = Buffers {
-        rows: RowBuffers::new(keys, d)?,
+        rows: RowBuffers::new(p.seq_k, d)?,
         dk: host_vec(0.0, rows)?,
         dv: host_vec(0.0, rows)?,
         dq: host_vec(0.0, d)?,
         dout: host_vec(0.0, d)?,
     };
     let group = p.heads_q / p.heads_kv.max(1);
-    for b in 0..p.batch {
-        let at = At::entry(b);
-        for kvh in 0..p.heads_kv {
-            buf.rows.load_kv(at, (x.k, x.v), kvh, keys);
+    for (one, at) in sequences {
+        for kvh in 0..one.heads_kv {
+            buf.rows.load_kv(at, (x.k, x.v), kvh, one.seq_k);
             buf.dk.fill(0.0);
             buf.dv.fill(0.0);
             for h in kvh * group..(kvh + 1) * group {
-                let head = Head::new(p, at, h);
-                for i in 0..p.seq_q {
+                let head = Head::new(&one, at, h);
+                for i in 0..one.seq_q {
                     query_row(&head, x, i, &mut buf);
-                    write_row(dq, (b, i, h), &buf.dq);
+                    write_row(dq, (at.b, at.q0 + i, h), &buf.dq);
                 }
             }
-            for j in 0..keys {
-                write_row(dk, (b, j, kvh), &buf.dk[j * d..(j + 1) * d]);
-                write_row(dv, (b, j, kvh), &buf.dv[j * d..(j + 1) * d]);
+            for j in 0..one.seq_k {
+                let (kb, kj) = at.key(j);
+                write_row(dk, (kb, kj, kvh), &buf.dk[j * d..(j + 1) * d]);
+                write_row(dv, (kb, kj, kvh), &buf.dv[j * d..(j + 1) * d]);
             }
         }
     }
@@ -85,16 +101,17 @@ fn query_row<T: Element>(
     i: usize,
     buf: &mut Buffers,
 ) {
-    let (p, b, h) = (head.p, head.at.b, head.h);
+    let (p, h) = (head.p, head.h);
+    let (b, t) = (head.at.b, head.at.q0 + i); // the row's batch entry and token
     let d = p.head_dim;
-    read_row(x.q, (b, i, h), &mut buf.rows.query);
-    read_row(x.dout, (b, i, h), &mut buf.dout);
-    read_row(x.out, (b, i, h), &mut buf.rows.acc);
+    read_row(x.q, (b, t, h), &mut buf.rows.query);
+    read_row(x.dout, (b, t, h), &mut buf.dout);
+    read_row(x.out, (b, t, h), &mut buf.rows.acc);
     let row_dot = dot(&buf.dout, &buf.rows.acc); // D_i
     let Some(lse) = x.lse.host_data() else {
         unreachable!("validate_backward() checked that all operands are on the host");
     };
-    let lse = f64::from(lse[x.lse.offset(b, i, h, 0)]);
+    let lse = f64::from(lse[x.lse.offset(b, t, h, 0)]);
     buf.dq.fill(0.0);
     if lse == f64::NEG_INFINITY {
         return; // the row saw no key (a bias of -inf on every visible key)
@@ -212,7 +229,7 @@ mod tests {
             .unwrap()
         });
         let [dq, dk, dv] = &mut grads;
-        attention_backward(p, &x, [dq, dk, dv]).unwrap();
+        attention_backward(p, None, &x, [dq, dk, dv]).unwrap();
         (lse, grads)
     }
 

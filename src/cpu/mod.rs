@@ -113,10 +113,19 @@ pub(crate) fn attention_varlen<T: Element>(
     out: &mut Tensor<T>,
     lse: Option<&mut Tensor<f32>>,
 ) -> Result<()> {
+    each_sequence(p, q, k, v, out, lse, varlen_sequences(p, batch))
+}
+
+/// Each sequence of a variable-length batch (validated offsets: they start at 0, never decrease
+/// and end at the token counts) as its own problem (`p`'s options) and where it starts.
+fn varlen_sequences<'a>(
+    p: &'a Problem,
+    batch: &'a VarlenBatch,
+) -> impl Iterator<Item = (Problem, At<'a>)> + 'a {
     let (cu_q, cu_k) = batch.host();
     let token = |x: i32| x as usize; // validated: non-negative
     let pairs = cu_q.windows(2).zip(cu_k.windows(2));
-    let sequences = pairs.enumerate().map(|(seq, (qs, ks))| {
+    pairs.enumerate().map(move |(seq, (qs, ks))| {
         let one = Problem {
             batch: 1,
             seq_q: token(qs[1]) - token(qs[0]),
@@ -130,8 +139,7 @@ pub(crate) fn attention_varlen<T: Element>(
             ..At::entry(0)
         };
         (one, at)
-    });
-    each_sequence(p, q, k, v, out, lse, sequences)
+    })
 }
 
 /// Attention over a paged KV cache of host tensors (validated: every page a sequence's keys

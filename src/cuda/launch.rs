@@ -169,14 +169,15 @@ pub(crate) fn run<T: AttentionElement>(
 }
 
 /// Enqueues the backward pass of the forward call `request` (its inputs q, k, v, out, dout and
-/// the logsumexp `lse`, with `scores`' tensors) on dq's stream, ordered after pending work on
+/// the logsumexp `lse`, with a variable-length batch's offsets and `scores`' tensors) on dq's
+/// stream, ordered after pending work on
 /// every other operand's stream and before later work there.
 pub(crate) fn backward<T: AttentionElement>(
     request: &RequestFfi,
     inputs: [&Tensor<T>; 5],
     lse: &Tensor<f32>,
     [dq, dk, dv]: [&mut Tensor<T>; 3],
-    scores: crate::dispatch::ScoreTensors<'_>,
+    (batch, scores): (Batching<'_>, crate::dispatch::ScoreTensors<'_>),
 ) -> Result<()> {
     let dout = desc(inputs[4])?;
     let descs = [desc(dq)?, desc(dk)?, desc(dv)?];
@@ -194,6 +195,9 @@ pub(crate) fn backward<T: AttentionElement>(
             .map(|s| s.stream()),
     );
     others.extend(scores.bias.and_then(Bias::device).map(|(_, s)| s));
+    if let Batching::Varlen(b) = batch {
+        others.extend(b.device().map(|(cu_q, _)| cu_q.stream()));
+    }
     order_after(stream, &others)?;
     let [dq_desc, dk_desc, dv_desc] = descs;
     let operands = ffi::BackwardOperands {

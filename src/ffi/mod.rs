@@ -219,8 +219,11 @@ pub(crate) mod sys {
             problem: &mut ProblemFfi,
         ) -> StatusFfi;
         /// Validates a backward call (C++ `core::validate_backward`).
+        #[allow(clippy::too_many_arguments)]
         fn validate_backward(
             request: &RequestFfi,
+            host_q: &[i32],
+            host_k: &[i32],
             dout: &DescFfi,
             dq: &DescFfi,
             dk: &DescFfi,
@@ -830,15 +833,17 @@ pub(crate) fn validate(
 }
 
 /// Validates a backward call (C++ `core::validate_backward`): the forward call `request` (its
-/// logsumexp required) and the gradients dout, dq, dk, dv.
+/// logsumexp required; a variable-length batch's offsets with their host copies `hosts`) and the
+/// gradients dout, dq, dk, dv.
 pub(crate) fn validate_backward(
     request: &RequestFfi,
+    (host_q, host_k): (&[i32], &[i32]),
     grads: &[DescFfi; 4],
 ) -> crate::Result<ProblemFfi> {
     let mut problem = ProblemFfi::default();
     let [dout, dq, dk, dv] = grads;
     check(
-        sys::validate_backward(request, dout, dq, dk, dv, &mut problem),
+        sys::validate_backward(request, host_q, host_k, dout, dq, dk, dv, &mut problem),
         &Described::Backward(request, grads),
     )?;
     Ok(problem)

@@ -192,11 +192,13 @@ Status merge_states(const MergeArgs& args, cudaStream_t stream) noexcept;
 //   dQ = dS K,  dK = dS^T Q (summed over the query heads of each kv head),  dV = P^T dO,
 // where s is the forward call's score (scale, softcap, ALiBi, bias; masked keys have P = 0).
 struct BackwardArgs {
-  // The forward call as it ran: q, k, v, its options, ALiBi slopes and bias (constants: no
-  // gradient), its output `out` (read) and its logsumexp `lse` (required; read). No
-  // variable-length batch or paged cache (Code::BackendUnavailable).
+  // The forward call as it ran: q, k, v, its options, a variable-length batch's sequences, ALiBi
+  // slopes and bias (constants: no gradient), its output `out` (read) and its logsumexp `lse`
+  // (required; read). No paged cache (Code::BackendUnavailable).
   AttentionArgs forward;
   TensorRef dout;  // the gradient of the output, like out
+  // The gradients, each like its input (a variable-length batch's packed, as the forward's); a
+  // sequence without queries gets zero dk and dv.
   OutputRef dq;    // like q; written
   OutputRef dk;    // like k; written
   OutputRef dv;    // like v; written

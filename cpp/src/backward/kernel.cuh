@@ -2,7 +2,7 @@
 // tensor cores through nvcuda::wmma's documented loads and stores (16x16x16, f32 accumulation).
 //
 //   row_sums:  D_i = dO_i . O_i per query row, and the row's f32 dQ accumulator zeroed;
-//   key_block: one block per (64 keys, kv head, batch entry) holds K and V in shared memory and
+//   key_block: one block per (64 keys, kv head, sequence) holds K and V in shared memory and
 //              dK, dV in its warps' accumulators; for every query head of its group and every
 //              32-row query tile that sees its keys it recomputes
 //                S = Q K^T, P = exp(s(S) - lse), dP = dO V^T, dS = P (dP - D) s'(S),
@@ -11,7 +11,8 @@
 //   convert:   dQ from its accumulator to the output type and strides.
 // s(x) is the score: x * scale, or cap * tanh(x * scale / cap), minus ALiBi's slope times the
 // distance from the diagonal, plus the bias; s' is its derivative in x. Masked keys and rows
-// whose logsumexp is -inf (they saw no key) have P = 0.
+// whose logsumexp is -inf (they saw no key) have P = 0. A variable-length batch's sequences each
+// have their own lengths and mask (offsets clamped on read: sequences.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,6 +25,7 @@
 #include "backward/launch.h"
 #include "element.cuh"
 #include "core/backward.h"
+#include "sequences.cuh"
 
 namespace flashcore::backward {
 
@@ -83,18 +85,28 @@ __device__ inline float bias_at(const BackwardLaunch& p, int64_t b, int64_t i, i
   }
 }
 
-// D_i = dO_i . O_i (one warp per row of [batch, heads_q, seq_q] order), and the row's dQ
-// accumulator (D columns) zeroed.
+// The logsumexp's rows per head and its batch entries: [entries, heads_q, head_rows] (a
+// variable-length batch's: [1, heads_q, total_q]), the order of the row sums and of dQ's
+// accumulator rows.
+__device__ inline int64_t head_rows(const BackwardLaunch& p) {
+  return p.cu_q != nullptr ? p.total_q : p.seq_q;
+}
+__device__ inline int64_t entries(const BackwardLaunch& p) {
+  return p.cu_q != nullptr ? 1 : p.batch;
+}
+
+// D_i = dO_i . O_i (one warp per logsumexp row), and the row's dQ accumulator (D columns)
+// zeroed.
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) row_sums(__grid_constant__ const BackwardLaunch p, float* sums,
                                                      float* dq_acc) {
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const int64_t rows = int64_t(p.batch) * p.heads_q * p.seq_q;
+  const int64_t rows = entries(p) * p.heads_q * head_rows(p);
   if (row >= rows) {
     return;
   }
-  const int64_t i = row % p.seq_q, bh = row / p.seq_q;
+  const int64_t i = row % head_rows(p), bh = row / head_rows(p);
   const int64_t h = bh % p.heads_q, b = bh / p.heads_q;
   const T* o = static_cast<const T*>(p.out) + b * p.o_stride[0] + i * p.o_stride[1] +
                h * p.o_stride[2];
@@ -138,24 +150,55 @@ __device__ inline void add_rows(float* dst, const float* src, int ld, int64_t ro
 #endif
 }
 
-// The query rows [first, end) that see any of the keys [j0, j0 + kKeys) (clamped to the keys).
+// Sequence b of a launch (batch entry b of a dense one): its batch entry and first query and
+// key tokens in the tensors, its lengths, its first logsumexp row (head 0) and rows per head,
+// and its mask: key j is visible to row i when lo <= j - i <= hi (a side without has_*:
+// unbounded); ALiBi's distance is |i + diagonal - j|.
+struct Seq {
+  int64_t entry, q0, k0, seq_q, seq_k, row0, rows;
+  int64_t diagonal, lo, hi;
+  bool has_lo, has_hi;
+};
+__device__ inline Seq sequence_of(const BackwardLaunch& p, int64_t b) {
+  Seq s;
+  if (p.cu_q == nullptr) {
+    s.entry = b, s.q0 = 0, s.k0 = 0, s.seq_q = p.seq_q, s.seq_k = p.seq_k;
+    s.row0 = b * p.heads_q * p.seq_q, s.rows = p.seq_q;
+  } else {
+    const TokenRange q = token_range(p.cu_q, b, p.total_q);
+    const TokenRange k = token_range(p.cu_k, b, p.total_k);
+    s.entry = 0, s.q0 = q.begin, s.k0 = key_base(k);
+    s.seq_q = q.end - q.begin, s.seq_k = k.end - k.begin;
+    s.row0 = q.begin, s.rows = p.total_q;
+  }
+  s.diagonal = p.bottom_right ? s.seq_k - s.seq_q : 0;
+  s.has_hi = p.causal || p.window_right >= 0;
+  s.hi = s.diagonal + (p.causal ? 0 : p.window_right);
+  s.has_lo = p.window_left >= 0;
+  s.lo = s.diagonal - p.window_left;
+  return s;
+}
+
+// The query rows [first, end) of sequence `s` that see any of the keys [j0, j0 + kKeys)
+// (clamped to its keys; j0 below its key count).
 struct RowRange {
   int64_t first, end;
 };
-__device__ inline RowRange rows_seeing(const BackwardLaunch& p, int64_t j0) {
-  const int64_t j1 = min(j0 + kKeys, int64_t(p.seq_k)) - 1;  // the block's last key
+__device__ inline RowRange rows_seeing(const Seq& s, int64_t j0) {
+  const int64_t j1 = min(j0 + kKeys, s.seq_k) - 1;  // the block's last key
   // Visible: lo <= j - i <= hi, so i >= j0 - hi and i <= j1 - lo.
-  int64_t first = p.has_hi ? max(int64_t(0), j0 - p.diagonal_hi) : 0;
-  int64_t end = p.has_lo ? min(int64_t(p.seq_q), j1 - p.diagonal_lo + 1) : p.seq_q;
+  const int64_t first = s.has_hi ? max(int64_t(0), j0 - s.hi) : 0;
+  const int64_t end = s.has_lo ? min(s.seq_q, j1 - s.lo + 1) : s.seq_q;
   return {first, max(first, end)};
 }
 
-// Writes the block's key rows of a gradient (the warps' accumulators `acc`) to `out` (kv head
-// `kvh` of batch entry `b`, keys from `j0`), through `stage` (f32 rows of Smem::kLq).
+// Writes `keys` key rows of a gradient (the warps' accumulators `acc`) to `out` at `at` (the
+// block's first key row of its kv head; rows `stride[1]` apart), through `stage` (f32 rows of
+// Smem::kLq).
 template <typename T, int D>
 __device__ inline void store_rows(const wm::fragment<wm::accumulator, 16, 16, 16, float> (&acc)[D / 16],
-                                  float* stage, T* out, const int64_t (&stride)[3], int64_t b,
-                                  int64_t j0, int64_t kvh, const BackwardLaunch& p) {
+                                  float* stage, T* out, int64_t stride, int64_t keys,
+                                  int head_dim) {
   using S = Smem<T, D>;
   const int warp = threadIdx.x / 32;
   __syncthreads();  // the stage is free (K, V, or the previous gradient, are read)
@@ -166,9 +209,8 @@ __device__ inline void store_rows(const wm::fragment<wm::accumulator, 16, 16, 16
   __syncthreads();
   for (int e = threadIdx.x; e < kKeys * D; e += kThreads) {
     const int r = e / D, c = e % D;
-    if (j0 + r < p.seq_k && c < p.head_dim) {
-      out[b * stride[0] + (j0 + r) * stride[1] + kvh * stride[2] + c] =
-          from_float<T>(stage[r * S::kLq + c]);
+    if (r < keys && c < head_dim) {
+      out[r * stride + c] = from_float<T>(stage[r * S::kLq + c]);
     }
   }
 }
@@ -192,13 +234,17 @@ __global__ void __launch_bounds__(kThreads) key_block(__grid_constant__ const Ba
   const int64_t j0 = int64_t(blockIdx.x) * kKeys;
   const int64_t kvh = blockIdx.y, b = blockIdx.z;
   const int group = p.heads_q / p.heads_kv;
-
-  const T* k = static_cast<const T*>(p.k) + b * p.k_stride[0] + j0 * p.k_stride[1] +
+  const Seq seq = sequence_of(p, b);
+  if (j0 >= seq.seq_k) {
+    return;  // past this sequence's keys (a variable-length batch's shorter ones)
+  }
+  const int64_t kt = seq.k0 + j0;  // the block's first key token
+  const T* k = static_cast<const T*>(p.k) + seq.entry * p.k_stride[0] + kt * p.k_stride[1] +
                kvh * p.k_stride[2];
-  const T* v = static_cast<const T*>(p.v) + b * p.v_stride[0] + j0 * p.v_stride[1] +
+  const T* v = static_cast<const T*>(p.v) + seq.entry * p.v_stride[0] + kt * p.v_stride[1] +
                kvh * p.v_stride[2];
-  load_rows<T, kKeys, D, S::kLd>(ks, k, p.k_stride[1], p.seq_k - j0, p.head_dim);
-  load_rows<T, kKeys, D, S::kLd>(vs, v, p.v_stride[1], p.seq_k - j0, p.head_dim);
+  load_rows<T, kKeys, D, S::kLd>(ks, k, p.k_stride[1], seq.seq_k - j0, p.head_dim);
+  load_rows<T, kKeys, D, S::kLd>(vs, v, p.v_stride[1], seq.seq_k - j0, p.head_dim);
 
   constexpr int kCols = D / 16;
   wm::fragment<wm::accumulator, 16, 16, 16, float> dk[kCols], dv[kCols];
@@ -208,18 +254,19 @@ __global__ void __launch_bounds__(kThreads) key_block(__grid_constant__ const Ba
     wm::fill_fragment(dv[n], 0.f);
   }
 
-  const RowRange range = rows_seeing(p, j0);
+  const RowRange range = rows_seeing(seq, j0);
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     const float slope = p.alibi != nullptr ? p.alibi[b * p.alibi_batch_stride + h] : 0.f;
-    const int64_t lse0 = (b * p.heads_q + h) * p.seq_q;  // row sums and logsumexps
+    const int64_t lse0 = seq.row0 + h * seq.rows;  // row sums, logsumexps, dQ accumulators
     for (int64_t i0 = range.first / kRows * kRows; i0 < range.end; i0 += kRows) {
       __syncthreads();  // the previous step is done with Q, dO, P, dS and dQ
-      const T* q = static_cast<const T*>(p.q) + b * p.q_stride[0] + i0 * p.q_stride[1] +
+      const int64_t qt = seq.q0 + i0;  // the step's first query token
+      const T* q = static_cast<const T*>(p.q) + seq.entry * p.q_stride[0] + qt * p.q_stride[1] +
                    h * p.q_stride[2];
-      const T* dout = static_cast<const T*>(p.dout) + b * p.do_stride[0] +
-                      i0 * p.do_stride[1] + h * p.do_stride[2];
-      load_rows<T, kRows, D, S::kLd>(qs, q, p.q_stride[1], p.seq_q - i0, p.head_dim);
-      load_rows<T, kRows, D, S::kLd>(dos, dout, p.do_stride[1], p.seq_q - i0, p.head_dim);
+      const T* dout = static_cast<const T*>(p.dout) + seq.entry * p.do_stride[0] +
+                      qt * p.do_stride[1] + h * p.do_stride[2];
+      load_rows<T, kRows, D, S::kLd>(qs, q, p.q_stride[1], seq.seq_q - i0, p.head_dim);
+      load_rows<T, kRows, D, S::kLd>(dos, dout, p.do_stride[1], seq.seq_q - i0, p.head_dim);
       __syncthreads();
 
       // S = Q K^T and dP = dO V^T: warp w computes key columns [16w, 16w + 16) of both.
@@ -250,8 +297,8 @@ __global__ void __launch_bounds__(kThreads) key_block(__grid_constant__ const Ba
         const int64_t i = i0 + r, j = j0 + c;
         float prob = 0.f, ds = 0.f;
         const int64_t gap = j - i;
-        const bool visible = i < p.seq_q && j < p.seq_k && (!p.has_lo || gap >= p.diagonal_lo) &&
-                             (!p.has_hi || gap <= p.diagonal_hi);
+        const bool visible = i < seq.seq_q && j < seq.seq_k && (!seq.has_lo || gap >= seq.lo) &&
+                             (!seq.has_hi || gap <= seq.hi);
         const float lse = visible ? p.lse[lse0 + i] : -INFINITY;
         if (lse != -INFINITY) {
           const float x = ss[r * S::kLs + c];
@@ -262,7 +309,7 @@ __global__ void __launch_bounds__(kThreads) key_block(__grid_constant__ const Ba
             derivative = p.scale * (1.f - t * t);
           }
           if (p.alibi != nullptr) {
-            score -= slope * float(llabs(i + p.alibi_diagonal - j));
+            score -= slope * float(llabs(i + seq.diagonal - j));
           }
           if (p.bias != nullptr) {
             score += bias_at(p, b, i, h, j);
@@ -307,25 +354,28 @@ __global__ void __launch_bounds__(kThreads) key_block(__grid_constant__ const Ba
         wm::store_matrix_sync(dqs + mt * 16 * S::kLq + n * 16, dq, S::kLq, wm::mem_row_major);
       }
       __syncthreads();
-      add_rows<D>(dq_acc + (lse0 + i0) * D, dqs, S::kLq, min(int64_t(kRows), p.seq_q - i0),
+      add_rows<D>(dq_acc + (lse0 + i0) * D, dqs, S::kLq, min(int64_t(kRows), seq.seq_q - i0),
                   p.head_dim);
     }
   }
 
   // dK and dV leave through K and V's space (f32 rows of kLq), one after the other.
   float* stage = reinterpret_cast<float*>(smem);
-  store_rows<T, D>(dk, stage, static_cast<T*>(p.dk), p.dk_stride, b, j0, kvh, p);
-  store_rows<T, D>(dv, stage, static_cast<T*>(p.dv), p.dv_stride, b, j0, kvh, p);
+  const auto at = [&](void* t, const int64_t (&stride)[3]) {
+    return static_cast<T*>(t) + seq.entry * stride[0] + kt * stride[1] + kvh * stride[2];
+  };
+  store_rows<T, D>(dk, stage, at(p.dk, p.dk_stride), p.dk_stride[1], seq.seq_k - j0, p.head_dim);
+  store_rows<T, D>(dv, stage, at(p.dv, p.dv_stride), p.dv_stride[1], seq.seq_k - j0, p.head_dim);
 }
 
-// dQ from its f32 accumulator ([batch, heads_q, seq_q, D]) to T at dq's strides.
+// dQ from its f32 accumulator (logsumexp rows of D floats) to T at dq's strides.
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) convert(__grid_constant__ const BackwardLaunch p, const float* dq_acc) {
-  const int64_t rows = int64_t(p.batch) * p.heads_q * p.seq_q;
+  const int64_t rows = entries(p) * p.heads_q * head_rows(p);
   for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < rows * p.head_dim;
        e += int64_t(gridDim.x) * kThreads) {
     const int64_t row = e / p.head_dim, c = e % p.head_dim;
-    const int64_t i = row % p.seq_q, bh = row / p.seq_q;
+    const int64_t i = row % head_rows(p), bh = row / head_rows(p);
     const int64_t h = bh % p.heads_q, b = bh / p.heads_q;
     static_cast<T*>(p.dq)[b * p.dq_stride[0] + i * p.dq_stride[1] + h * p.dq_stride[2] + c] =
         from_float<T>(dq_acc[row * D + c]);

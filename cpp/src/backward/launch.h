@@ -23,11 +23,19 @@ struct BackwardLaunch {
   int64_t dq_stride[3], dk_stride[3], dv_stride[3];
   float scale;    // positive and finite
   float softcap;  // 0: none
-  // Key j is visible to query row i when diagonal_lo <= j - i <= diagonal_hi (each bound
-  // present unless has_lo / has_hi is false): the causal mask and the window.
-  int64_t diagonal_lo, diagonal_hi;
-  bool has_lo, has_hi;
-  int64_t alibi_diagonal;  // ALiBi's distance is |i + alibi_diagonal - j|
+  // The mask of each sequence, from its diagonal (0 with top-left alignment, else seq_k -
+  // seq_q, also without a causal mask): key j is visible to query row i when j - i <= diagonal
+  // (causal) or <= diagonal + window_right, and j - i >= diagonal - window_left (a side of -1:
+  // unbounded). ALiBi's distance is |i + diagonal - j|.
+  bool causal, bottom_right;
+  int64_t window_left, window_right;
+  // A variable-length batch (null: dense): batch + 1 offsets into the token axis of the
+  // batch-1 tensors, q, out, dout, dq (cu_q, total_q tokens) and k, v, dk, dv (cu_k, total_k),
+  // clamped on read; batch counts its sequences, seq_q and seq_k are the longest ones'; the
+  // logsumexp is [heads_q, total_q].
+  const int32_t* cu_q;
+  const int32_t* cu_k;
+  int32_t total_q, total_k;
   const float* alibi;      // [batch or 1, heads_q] slopes (null: none)
   int64_t alibi_batch_stride;
   const void* bias;  // element [b, i, h, j] at the strides (0 on broadcast axes); null: none

@@ -46,10 +46,9 @@ Failed check_gradient_overlaps(const BackwardRequest& r, const Gradient (&grads)
 
 Status validate_backward(const BackwardRequest& r, Problem* problem) noexcept {
   try {
-    if (r.forward.varlen || r.forward.paged) {
+    if (r.forward.paged) {
       return fail(Code::BackendUnavailable, Operand::None, Field::None, -1, 0, 0,
-                  "the backward pass takes dense batches (no variable-length batch or paged "
-                  "cache yet)");
+                  "the backward pass takes no paged cache (dense and variable-length batches)");
     }
     Request forward = r.forward;
     forward.has_lse = true;
@@ -114,7 +113,8 @@ Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps)
         {Field::Heads, {p.heads_q, INT32_MAX}},
         {Field::Heads, {p.heads_kv, 65535}},
         {Field::Batch, {p.batch, 65535}},
-        {Field::WorkUnits, {p.batch * p.heads_q * p.seq_q / 4, INT32_MAX}}};
+        {Field::WorkUnits, {p.heads_q * (p.varlen ? r.q.shape[1] : p.batch * p.seq_q) / 4,
+                            INT32_MAX}}};
     for (const auto& [field, bound] : limits) {
       if (bound.first > bound.second) {
         return fail(Code::IndexOverflow, Operand::None, field, bound.first, bound.second,

@@ -19,8 +19,8 @@ struct BackwardRequest {
 // Checks `r` and describes its problem in `*problem`: first every rule of validate() on the
 // forward call with its logsumexp; then the gradients' extents, locations, shapes, strides and
 // alignment (dout, dq, dk, dv in this order); then that no gradient output overlaps itself,
-// another gradient output or any input (q, k, v, out, lse, dout, bias). A variable-length batch
-// or a paged cache is BackendUnavailable: the backward pass takes dense batches.
+// another gradient output or any input (q, k, v, out, lse, dout, bias). A paged cache is
+// BackendUnavailable: the backward pass takes dense and variable-length batches.
 Status validate_backward(const BackwardRequest& r, Problem* problem) noexcept;
 
 // The GPU backward pass (cpp/src/backward/): its largest head dim, its head-dim tier (the

@@ -13,8 +13,10 @@ namespace {
 template <typename T, int D>
 void launch_tier(const BackwardLaunch& a, cudaStream_t stream) {
   using namespace backward;
-  const int64_t rows = int64_t(a.batch) * a.heads_q * a.seq_q;
-  // dQ's f32 accumulator ([batch, heads_q, seq_q, D]) and the row sums D_i after it.
+  // The logsumexp's rows ([batch, heads_q, seq_q]; a variable-length batch's [heads_q, total_q]):
+  // dQ's f32 accumulator (D floats per row), and the row sums D_i after it.
+  const int64_t rows = a.cu_q != nullptr ? int64_t(a.heads_q) * a.total_q
+                                         : int64_t(a.batch) * a.heads_q * a.seq_q;
   detail::Scratch scratch(size_t(rows) * (D + 1) * sizeof(float), stream);
   float* dq_acc = scratch.floats();
   float* sums = dq_acc + rows * D;
