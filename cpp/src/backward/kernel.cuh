@@ -37,7 +37,6 @@ constexpr int kKeys = 16 * kWarps;  // keys per block: each warp owns 16 key row
 constexpr int kRows = 32;           // query rows per step
 static_assert(kKeys == core::kBackwardKeys && kRows == core::kBackwardRows, "core/backward.h");
 
-
 // Shared-memory plan of the key-block kernel for head dim tier D (elements of T unless named).
 template <typename T, int D>
 struct Smem {
@@ -192,8 +191,8 @@ __device__ inline RowRange rows_seeing(const Seq& s, int64_t j0) {
   return {first, max(first, end)};
 }
 
-// Writes `keys` key rows of a gradient (the warps' accumulators `acc`) to `out` at `at` (the
-// block's first key row of its kv head; rows `stride[1]` apart), through `stage` (f32 rows of
+// Writes `keys` key rows of a gradient (the warps' accumulators `acc`) to `out` (the block's
+// first key row of its kv head; rows `stride` elements apart), through `stage` (f32 rows of
 // Smem::kLq).
 template <typename T, int D>
 __device__ inline void store_rows(const wm::fragment<wm::accumulator, 16, 16, 16, float> (&acc)[D / 16],
