@@ -8,8 +8,9 @@
 //! input runs in microseconds; broadcast (stride 0) and huge strides reach the overflow checks.
 
 use flashcore::{
-    attention, attention_into, attention_varlen, merge_states, AttentionElement, AttentionOptions,
-    AttentionPlan, AttentionState, Backend, Causal, Layout, Shape, Tensor, VarlenBatch,
+    attention, attention_backward, attention_backward_into, attention_into, attention_varlen,
+    merge_states, AttentionElement, AttentionOptions, AttentionPlan, AttentionState, Backend,
+    Causal, GradientsMut, Layout, Shape, Tensor, VarlenBatch,
 };
 use half::{bf16, f16};
 
@@ -221,6 +222,70 @@ fn varlen<T: AttentionElement>(r: &mut Bytes) {
     }
 }
 
+/// A logsumexp for `shape`'s rows: dense BHSD, values from the input (-inf and raw bit patterns
+/// among them).
+fn lse(r: &mut Bytes, shape: Shape) -> Option<Tensor<f32>> {
+    let dims = [shape.batch, shape.heads, shape.seq, 1];
+    let values = (0..dims.iter().product::<usize>())
+        .map(|_| match r.pick(8) {
+            0 => f32::NEG_INFINITY,
+            1 => r.f32(),
+            _ => f32::from(r.u8()) / 16.0 - 8.0,
+        })
+        .collect();
+    Tensor::from_vec(values, &dims, Layout::Bhsd).ok()
+}
+
+/// The backward pass (the bytes left after the call `run` chose): the forward call's own state
+/// or an arbitrary one, the output's gradient, allocated or bent gradient tensors.
+fn backward<T: AttentionElement>(r: &mut Bytes) {
+    let (hq, hk) = (r.pick(5), r.pick(5));
+    let qs = small_shape(r, hq);
+    let mut ks = small_shape(r, hk);
+    if r.pick(4) != 0 {
+        ks.batch = qs.batch;
+        ks.head_dim = qs.head_dim;
+    }
+    let mut finite = true;
+    let (Some(q), Some(k), Some(v), Some(dout)) = (
+        tensor::<T>(r, qs, &mut finite),
+        tensor::<T>(r, ks, &mut finite),
+        tensor::<T>(r, ks, &mut finite),
+        tensor::<T>(r, qs, &mut finite),
+    ) else {
+        return;
+    };
+    let opts = options(r).0.with_lse();
+    let (out, lse) = match attention(&q, &k, &v, &opts) {
+        Ok(f) if r.pick(3) != 0 => match f.lse {
+            Some(l) => (f.out, l),
+            None => return,
+        },
+        _ => match (tensor::<T>(r, qs, &mut finite), lse(r, qs)) {
+            (Some(o), Some(l)) => (o, l),
+            _ => return,
+        },
+    };
+    let state = AttentionState {
+        out: &out,
+        lse: &lse,
+    };
+    if r.pick(2) == 0 {
+        let _ = attention_backward(&q, &k, &v, state, &dout, &opts);
+    } else if let (Some(mut dq), Some(mut dk), Some(mut dv)) = (
+        tensor::<T>(r, qs, &mut finite),
+        tensor::<T>(r, ks, &mut finite),
+        tensor::<T>(r, ks, &mut finite),
+    ) {
+        let grads = GradientsMut {
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dv,
+        };
+        let _ = attention_backward_into(&q, &k, &v, state, &dout, grads, &opts);
+    }
+}
+
 fn merge<T: AttentionElement>(r: &mut Bytes) {
     let count = [1, 2, 3, 0, 65][r.pick(5)];
     let heads = 1 + r.pick(3);
@@ -275,5 +340,12 @@ pub fn run(data: &[u8]) {
         (1, true) => varlen::<bf16>(&mut r),
         (_, false) => merge::<f16>(&mut r),
         (_, true) => merge::<bf16>(&mut r),
+    }
+    // The bytes left (zeros once they run out) drive a backward call, so that the corpus keeps
+    // reaching what it reached before.
+    if bf {
+        backward::<bf16>(&mut r);
+    } else {
+        backward::<f16>(&mut r);
     }
 }
