@@ -297,16 +297,7 @@ fn merge<T: AttentionElement>(r: &mut Bytes) {
         let Some(o) = tensor::<T>(r, shape, &mut finite) else {
             return;
         };
-        let lse_dims = [shape.batch, shape.heads, shape.seq, 1];
-        let n = lse_dims.iter().product::<usize>();
-        let values = (0..n)
-            .map(|_| match r.pick(8) {
-                0 => f32::NEG_INFINITY,
-                1 => r.f32(),
-                _ => f32::from(r.u8()) / 16.0 - 8.0,
-            })
-            .collect();
-        let Ok(l) = Tensor::from_vec(values, &lse_dims, Layout::Bhsd) else {
+        let Some(l) = lse(r, shape) else {
             return;
         };
         outs.push(o);

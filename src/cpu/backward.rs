@@ -10,7 +10,7 @@
 //! summed over the query heads that share a key/value head (GQA). A row whose logsumexp is
 //! `-inf` saw no key: its probabilities are 0.
 
-use super::{dot, varlen_sequences, At, Head, RowBuffers};
+use super::{dot, read_row, varlen_sequences, write_row, At, Head, RowBuffers};
 use crate::element::Element;
 use crate::error::Result;
 use crate::tensor::{host_vec, Tensor};
@@ -131,26 +131,6 @@ fn query_row<T: Element>(
         for (g, o) in buf.dv[j * d..(j + 1) * d].iter_mut().zip(&buf.dout) {
             *g += prob * o;
         }
-    }
-}
-
-/// Reads row (batch, token, head) of host tensor `t` into `row` in f64.
-fn read_row<T: Element>(t: &Tensor<T>, (b, s, h): (usize, usize, usize), row: &mut [f64]) {
-    let Some(data) = t.host_data() else {
-        unreachable!("validate_backward() checked that all operands are on the host");
-    };
-    let at = t.offset(b, s, h, 0);
-    for (e, x) in row.iter_mut().zip(&data[at..]) {
-        *e = x.to_f64();
-    }
-}
-
-/// Writes `row` to row (batch, token, head) of host tensor `t`, rounded to `T`.
-fn write_row<T: Element>(t: &mut Tensor<T>, (b, s, h): (usize, usize, usize), row: &[f64]) {
-    let at = t.offset(b, s, h, 0);
-    let data = t.host_data_mut().expect("validated host gradient");
-    for (e, x) in data[at..].iter_mut().zip(row) {
-        *e = T::from_f64(*x);
     }
 }
 

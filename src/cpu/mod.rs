@@ -223,18 +223,32 @@ impl RowBuffers {
         kvh: usize,
         seq_k: usize,
     ) {
-        let (Some(kd), Some(vd)) = (k.host_data(), v.host_data()) else {
-            unreachable!("validate() checked that all operands are on the host");
-        };
         let d = self.query.len();
         for j in 0..seq_k {
             let (kb, kj) = at.key(j);
-            let (k0, v0) = (k.offset(kb, kj, kvh, 0), v.offset(kb, kj, kvh, 0));
-            for x in 0..d {
-                self.keys[j * d + x] = kd[k0 + x].to_f64();
-                self.values[j * d + x] = vd[v0 + x].to_f64();
-            }
+            read_row(k, (kb, kj, kvh), &mut self.keys[j * d..(j + 1) * d]);
+            read_row(v, (kb, kj, kvh), &mut self.values[j * d..(j + 1) * d]);
         }
+    }
+}
+
+/// Reads row (batch, token, head) of host tensor `t` into `row` in f64.
+fn read_row<T: Element>(t: &Tensor<T>, (b, s, h): (usize, usize, usize), row: &mut [f64]) {
+    let Some(data) = t.host_data() else {
+        unreachable!("validation checked that all operands are on the host");
+    };
+    let at = t.offset(b, s, h, 0);
+    for (e, x) in row.iter_mut().zip(&data[at..]) {
+        *e = x.to_f64();
+    }
+}
+
+/// Writes `row` to row (batch, token, head) of host tensor `t`, rounded to `T`.
+fn write_row<T: Element>(t: &mut Tensor<T>, (b, s, h): (usize, usize, usize), row: &[f64]) {
+    let at = t.offset(b, s, h, 0);
+    let data = t.host_data_mut().expect("validated host output");
+    for (e, x) in data[at..].iter_mut().zip(row) {
+        *e = T::from_f64(*x);
     }
 }
 
@@ -255,9 +269,6 @@ fn sequence<T: Element>(
     mut lse: Option<&mut Tensor<f32>>,
     rows: &mut RowBuffers,
 ) {
-    let Some(qd) = q.host_data() else {
-        unreachable!("validate() checked that all operands are on the host");
-    };
     let group = p.heads_q / p.heads_kv.max(1);
     let d = p.head_dim;
     let b = at.b;
@@ -275,10 +286,7 @@ fn sequence<T: Element>(
             for i in 0..p.seq_q {
                 let visible = p.visible(i);
                 let (first, n) = (visible.start, visible.len());
-                let q0 = q.offset(b, at.q0 + i, h, 0);
-                for (x, e) in query.iter_mut().enumerate() {
-                    *e = qd[q0 + x].to_f64();
-                }
+                read_row(q, (b, at.q0 + i, h), query);
                 for (j, s) in scores[..n].iter_mut().enumerate() {
                     let key = &keys[(first + j) * d..(first + j + 1) * d];
                     *s = head.score(i, first + j, dot(query, key)).0;
@@ -299,11 +307,10 @@ fn sequence<T: Element>(
                         *a += w * e;
                     }
                 }
-                let o0 = out.offset(b, at.q0 + i, h, 0);
-                let od = out.host_data_mut().expect("validated host output");
-                for (x, a) in acc.iter().enumerate() {
-                    od[o0 + x] = T::from_f64(if live { a / sum } else { 0.0 });
+                for a in acc.iter_mut() {
+                    *a = if live { *a / sum } else { 0.0 };
                 }
+                write_row(out, (b, at.q0 + i, h), acc);
                 if let Some(l) = lse.as_deref_mut() {
                     let l0 = l.offset(b, at.q0 + i, h, 0);
                     let value = if live {
