@@ -17,6 +17,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
 
 #include <cmath>
@@ -26,6 +27,8 @@
 #include "element.cuh"
 #include "core/backward.h"
 #include "sequences.cuh"
+#include "wmma/copy.cuh"
+#include "wmma/fragments.cuh"
 
 namespace flashcore::backward {
 
@@ -37,40 +40,27 @@ constexpr int kKeys = 16 * kWarps;  // keys per block: each warp owns 16 key row
 constexpr int kRows = 32;           // query rows per step
 static_assert(kKeys == core::kBackwardKeys && kRows == core::kBackwardRows, "core/backward.h");
 
-// Shared-memory plan of the key-block kernel for head dim tier D (elements of T unless named).
+// Shared-memory plan of the key-block kernel for head dim tier D (elements of T unless named):
+// K and V; two step buffers (Q, dO, then the step's logsumexps and row sums in f32), filled by
+// cp.async one step ahead; dS^T of the step (keys x query rows). Rows are padded by 16 bytes,
+// which keeps ldmatrix free of bank conflicts.
 template <typename T, int D>
 struct Smem {
-  static constexpr int kLd = D + 8;       // K, V, Q, dO rows, padded by 16 bytes
-  static constexpr int kLs = kKeys + 4;   // f32 score rows (S, dP)
-  static constexpr int kLp = kKeys + 8;   // P, dS rows of T
-  static constexpr int kLq = D + 4;       // f32 dQ rows of a step
-  static constexpr size_t kKv = size_t(kKeys) * kLd * sizeof(T);      // K or V
-  static constexpr size_t kQ = size_t(kRows) * kLd * sizeof(T);       // Q or dO
-  static constexpr size_t kS = size_t(kRows) * kLs * sizeof(float);   // S or dP
-  static constexpr size_t kP = size_t(kRows) * kLp * sizeof(T);       // P or dS
-  static constexpr size_t kBytes = 2 * kKv + 2 * kQ + 2 * kS + 2 * kP;
-  // A step's dQ (f32) reuses S and dP; dK and dV leave through K and V's space.
-  static_assert(size_t(kRows) * kLq * sizeof(float) <= 2 * kS, "dQ staging fits S and dP");
+  static constexpr int kLd = D + 8;      // K, V, Q, dO rows
+  static constexpr int kLt = kRows + 8;  // dS^T rows (one per key)
+  static constexpr int kLq = D + 4;      // f32 rows of dK and dV on their way out
+  static constexpr size_t kKv = size_t(kKeys) * kLd * sizeof(T);    // K or V
+  static constexpr size_t kQ = size_t(kRows) * kLd * sizeof(T);     // Q or dO
+  static constexpr size_t kStage = 2 * kQ + 2 * kRows * sizeof(float);
+  static constexpr size_t kDs = size_t(kKeys) * kLt * sizeof(T);
+  static constexpr size_t kBytes = 2 * kKv + 2 * kStage + kDs;
+  // dK and dV leave through K and V's space; the layout check's scratch lies in the stages.
   static_assert(size_t(kKeys) * kLq * sizeof(float) <= 2 * kKv, "dK staging fits K and V");
+  static_assert(kWarps * 1536 <= 2 * kStage, "layout check scratch");
+  static_assert(kKv % 16 == 0 && kQ % 16 == 0 && kStage % 16 == 0, "16-byte aligned parts");
   static_assert(sizeof(T) != 2 || int64_t(kBytes) == core::backward_smem_bytes(D),
                 "core/backward.h plans this layout");
 };
-
-// Copies ROWS rows of one head (`stride`: elements between rows) into `dst` (row stride LD),
-// zero from row `limit` on and past `head_dim` columns (a multiple of 8).
-template <typename T, int ROWS, int D, int LD>
-__device__ inline void load_rows(T* dst, const T* src, int64_t stride, int64_t limit,
-                                 int head_dim) {
-  constexpr int kVec = 8;  // 16 bytes
-  for (int e = threadIdx.x; e < ROWS * (D / kVec); e += kThreads) {
-    const int r = e / (D / kVec), c = e % (D / kVec) * kVec;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (r < limit && c < head_dim) {
-      value = *reinterpret_cast<const uint4*>(src + r * stride + c);
-    }
-    *reinterpret_cast<uint4*>(dst + r * LD + c) = value;
-  }
-}
 
 // The bias element [b, i, h, j] (launch.h: BackwardLaunch::bias).
 __device__ inline float bias_at(const BackwardLaunch& p, int64_t b, int64_t i, int64_t h,
@@ -124,29 +114,6 @@ __global__ void __launch_bounds__(kThreads) row_sums(__grid_constant__ const Bac
   for (int c = lane; c < D; c += 32) {
     dq_acc[row * D + c] = 0.f;
   }
-}
-
-// Adds `rows` rows of f32 `src` (row stride LD) to the dQ accumulator rows at `dst` (row stride
-// D), columns below `head_dim` (a multiple of 8): f32 atomics, four at once from compute
-// capability 9.0 on.
-template <int D>
-__device__ inline void add_rows(float* dst, const float* src, int ld, int64_t rows, int head_dim) {
-#if __CUDA_ARCH__ >= 900
-  for (int e = threadIdx.x; e < kRows * (D / 4); e += kThreads) {
-    const int r = e / (D / 4), c = e % (D / 4) * 4;
-    if (r < rows && c < head_dim) {
-      const float* x = src + r * ld + c;
-      atomicAdd(reinterpret_cast<float4*>(dst + r * D + c), make_float4(x[0], x[1], x[2], x[3]));
-    }
-  }
-#else
-  for (int e = threadIdx.x; e < kRows * D; e += kThreads) {
-    const int r = e / D, c = e % D;
-    if (r < rows && c < head_dim) {
-      atomicAdd(dst + r * D + c, src[r * ld + c]);
-    }
-  }
-#endif
 }
 
 // Sequence b of a launch (batch entry b of a dense one): its batch entry and first query and
@@ -214,22 +181,72 @@ __device__ inline void store_rows(const wm::fragment<wm::accumulator, 16, 16, 16
   }
 }
 
+// The score gradient of one element: P = exp(s(x) - lse) and dS = P (dP - D) s'(x) of query row
+// i (the sequence's) against key j, for a head whose ALiBi slope is `slope`; zero where the key is
+// masked or the row saw no key.
+struct ScoreGrad {
+  float prob, ds;
+};
+__device__ inline ScoreGrad score_grad(const BackwardLaunch& p, const Seq& seq, int64_t b,
+                                       int64_t h, float slope, int64_t i, int64_t j, float x,
+                                       float dp, float lse, float sum) {
+  const int64_t gap = j - i;
+  const bool visible = i < seq.seq_q && j < seq.seq_k && (!seq.has_lo || gap >= seq.lo) &&
+                       (!seq.has_hi || gap <= seq.hi);
+  if (!visible || lse == -INFINITY) {
+    return {0.f, 0.f};
+  }
+  float score = x * p.scale, derivative = p.scale;
+  if (p.softcap > 0.f) {
+    const float t = tanhf(score / p.softcap);
+    score = p.softcap * t;
+    derivative = p.scale * (1.f - t * t);
+  }
+  if (p.alibi != nullptr) {
+    score -= slope * float(llabs(i + seq.diagonal - j));
+  }
+  if (p.bias != nullptr) {
+    score += bias_at(p, b, i, h, j);
+  }
+  const float prob = __expf(score - lse);
+  return {prob, prob * (dp - sum) * derivative};
+}
+
+// One block per (kKeys keys, kv head, sequence); warp w owns keys [16w, 16w + 16) of the block.
+// Per 32-row query step (every query head of the group, every step that sees the block's keys),
+// with the operands' fragments loaded by ldmatrix in the layout of wmma/fragments.cuh:
+//   S^T = K Q^T and dP^T = V dO^T, each warp its 16 key rows, in accumulators;
+//   P^T and dS^T element by element in those registers, which are the A operands of
+//   dV += P^T dO and dK += dS^T Q (identical element positions);
+//   dS^T to shared memory, then dQ = dS K: warp w computes query rows [16 (w % 2), +16) and half
+//   of the head dim, and adds them to the rows' f32 accumulators with atomics from registers.
+// The next step's Q, dO, logsumexps and row sums arrive by cp.async during the step.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) key_block(__grid_constant__ const BackwardLaunch p, const float* sums,
-                                                      float* dq_acc) {
+__global__ void __launch_bounds__(kThreads, 2)
+    key_block(__grid_constant__ const BackwardLaunch p, const float* sums, float* dq_acc) {
   using S = Smem<T, D>;
+  using wmma_fa::FragA;
+  using wmma_fa::FragAcc;
+  using wmma_fa::FragBCol;
+  using wmma_fa::FragBRow;
+  constexpr int kCols = D / 16;
   extern __shared__ __align__(128) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);
   T* vs = ks + kKeys * S::kLd;
-  T* qs = vs + kKeys * S::kLd;
-  T* dos = qs + kRows * S::kLd;
-  float* ss = reinterpret_cast<float*>(dos + kRows * S::kLd);
-  float* dps = ss + kRows * S::kLs;
-  T* ps = reinterpret_cast<T*>(dps + kRows * S::kLs);
-  T* dss = ps + kRows * S::kLp;
-  float* dqs = ss;  // a step's dQ, after S and dP are consumed
+  unsigned char* stages = smem + 2 * S::kKv;
+  T* dsts = reinterpret_cast<T*>(stages + 2 * S::kStage);  // dS^T
+  const auto q_of = [&](int buf) { return reinterpret_cast<T*>(stages + buf * S::kStage); };
+  const auto do_of = [&](int buf) { return q_of(buf) + kRows * S::kLd; };
+  const auto stats_of = [&](int buf) {  // the step's logsumexps, then its row sums
+    return reinterpret_cast<float*>(stages + buf * S::kStage + 2 * S::kQ);
+  };
 
-  const int warp = threadIdx.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (!wmma_fa::layout_matches<T>(stages + warp * 1536, lane)) {
+    __trap();  // this GPU's wmma fragments differ from wmma/fragments.cuh: refuse, never compute wrong
+  }
+  __syncthreads();  // the scratch is step space, about to be filled
+
   const int64_t j0 = int64_t(blockIdx.x) * kKeys;
   const int64_t kvh = blockIdx.y, b = blockIdx.z;
   const int group = p.heads_q / p.heads_kv;
@@ -242,121 +259,184 @@ __global__ void __launch_bounds__(kThreads) key_block(__grid_constant__ const Ba
                kvh * p.k_stride[2];
   const T* v = static_cast<const T*>(p.v) + seq.entry * p.v_stride[0] + kt * p.v_stride[1] +
                kvh * p.v_stride[2];
-  load_rows<T, kKeys, D, S::kLd>(ks, k, p.k_stride[1], seq.seq_k - j0, p.head_dim);
-  load_rows<T, kKeys, D, S::kLd>(vs, v, p.v_stride[1], seq.seq_k - j0, p.head_dim);
+  const int keys = static_cast<int>(min(int64_t(kKeys), seq.seq_k - j0));
+  using KeyCopy = wmma_fa::TileCopy<kKeys, D, S::kLd, kThreads, T>;
+  KeyCopy(k, p.k_stride[1], keys, p.head_dim).start(ks, 0);
+  KeyCopy(v, p.v_stride[1], keys, p.head_dim).start(vs, 0);
 
-  constexpr int kCols = D / 16;
-  wm::fragment<wm::accumulator, 16, 16, 16, float> dk[kCols], dv[kCols];
+  // The steps: every query head of the group times the 32-row steps whose rows see the keys.
+  const RowRange range = rows_seeing(seq, j0);
+  const int64_t first = range.first / kRows * kRows;
+  const int64_t per_head = (range.end - first + kRows - 1) / kRows;
+  const int64_t steps = per_head * group;
+  const auto step_head = [&](int64_t s) { return kvh * group + s / per_head; };
+  const auto step_row = [&](int64_t s) { return first + s % per_head * kRows; };
+  const auto lse_row0 = [&](int64_t h) { return seq.row0 + h * seq.rows; };
+  // Starts step s's copies into buffer `buf` (not committed).
+  const auto fetch = [&](int64_t s, int buf) {
+    const int64_t h = step_head(s), i0 = step_row(s);
+    using RowCopy = wmma_fa::TileCopy<kRows, D, S::kLd, kThreads, T>;
+    const T* q = static_cast<const T*>(p.q) + seq.entry * p.q_stride[0] +
+                 seq.q0 * p.q_stride[1] + h * p.q_stride[2];
+    const T* dout = static_cast<const T*>(p.dout) + seq.entry * p.do_stride[0] +
+                    seq.q0 * p.do_stride[1] + h * p.do_stride[2];
+    const int rows = static_cast<int>(seq.seq_q);
+    RowCopy(q, p.q_stride[1], rows, p.head_dim).start(q_of(buf), static_cast<int>(i0));
+    RowCopy(dout, p.do_stride[1], rows, p.head_dim).start(do_of(buf), static_cast<int>(i0));
+    if (threadIdx.x < 2 * kRows) {  // threads [0, 32): logsumexps; [32, 64): row sums
+      const int r = threadIdx.x % kRows;
+      const float* from = (threadIdx.x < kRows ? p.lse : sums) + lse_row0(h) + i0 + r;
+      const bool ok = i0 + r < seq.seq_q;
+      // A zero-filled copy reads nothing; its address is in bounds.
+      __pipeline_memcpy_async(stats_of(buf) + threadIdx.x, ok ? from : p.lse, 4, ok ? 0 : 4);
+    }
+  };
+  if (steps > 0) {
+    fetch(0, 0);
+  }
+  __pipeline_commit();
+
+  FragAcc dk[kCols], dv[kCols];
 #pragma unroll
   for (int n = 0; n < kCols; ++n) {
     wm::fill_fragment(dk[n], 0.f);
     wm::fill_fragment(dv[n], 0.f);
   }
+  const bool plain_scores = p.softcap == 0.f && p.alibi == nullptr && p.bias == nullptr;
+  const float scale_log2 = p.scale * 1.4426950408889634f;
 
-  const RowRange range = rows_seeing(seq, j0);
-  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+  for (int64_t s = 0; s < steps; ++s) {
+    __pipeline_wait_prior(0);
+    __syncthreads();  // step s's buffer is in; the previous step is done with the other and dS^T
+    if (s + 1 < steps) {
+      fetch(s + 1, int((s + 1) % 2));
+    }
+    __pipeline_commit();
+    const int buf = int(s % 2);
+    const T* qs = q_of(buf);
+    const T* dos = do_of(buf);
+    const float* lse = stats_of(buf);
+    const float* dsum = lse + kRows;
+    const int64_t h = step_head(s), i0 = step_row(s);
+
+    // S^T and dP^T for the warp's 16 keys: two 16-column tiles of query rows each.
+    FragAcc st[kRows / 16], dpt[kRows / 16];
+#pragma unroll
+    for (int nt = 0; nt < kRows / 16; ++nt) {
+      wm::fill_fragment(st[nt], 0.f);
+      wm::fill_fragment(dpt[nt], 0.f);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kCols; ++kk) {
+      FragA<T> a;
+      FragBCol<T> bt;
+      wmma_fa::load_a(a, ks + warp * 16 * S::kLd + kk * 16, S::kLd, lane);
+#pragma unroll
+      for (int nt = 0; nt < kRows / 16; ++nt) {
+        wmma_fa::load_b_col(bt, qs + nt * 16 * S::kLd + kk * 16, S::kLd, lane);
+        wm::mma_sync(st[nt], a, bt, st[nt]);
+      }
+      wmma_fa::load_a(a, vs + warp * 16 * S::kLd + kk * 16, S::kLd, lane);
+#pragma unroll
+      for (int nt = 0; nt < kRows / 16; ++nt) {
+        wmma_fa::load_b_col(bt, dos + nt * 16 * S::kLd + kk * 16, S::kLd, lane);
+        wm::mma_sync(dpt[nt], a, bt, dpt[nt]);
+      }
+    }
+
+    // P^T and dS^T in registers (accumulator element e of tile nt: key 16w + acc_row, query row
+    // 16 nt + acc_col), and dS^T to shared memory.
+    const bool full = plain_scores && i0 + kRows <= seq.seq_q && j0 + kKeys <= seq.seq_k &&
+                      (!seq.has_lo || j0 - (i0 + kRows - 1) >= seq.lo) &&
+                      (!seq.has_hi || j0 + kKeys - 1 - i0 <= seq.hi);
     const float slope = p.alibi != nullptr ? p.alibi[b * p.alibi_batch_stride + h] : 0.f;
-    const int64_t lse0 = seq.row0 + h * seq.rows;  // row sums, logsumexps, dQ accumulators
-    for (int64_t i0 = range.first / kRows * kRows; i0 < range.end; i0 += kRows) {
-      __syncthreads();  // the previous step is done with Q, dO, P, dS and dQ
-      const int64_t qt = seq.q0 + i0;  // the step's first query token
-      const T* q = static_cast<const T*>(p.q) + seq.entry * p.q_stride[0] + qt * p.q_stride[1] +
-                   h * p.q_stride[2];
-      const T* dout = static_cast<const T*>(p.dout) + seq.entry * p.do_stride[0] +
-                      qt * p.do_stride[1] + h * p.do_stride[2];
-      load_rows<T, kRows, D, S::kLd>(qs, q, p.q_stride[1], seq.seq_q - i0, p.head_dim);
-      load_rows<T, kRows, D, S::kLd>(dos, dout, p.do_stride[1], seq.seq_q - i0, p.head_dim);
-      __syncthreads();
-
-      // S = Q K^T and dP = dO V^T: warp w computes key columns [16w, 16w + 16) of both.
+    FragA<T> pa[kRows / 16], dsa[kRows / 16];
 #pragma unroll
-      for (int mt = 0; mt < kRows / 16; ++mt) {
-        wm::fragment<wm::accumulator, 16, 16, 16, float> s, dp;
-        wm::fill_fragment(s, 0.f);
-        wm::fill_fragment(dp, 0.f);
+    for (int nt = 0; nt < kRows / 16; ++nt) {
+      uint32_t pw[4], dw[4];
 #pragma unroll
-        for (int kk = 0; kk < kCols; ++kk) {
-          wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major> a;
-          wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::col_major> bt;
-          wm::load_matrix_sync(a, qs + mt * 16 * S::kLd + kk * 16, S::kLd);
-          wm::load_matrix_sync(bt, ks + warp * 16 * S::kLd + kk * 16, S::kLd);
-          wm::mma_sync(s, a, bt, s);
-          wm::load_matrix_sync(a, dos + mt * 16 * S::kLd + kk * 16, S::kLd);
-          wm::load_matrix_sync(bt, vs + warp * 16 * S::kLd + kk * 16, S::kLd);
-          wm::mma_sync(dp, a, bt, dp);
-        }
-        wm::store_matrix_sync(ss + mt * 16 * S::kLs + warp * 16, s, S::kLs, wm::mem_row_major);
-        wm::store_matrix_sync(dps + mt * 16 * S::kLs + warp * 16, dp, S::kLs, wm::mem_row_major);
-      }
-      __syncthreads();
-
-      // P and dS, element by element, with the mask and the score modifiers.
-      for (int e = threadIdx.x; e < kRows * kKeys; e += kThreads) {
-        const int r = e / kKeys, c = e % kKeys;
-        const int64_t i = i0 + r, j = j0 + c;
-        float prob = 0.f, ds = 0.f;
-        const int64_t gap = j - i;
-        const bool visible = i < seq.seq_q && j < seq.seq_k && (!seq.has_lo || gap >= seq.lo) &&
-                             (!seq.has_hi || gap <= seq.hi);
-        const float lse = visible ? p.lse[lse0 + i] : -INFINITY;
-        if (lse != -INFINITY) {
-          const float x = ss[r * S::kLs + c];
-          float score = x * p.scale, derivative = p.scale;
-          if (p.softcap > 0.f) {
-            const float t = tanhf(score / p.softcap);
-            score = p.softcap * t;
-            derivative = p.scale * (1.f - t * t);
+      for (int w = 0; w < 4; ++w) {
+        float prob[2], ds[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int e = 2 * w + half;
+          const int kr = warp * 16 + wmma_fa::acc_row(lane, e);
+          const int r = nt * 16 + wmma_fa::acc_col(lane, e);
+          if (full) {  // every element visible, the plain score: one exp2 each
+            const float m = lse[r];
+            prob[half] = m == -INFINITY ? 0.f
+                                        : exp2f(st[nt].x[e] * scale_log2 - m * 1.4426950408889634f);
+            ds[half] = prob[half] * (dpt[nt].x[e] - dsum[r]) * p.scale;
+          } else {
+            const ScoreGrad g = score_grad(p, seq, b, h, slope, i0 + r, j0 + kr, st[nt].x[e],
+                                           dpt[nt].x[e], lse[r], dsum[r]);
+            prob[half] = g.prob;
+            ds[half] = g.ds;
           }
-          if (p.alibi != nullptr) {
-            score -= slope * float(llabs(i + seq.diagonal - j));
-          }
-          if (p.bias != nullptr) {
-            score += bias_at(p, b, i, h, j);
-          }
-          prob = __expf(score - lse);
-          ds = prob * (dps[r * S::kLs + c] - sums[lse0 + i]) * derivative;
         }
-        ps[r * S::kLp + c] = from_float<T>(prob);
-        dss[r * S::kLp + c] = from_float<T>(ds);
+        pw[w] = wmma_fa::pack2(T(), prob[0], prob[1]);
+        dw[w] = wmma_fa::pack2(T(), ds[0], ds[1]);
+        *reinterpret_cast<uint32_t*>(dsts + (warp * 16 + lane / 4 + 8 * (w & 1)) * S::kLt +
+                                     nt * 16 + 2 * (lane % 4) + 8 * (w >> 1)) = dw[w];
       }
-      __syncthreads();
+      wmma_fa::set_words(pa[nt], pw);
+      wmma_fa::set_words(dsa[nt], dw);
+    }
 
-      // dV += P^T dO and dK += dS^T Q for the warp's 16 keys.
+    // dV += P^T dO and dK += dS^T Q.
 #pragma unroll
-      for (int kk = 0; kk < kRows / 16; ++kk) {
-        wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::col_major> pt, dst;
-        wm::load_matrix_sync(pt, ps + kk * 16 * S::kLp + warp * 16, S::kLp);
-        wm::load_matrix_sync(dst, dss + kk * 16 * S::kLp + warp * 16, S::kLp);
+    for (int kk = 0; kk < kRows / 16; ++kk) {
 #pragma unroll
-        for (int n = 0; n < kCols; ++n) {
-          wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::row_major> x;
-          wm::load_matrix_sync(x, dos + kk * 16 * S::kLd + n * 16, S::kLd);
-          wm::mma_sync(dv[n], pt, x, dv[n]);
-          wm::load_matrix_sync(x, qs + kk * 16 * S::kLd + n * 16, S::kLd);
-          wm::mma_sync(dk[n], dst, x, dk[n]);
-        }
+      for (int n = 0; n < kCols; ++n) {
+        FragBRow<T> x;
+        wmma_fa::load_b_row(x, dos + kk * 16 * S::kLd + n * 16, S::kLd, lane);
+        wm::mma_sync(dv[n], pa[kk], x, dv[n]);
+        wmma_fa::load_b_row(x, qs + kk * 16 * S::kLd + n * 16, S::kLd, lane);
+        wm::mma_sync(dk[n], dsa[kk], x, dk[n]);
       }
+    }
+    __syncthreads();  // dS^T complete
 
-      // dQ of the step = dS K, staged in f32 over S and dP (both consumed above).
-      for (int t = warp; t < (kRows / 16) * kCols; t += kWarps) {
-        const int mt = t / kCols, n = t % kCols;
-        wm::fragment<wm::accumulator, 16, 16, 16, float> dq;
-        wm::fill_fragment(dq, 0.f);
+    // dQ = dS K for query rows [16 mt, +16) and head-dim tiles [n0, n0 + kCols / 2), added to the
+    // rows' accumulators.
+    const int mt = warp % 2, n0 = warp / 2 * (kCols / 2);
+    FragAcc dq[kCols / 2];
 #pragma unroll
-        for (int kk = 0; kk < kKeys / 16; ++kk) {
-          wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major> a;
-          wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::row_major> x;
-          wm::load_matrix_sync(a, dss + mt * 16 * S::kLp + kk * 16, S::kLp);
-          wm::load_matrix_sync(x, ks + kk * 16 * S::kLd + n * 16, S::kLd);
-          wm::mma_sync(dq, a, x, dq);
-        }
-        wm::store_matrix_sync(dqs + mt * 16 * S::kLq + n * 16, dq, S::kLq, wm::mem_row_major);
+    for (int n = 0; n < kCols / 2; ++n) {
+      wm::fill_fragment(dq[n], 0.f);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      FragA<T> a;
+      wmma_fa::load_a_col(a, dsts + kk * 16 * S::kLt + mt * 16, S::kLt, lane);
+#pragma unroll
+      for (int n = 0; n < kCols / 2; ++n) {
+        FragBRow<T> x;
+        wmma_fa::load_b_row(x, ks + kk * 16 * S::kLd + (n0 + n) * 16, S::kLd, lane);
+        wm::mma_sync(dq[n], a, x, dq[n]);
       }
-      __syncthreads();
-      add_rows<D>(dq_acc + (lse0 + i0) * D, dqs, S::kLq, min(int64_t(kRows), seq.seq_q - i0),
-                  p.head_dim);
+    }
+    const int64_t valid = min(int64_t(kRows), seq.seq_q - i0);
+    float* acc = dq_acc + (lse_row0(h) + i0) * D;
+#pragma unroll
+    for (int n = 0; n < kCols / 2; ++n) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {  // elements 2w and 2w + 1: one row, two adjacent columns
+        const int r = mt * 16 + wmma_fa::acc_row(lane, 2 * w);
+        const int c = (n0 + n) * 16 + wmma_fa::acc_col(lane, 2 * w);
+        if (r < valid && c < p.head_dim) {
+          float* to = acc + int64_t(r) * D + c;
+#if __CUDA_ARCH__ >= 900
+          atomicAdd(reinterpret_cast<float2*>(to), make_float2(dq[n].x[2 * w], dq[n].x[2 * w + 1]));
+#else
+          atomicAdd(to, dq[n].x[2 * w]);
+          atomicAdd(to + 1, dq[n].x[2 * w + 1]);
+#endif
+        }
+      }
     }
   }
+  __pipeline_wait_prior(0);  // K and V's copies when no step ran
 
   // dK and dV leave through K and V's space (f32 rows of kLq), one after the other.
   float* stage = reinterpret_cast<float*>(smem);

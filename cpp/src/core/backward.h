@@ -25,15 +25,17 @@ Status validate_backward(const BackwardRequest& r, Problem* problem) noexcept;
 
 // The GPU backward pass (cpp/src/backward/): its largest head dim, its head-dim tier (the
 // kernels' D: columns past the head dim are zero), its key block and query step, and the shared
-// memory of its key-block kernel (2-byte elements): K and V, Q and dO rows padded by 8, the f32
-// S and dP of a step, its P and dS.
+// memory of its key-block kernel (2-byte elements; rows padded by 8).
 constexpr int64_t kBackwardMaxHeadDim = 128;
 constexpr int64_t kBackwardKeys = 64, kBackwardRows = 32;
 constexpr int64_t backward_tier(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
 constexpr int64_t backward_smem_bytes(int64_t head_dim) {
   const int64_t d = backward_tier(head_dim);
-  return 2 * kBackwardKeys * (d + 8) * 2 + 2 * kBackwardRows * (d + 8) * 2 +
-         2 * kBackwardRows * (kBackwardKeys + 4) * 4 + 2 * kBackwardRows * (kBackwardKeys + 8) * 2;
+  // K and V; two step buffers of Q, dO (16-bit) and the step's logsumexps and row sums (f32);
+  // dS^T (backward/kernel.cuh: Smem).
+  return 2 * kBackwardKeys * (d + 8) * 2 +
+         2 * (2 * kBackwardRows * (d + 8) * 2 + 2 * kBackwardRows * 4) +
+         kBackwardKeys * (kBackwardRows + 8) * 2;
 }
 
 // Whether the GPU backward kernels take the validated problem `p` of `r` on a device with `caps`:

@@ -113,6 +113,15 @@ __device__ inline void load_b_row(FragBRow<T>& f, const T* tile, int ld, int lan
   set_words(f, w);
 }
 
+// A(m, k) = tile[k][m]: a 16x16 tile stored column-major (row k of the storage holds column k of
+// A), e.g. the backward pass's dS^T read as the A of dS K.
+template <typename T>
+__device__ inline void load_a_col(FragA<T>& f, const T* tile, int ld, int lane) {
+  uint32_t w[4];
+  ldsm_x4_trans(w, tile + (lane % 8 + 8 * (lane / 16)) * ld + 8 * ((lane / 8) % 2));
+  set_words(f, w);
+}
+
 // A = an accumulator tile rounded to T, in registers (identical element positions).
 template <typename T>
 __device__ inline void acc_to_a(FragA<T>& f, const FragAcc& acc) {
