@@ -1706,20 +1706,38 @@ void backward() {
   s = plan(r, l4);
   expect(s.code == Code::BackendUnavailable && s.message.find("128") != std::string::npos,
          "backward at head dim 256 on the GPU: " + s.message);
+  // 2^14 key blocks x 2 sequences x 2^16 kv heads: 2^31 blocks, one past the grid's x. Each
+  // tensor gets 2^47 bytes of address space (k is 2^45 bytes).
   r = valid_backward();
+  uint64_t address = uint64_t{1} << 48;
   for (TensorDesc* t : {&r.forward.k, &r.forward.v, &r.dk, &r.dv}) {
-    t->shape[2] = 70000;
+    t->shape[1] = int64_t{1} << 20, t->shape[2] = 65536;
     flashcore::bshd_strides(t->shape, t->stride);
+    t->address = (address += uint64_t{1} << 47);
   }
-  for (TensorDesc* t : {&r.forward.q, &r.forward.out, &r.dout, &r.dq}) {
-    t->shape[2] = 70000;
+  for (TensorDesc* t : {&r.forward.q, &r.forward.out, &r.dout, &r.dq, &r.forward.lse}) {
+    t->shape[2] = 65536;
     flashcore::bshd_strides(t->shape, t->stride);
+    t->address = (address += uint64_t{1} << 47);
   }
-  r.forward.lse.shape[2] = 70000;
   flashcore::bhsd_strides(r.forward.lse.shape, r.forward.lse.stride);
   s = plan(r, l4);
-  expect(s.code == Code::IndexOverflow && s.field == Field::Heads && s.values[1] == 65535,
-         "backward with 70000 kv heads: " + s.message);
+  expect(s.code == Code::IndexOverflow && s.field == Field::WorkUnits &&
+             s.values[0] == int64_t{1} << 31 && s.values[1] == INT32_MAX,
+         "backward over 2^31 key blocks: " + s.message);
+  // 70000 kv heads plan (the grid's y and z axes, which held kv heads and sequences before
+  // session 66, end at 65535).
+  for (TensorDesc* t : {&r.forward.k, &r.forward.v, &r.dk, &r.dv}) {
+    t->shape[1] = 130, t->shape[2] = 70000;
+    flashcore::bshd_strides(t->shape, t->stride);
+  }
+  for (TensorDesc* t : {&r.forward.q, &r.forward.out, &r.dout, &r.dq, &r.forward.lse}) {
+    t->shape[2] = 70000;
+    flashcore::bshd_strides(t->shape, t->stride);
+  }
+  flashcore::bhsd_strides(r.forward.lse.shape, r.forward.lse.stride);
+  s = plan(r, l4);
+  expect(s.ok(), "backward with 70000 kv heads: " + s.message);
 }
 
 int main() {

@@ -1,8 +1,9 @@
 // flashcore's backward kernels: the gradients of attention (FlashAttention-2's algorithm) on
-// tensor cores through nvcuda::wmma's documented loads and stores (16x16x16, f32 accumulation).
+// tensor cores: nvcuda::wmma 16x16x16 fragments (f32 accumulation) filled by ldmatrix in the
+// register layout that wmma/fragments.cuh documents and checks. docs/BACKWARD.md: design, rounds.
 //
 //   row_sums:  D_i = dO_i . O_i per query row, and the row's f32 dQ accumulator zeroed;
-//   key_block: one block per (64 keys, kv head, sequence) holds K and V in shared memory and
+//   key_block: one block per (kKeys keys, kv head, sequence) holds K and V in shared memory and
 //              dK, dV in its warps' accumulators; for every query head of its group and every
 //              32-row query tile that sees its keys it recomputes
 //                S = Q K^T, P = exp(s(S) - lse), dP = dO V^T, dS = P (dP - D) s'(S),
@@ -25,6 +26,7 @@
 
 #include "backward/launch.h"
 #include "element.cuh"
+#include "fast_math.cuh"
 #include "core/backward.h"
 #include "sequences.cuh"
 #include "wmma/copy.cuh"
@@ -38,7 +40,9 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kKeys = 16 * kWarps;  // keys per block: each warp owns 16 key rows of dK and dV
 constexpr int kRows = 32;           // query rows per step
-static_assert(kKeys == core::kBackwardKeys && kRows == core::kBackwardRows, "core/backward.h");
+static_assert(kWarps == core::kBackwardWarps && kKeys == core::kBackwardKeys &&
+                  kRows == core::kBackwardRows,
+              "core/backward.h");
 
 // Shared-memory plan of the key-block kernel for head dim tier D (elements of T unless named):
 // K and V; two step buffers (Q, dO, then the step's logsumexps and row sums in f32), filled by
@@ -114,6 +118,17 @@ __global__ void __launch_bounds__(kThreads) row_sums(__grid_constant__ const Bac
   for (int c = lane; c < D; c += 32) {
     dq_acc[row * D + c] = 0.f;
   }
+}
+
+// Adds two floats to adjacent f32 accumulators (8-byte aligned): one float2 atomic from
+// compute capability 9.0 on, two scalar ones before.
+__device__ inline void add_pair(float* to, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(to), make_float2(x, y));
+#else
+  atomicAdd(to, x);
+  atomicAdd(to + 1, y);
+#endif
 }
 
 // Sequence b of a launch (batch entry b of a dense one): its batch entry and first query and
@@ -198,7 +213,7 @@ __device__ inline ScoreGrad score_grad(const BackwardLaunch& p, const Seq& seq, 
   }
   float score = x * p.scale, derivative = p.scale;
   if (p.softcap > 0.f) {
-    const float t = tanhf(score / p.softcap);
+    const float t = fast_tanh(__fdividef(score, p.softcap));
     score = p.softcap * t;
     derivative = p.scale * (1.f - t * t);
   }
@@ -212,6 +227,16 @@ __device__ inline ScoreGrad score_grad(const BackwardLaunch& p, const Seq& seq, 
   return {prob, prob * (dp - sum) * derivative};
 }
 
+// Blocks per SM that ptxas plans the head-dim-64 kernel's registers for: 3 on sm_90 (168
+// registers, 4 bytes of spills; H200 call 249: 7% faster than 4 blocks, which spill 112 bytes, and
+// than 2); 2 before, where 168 registers spill 56-88 bytes and an L4's shared memory holds 2
+// blocks anyway (unmeasured: no such GPU is lent).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kBlocks64 = 2;
+#else
+constexpr int kBlocks64 = 3;
+#endif
+
 // One block per (kKeys keys, kv head, sequence); warp w owns keys [16w, 16w + 16) of the block.
 // Per 32-row query step (every query head of the group, every step that sees the block's keys),
 // with the operands' fragments loaded by ldmatrix in the layout of wmma/fragments.cuh:
@@ -221,8 +246,10 @@ __device__ inline ScoreGrad score_grad(const BackwardLaunch& p, const Seq& seq, 
 //   dS^T to shared memory, then dQ = dS K: warp w computes query rows [16 (w % 2), +16) and half
 //   of the head dim, and adds them to the rows' f32 accumulators with atomics from registers.
 // The next step's Q, dO, logsumexps and row sums arrive by cp.async during the step.
+// Registers: ptxas is held to 2 blocks per SM (dK and dV's accumulators alone take 128 registers
+// a thread at head dim 128), and at head dim 64 on sm_90 to 3 (kBlocks64).
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
     key_block(__grid_constant__ const BackwardLaunch p, const float* sums, float* dq_acc) {
   using S = Smem<T, D>;
   using wmma_fa::FragA;
@@ -247,8 +274,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();  // the scratch is step space, about to be filled
 
-  const int64_t j0 = int64_t(blockIdx.x) * kKeys;
-  const int64_t kvh = blockIdx.y, b = blockIdx.z;
+  // The block's keys, sequence and kv head. Under a mask with a right edge (causal, or a window)
+  // the first keys are seen by the most query rows: the blocks go in order of their keys, so the
+  // longest start first. Otherwise every block has the same work, and a (sequence, kv head)'s
+  // blocks go together, sharing its Q and dO in L2 (call 246: 4% faster than key order).
+  // 32-bit arithmetic: plan_backward keeps key blocks x slices below 2^31.
+  const unsigned slices = unsigned(p.batch) * unsigned(p.heads_kv);
+  const unsigned key_blocks = (unsigned(p.seq_k) + kKeys - 1) / kKeys;
+  const bool longest_first = p.causal || p.window_right >= 0;
+  const unsigned slice = longest_first ? blockIdx.x % slices : blockIdx.x / key_blocks;
+  const unsigned key_block = longest_first ? blockIdx.x / slices : blockIdx.x % key_blocks;
+  const int64_t j0 = int64_t(key_block) * kKeys;
+  const int64_t b = slice / unsigned(p.heads_kv), kvh = slice % unsigned(p.heads_kv);
   const int group = p.heads_q / p.heads_kv;
   const Seq seq = sequence_of(p, b);
   if (j0 >= seq.seq_k) {
@@ -303,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     wm::fill_fragment(dv[n], 0.f);
   }
   const bool plain_scores = p.softcap == 0.f && p.alibi == nullptr && p.bias == nullptr;
-  const float scale_log2 = p.scale * 1.4426950408889634f;
+  const float scale_log2 = p.scale * kLog2e;
 
   for (int64_t s = 0; s < steps; ++s) {
     __pipeline_wait_prior(0);
@@ -344,42 +381,54 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
 
-    // P^T and dS^T in registers (accumulator element e of tile nt: key 16w + acc_row, query row
-    // 16 nt + acc_col), and dS^T to shared memory.
+    // P^T and dS^T in place of S^T and dP^T (accumulator element e of tile nt: key 16w +
+    // acc_row, query row 16 nt + acc_col). `full`: the whole step is visible with the plain score.
     const bool full = plain_scores && i0 + kRows <= seq.seq_q && j0 + kKeys <= seq.seq_k &&
                       (!seq.has_lo || j0 - (i0 + kRows - 1) >= seq.lo) &&
                       (!seq.has_hi || j0 + kKeys - 1 - i0 <= seq.hi);
     const float slope = p.alibi != nullptr ? p.alibi[b * p.alibi_batch_stride + h] : 0.f;
+    if (full) {
+      // Every element visible with the plain score: P = 2^(x scale log2(e) - lse log2(e)), an
+      // FFMA and an ex2 each, and dS = P (dP - D) scale. A row that saw no key (lse = -inf) gets
+      // an exponent of -inf: P = 0.
+#pragma unroll
+      for (int nt = 0; nt < kRows / 16; ++nt) {
+#pragma unroll
+        for (int e = 0; e < FragAcc::num_elements; ++e) {
+          const int r = nt * 16 + wmma_fa::acc_col(lane, e);
+          const float m = lse[r];
+          const float shift = m == -INFINITY ? INFINITY : m * kLog2e;
+          const float prob = fast_exp2(st[nt].x[e] * scale_log2 - shift);
+          st[nt].x[e] = prob;
+          dpt[nt].x[e] = prob * (dpt[nt].x[e] - dsum[r]) * p.scale;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kRows / 16; ++nt) {
+#pragma unroll
+        for (int e = 0; e < FragAcc::num_elements; ++e) {
+          const int kr = warp * 16 + wmma_fa::acc_row(lane, e);
+          const int r = nt * 16 + wmma_fa::acc_col(lane, e);
+          const ScoreGrad g = score_grad(p, seq, b, h, slope, i0 + r, j0 + kr, st[nt].x[e],
+                                         dpt[nt].x[e], lse[r], dsum[r]);
+          st[nt].x[e] = g.prob;
+          dpt[nt].x[e] = g.ds;
+        }
+      }
+    }
+    // P^T and dS^T as A fragments (rounded to T), and dS^T to shared memory.
     FragA<T> pa[kRows / 16], dsa[kRows / 16];
 #pragma unroll
     for (int nt = 0; nt < kRows / 16; ++nt) {
-      uint32_t pw[4], dw[4];
+      uint32_t dw[4];
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        float prob[2], ds[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int e = 2 * w + half;
-          const int kr = warp * 16 + wmma_fa::acc_row(lane, e);
-          const int r = nt * 16 + wmma_fa::acc_col(lane, e);
-          if (full) {  // every element visible, the plain score: one exp2 each
-            const float m = lse[r];
-            prob[half] = m == -INFINITY ? 0.f
-                                        : exp2f(st[nt].x[e] * scale_log2 - m * 1.4426950408889634f);
-            ds[half] = prob[half] * (dpt[nt].x[e] - dsum[r]) * p.scale;
-          } else {
-            const ScoreGrad g = score_grad(p, seq, b, h, slope, i0 + r, j0 + kr, st[nt].x[e],
-                                           dpt[nt].x[e], lse[r], dsum[r]);
-            prob[half] = g.prob;
-            ds[half] = g.ds;
-          }
-        }
-        pw[w] = wmma_fa::pack2(T(), prob[0], prob[1]);
-        dw[w] = wmma_fa::pack2(T(), ds[0], ds[1]);
+      for (int w = 0; w < 4; ++w) {  // elements 2w and 2w + 1: one key, two adjacent rows
+        dw[w] = wmma_fa::pack2(T(), dpt[nt].x[2 * w], dpt[nt].x[2 * w + 1]);
         *reinterpret_cast<uint32_t*>(dsts + (warp * 16 + lane / 4 + 8 * (w & 1)) * S::kLt +
                                      nt * 16 + 2 * (lane % 4) + 8 * (w >> 1)) = dw[w];
       }
-      wmma_fa::set_words(pa[nt], pw);
+      wmma_fa::acc_to_a(pa[nt], st[nt]);
       wmma_fa::set_words(dsa[nt], dw);
     }
 
@@ -397,12 +446,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();  // dS^T complete
 
-    // dQ = dS K for query rows [16 mt, +16) and head-dim tiles [n0, n0 + kCols / 2), added to the
+    // dQ = dS K for query rows [16 mt, +16) and head-dim tiles [n0, n0 + kDqCols), added to the
     // rows' accumulators.
-    const int mt = warp % 2, n0 = warp / 2 * (kCols / 2);
-    FragAcc dq[kCols / 2];
+    constexpr int kDqCols = kCols / (kWarps / (kRows / 16));
+    static_assert(kDqCols * kWarps == kCols * (kRows / 16), "whole dQ tiles per warp");
+    const int mt = warp % (kRows / 16), n0 = warp / (kRows / 16) * kDqCols;
+    FragAcc dq[kDqCols];
 #pragma unroll
-    for (int n = 0; n < kCols / 2; ++n) {
+    for (int n = 0; n < kDqCols; ++n) {
       wm::fill_fragment(dq[n], 0.f);
     }
 #pragma unroll
@@ -410,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       FragA<T> a;
       wmma_fa::load_a_col(a, dsts + kk * 16 * S::kLt + mt * 16, S::kLt, lane);
 #pragma unroll
-      for (int n = 0; n < kCols / 2; ++n) {
+      for (int n = 0; n < kDqCols; ++n) {
         FragBRow<T> x;
         wmma_fa::load_b_row(x, ks + kk * 16 * S::kLd + (n0 + n) * 16, S::kLd, lane);
         wm::mma_sync(dq[n], a, x, dq[n]);
@@ -418,20 +469,27 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     const int64_t valid = min(int64_t(kRows), seq.seq_q - i0);
     float* acc = dq_acc + (lse_row0(h) + i0) * D;
+    if (valid == kRows && p.head_dim == D) {
+      // Every element real: one base address per lane, constant offsets.
+      float* base = acc + (mt * 16 + lane / 4) * D + n0 * 16 + 2 * (lane % 4);
 #pragma unroll
-    for (int n = 0; n < kCols / 2; ++n) {
+      for (int n = 0; n < kDqCols; ++n) {
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {  // elements 2w and 2w + 1: one row, two adjacent columns
-        const int r = mt * 16 + wmma_fa::acc_row(lane, 2 * w);
-        const int c = (n0 + n) * 16 + wmma_fa::acc_col(lane, 2 * w);
-        if (r < valid && c < p.head_dim) {
-          float* to = acc + int64_t(r) * D + c;
-#if __CUDA_ARCH__ >= 900
-          atomicAdd(reinterpret_cast<float2*>(to), make_float2(dq[n].x[2 * w], dq[n].x[2 * w + 1]));
-#else
-          atomicAdd(to, dq[n].x[2 * w]);
-          atomicAdd(to + 1, dq[n].x[2 * w + 1]);
-#endif
+        for (int w = 0; w < 4; ++w) {
+          add_pair(base + 8 * (w & 1) * D + n * 16 + 8 * (w >> 1), dq[n].x[2 * w],
+                   dq[n].x[2 * w + 1]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kDqCols; ++n) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {  // elements 2w and 2w + 1: one row, two adjacent columns
+          const int r = mt * 16 + wmma_fa::acc_row(lane, 2 * w);
+          const int c = (n0 + n) * 16 + wmma_fa::acc_col(lane, 2 * w);
+          if (r < valid && c < p.head_dim) {
+            add_pair(acc + int64_t(r) * D + c, dq[n].x[2 * w], dq[n].x[2 * w + 1]);
+          }
         }
       }
     }

@@ -105,16 +105,17 @@ Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps)
       return fail(Code::SharedMemoryExceeded, Operand::None, Field::None, smem,
                   caps.smem_per_block_optin);
     }
-    // Sizes in 32 bits; kv heads and batch on the grid's y and z axes; the row-sum kernel's grid
-    // of 4 rows per block on x.
+    // Sizes in 32 bits; the key-block kernel's grid (key blocks x sequences x kv heads) and the
+    // row-sum kernel's (kBackwardWarps rows per block) on x.
+    const int64_t key_blocks = (p.seq_k + kBackwardKeys - 1) / kBackwardKeys;
     const std::pair<Field, std::pair<int64_t, int64_t>> limits[] = {
         {Field::SeqQ, {p.seq_q, INT32_MAX}},
         {Field::SeqK, {p.seq_k, INT32_MAX}},
         {Field::Heads, {p.heads_q, INT32_MAX}},
-        {Field::Heads, {p.heads_kv, 65535}},
-        {Field::Batch, {p.batch, 65535}},
-        {Field::WorkUnits, {p.heads_q * (p.varlen ? r.q.shape[1] : p.batch * p.seq_q) / 4,
-                            INT32_MAX}}};
+        {Field::WorkUnits, {key_blocks * p.batch * p.heads_kv, INT32_MAX}},
+        {Field::WorkUnits,
+         {p.heads_q * (p.varlen ? r.q.shape[1] : p.batch * p.seq_q) / kBackwardWarps,
+          INT32_MAX}}};
     for (const auto& [field, bound] : limits) {
       if (bound.first > bound.second) {
         return fail(Code::IndexOverflow, Operand::None, field, bound.first, bound.second,

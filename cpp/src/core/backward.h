@@ -24,10 +24,10 @@ struct BackwardRequest {
 Status validate_backward(const BackwardRequest& r, Problem* problem) noexcept;
 
 // The GPU backward pass (cpp/src/backward/): its largest head dim, its head-dim tier (the
-// kernels' D: columns past the head dim are zero), its key block and query step, and the shared
-// memory of its key-block kernel (2-byte elements; rows padded by 8).
+// kernels' D: columns past the head dim are zero), its warps per block, key block and query
+// step, and the shared memory of its key-block kernel (2-byte elements; rows padded by 8).
 constexpr int64_t kBackwardMaxHeadDim = 128;
-constexpr int64_t kBackwardKeys = 64, kBackwardRows = 32;
+constexpr int64_t kBackwardWarps = 4, kBackwardKeys = 16 * kBackwardWarps, kBackwardRows = 32;
 constexpr int64_t backward_tier(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
 constexpr int64_t backward_smem_bytes(int64_t head_dim) {
   const int64_t d = backward_tier(head_dim);

@@ -29,9 +29,10 @@ void launch_tier(const BackwardLaunch& a, cudaStream_t stream) {
   check_cuda(cudaFuncSetAttribute(key_block<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)),
              "cudaFuncSetAttribute(backward key_block)");
-  const dim3 grid(static_cast<unsigned>((a.seq_k + kKeys - 1) / kKeys),
-                  static_cast<unsigned>(a.heads_kv), static_cast<unsigned>(a.batch));
-  key_block<T, D><<<grid, kThreads, smem, stream>>>(a, sums, dq_acc);
+  // One block per (key block, sequence, kv head) on x (plan_backward bounds the count; the kernel
+  // picks their order).
+  const int64_t blocks = (a.seq_k + kKeys - 1) / kKeys * a.batch * a.heads_kv;
+  key_block<T, D><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(a, sums, dq_acc);
   check_cuda(cudaGetLastError(), "launch backward key_block");
   if (rows > 0) {
     const int64_t work = (rows * a.head_dim + kThreads - 1) / kThreads;
