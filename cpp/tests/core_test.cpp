@@ -1706,37 +1706,35 @@ void backward() {
   s = plan(r, l4);
   expect(s.code == Code::BackendUnavailable && s.message.find("128") != std::string::npos,
          "backward at head dim 256 on the GPU: " + s.message);
-  // 2^14 key blocks x 2 sequences x 2^16 kv heads: 2^31 blocks, one past the grid's x. Each
-  // tensor gets 2^47 bytes of address space (k is 2^45 bytes).
-  r = valid_backward();
-  uint64_t address = uint64_t{1} << 48;
-  for (TensorDesc* t : {&r.forward.k, &r.forward.v, &r.dk, &r.dv}) {
-    t->shape[1] = int64_t{1} << 20, t->shape[2] = 65536;
-    flashcore::bshd_strides(t->shape, t->stride);
-    t->address = (address += uint64_t{1} << 47);
-  }
-  for (TensorDesc* t : {&r.forward.q, &r.forward.out, &r.dout, &r.dq, &r.forward.lse}) {
-    t->shape[2] = 65536;
-    flashcore::bshd_strides(t->shape, t->stride);
-    t->address = (address += uint64_t{1} << 47);
-  }
-  flashcore::bhsd_strides(r.forward.lse.shape, r.forward.lse.stride);
-  s = plan(r, l4);
+  // The valid call with `heads` query and kv heads and `keys` keys per sequence, each tensor in
+  // its own 2^47 bytes of address space (k at 2^20 keys x 2^16 heads takes 2^45).
+  const auto with_heads = [&](int64_t heads, int64_t keys) {
+    BackwardRequest b = valid_backward();
+    uint64_t address = uint64_t{1} << 48;
+    const auto place = [&](TensorDesc* t, int64_t seq) {
+      t->shape[1] = seq, t->shape[2] = heads;
+      flashcore::bshd_strides(t->shape, t->stride);
+      t->address = (address += uint64_t{1} << 47);
+    };
+    for (TensorDesc* t : {&b.forward.k, &b.forward.v, &b.dk, &b.dv}) {
+      place(t, keys);
+    }
+    for (TensorDesc* t : {&b.forward.q, &b.forward.out, &b.dout, &b.dq}) {
+      place(t, t->shape[1]);
+    }
+    b.forward.lse.shape[2] = heads;
+    flashcore::bhsd_strides(b.forward.lse.shape, b.forward.lse.stride);
+    b.forward.lse.address = (address += uint64_t{1} << 47);
+    return b;
+  };
+  // 2^14 key blocks x 2 sequences x 2^16 kv heads: 2^31 blocks, one past the grid's x.
+  s = plan(with_heads(65536, int64_t{1} << 20), l4);
   expect(s.code == Code::IndexOverflow && s.field == Field::WorkUnits &&
              s.values[0] == int64_t{1} << 31 && s.values[1] == INT32_MAX,
          "backward over 2^31 key blocks: " + s.message);
   // 70000 kv heads plan (the grid's y and z axes, which held kv heads and sequences before
   // session 66, end at 65535).
-  for (TensorDesc* t : {&r.forward.k, &r.forward.v, &r.dk, &r.dv}) {
-    t->shape[1] = 130, t->shape[2] = 70000;
-    flashcore::bshd_strides(t->shape, t->stride);
-  }
-  for (TensorDesc* t : {&r.forward.q, &r.forward.out, &r.dout, &r.dq, &r.forward.lse}) {
-    t->shape[2] = 70000;
-    flashcore::bshd_strides(t->shape, t->stride);
-  }
-  flashcore::bhsd_strides(r.forward.lse.shape, r.forward.lse.stride);
-  s = plan(r, l4);
+  s = plan(with_heads(70000, 130), l4);
   expect(s.ok(), "backward with 70000 kv heads: " + s.message);
 }
 

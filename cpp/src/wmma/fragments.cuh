@@ -97,11 +97,19 @@ __device__ inline void load_a(FragA<T>& f, const T* tile, int ld, int lane) {
   set_words(f, w);
 }
 
+// The address lane `lane` gives ldmatrix for a 16x16 row-major tile read as four 8x8 matrices
+// in the order (rows 0-7, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 0-7), (8-15, 8-15):
+// the register order of a transposed operand (matrix_b stored by n, matrix_a stored by k).
+template <typename T>
+__device__ inline const T* quad_col(const T* tile, int ld, int lane) {
+  return tile + (lane % 8 + 8 * (lane / 16)) * ld + 8 * ((lane / 8) % 2);
+}
+
 // B(k, n) = tile[n][k]: K stored row-major by key, read as the col-major B of Q K^T.
 template <typename T>
 __device__ inline void load_b_col(FragBCol<T>& f, const T* tile, int ld, int lane) {
   uint32_t w[4];
-  ldsm_x4(w, tile + (lane % 8 + 8 * (lane / 16)) * ld + 8 * ((lane / 8) % 2));
+  ldsm_x4(w, quad_col(tile, ld, lane));
   set_words(f, w);
 }
 
@@ -118,7 +126,7 @@ __device__ inline void load_b_row(FragBRow<T>& f, const T* tile, int ld, int lan
 template <typename T>
 __device__ inline void load_a_col(FragA<T>& f, const T* tile, int ld, int lane) {
   uint32_t w[4];
-  ldsm_x4_trans(w, tile + (lane % 8 + 8 * (lane / 16)) * ld + 8 * ((lane / 8) % 2));
+  ldsm_x4_trans(w, quad_col(tile, ld, lane));
   set_words(f, w);
 }
 
