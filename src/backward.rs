@@ -1,13 +1,13 @@
 //! The backward pass: the gradients of attention's output with respect to Q, K and V.
 
 use crate::attention::alloc_like;
-use crate::dispatch::{misplaced, Batching, Execution, CPU};
+use crate::dispatch::{Batching, Execution, Route, ScoreTensors, CPU};
 use crate::element::{AttentionElement, Element};
 use crate::error::Result;
 use crate::ffi::RequestFfi;
 use crate::merge::AttentionState;
-use crate::options::{AttentionOptions, Backend};
-use crate::tensor::{Layout, Location, Tensor};
+use crate::options::AttentionOptions;
+use crate::tensor::{Layout, Tensor};
 use crate::validate::desc;
 use crate::varlen::VarlenBatch;
 
@@ -227,18 +227,20 @@ fn backward_into<T: AttentionElement>(
     let GradientsMut { dq, dk, dv } = grads;
     let request = crate::dispatch::request([q, k, v, forward.out], Some(forward.lse), batch, opts)?;
     let descs = [desc(dout)?, desc(dq)?, desc(dk)?, desc(dv)?];
-    let location = q.location();
-    let problem = crate::validate::validate_backward(&request, batch.hosts(), &descs, location)?;
-    match (opts.backend, location) {
-        (Backend::Auto | Backend::Cpu, Location::Host) => {}
-        (Backend::Cpu, Location::Cuda(_)) | (_, Location::Host) => {
-            return Err(misplaced(opts.backend))
-        }
-        (_, Location::Cuda(_)) => {
+    let scores = ScoreTensors::of(opts);
+    let locations =
+        crate::dispatch::locations([q, k, v, forward.out], Some(forward.lse), batch, scores)
+            .chain([dout.location(), dq.location(), dk.location(), dv.location()]);
+    let route = crate::dispatch::route_with(opts.backend, locations, |location| {
+        crate::validate::validate_backward(&request, batch.hosts(), &descs, location)
+    })?;
+    let problem = match route {
+        Route::Cpu(problem) => problem,
+        Route::Gpu => {
             let inputs = [q, k, v, forward.out, dout];
             return on_gpu(&request, inputs, forward.lse, [dq, dk, dv], (batch, opts));
         }
-    }
+    };
     let problem = crate::validate::Problem {
         alibi: opts.alibi.clone(),
         bias: opts.bias.clone(),
@@ -260,7 +262,7 @@ fn backward_into<T: AttentionElement>(
     Ok(CPU)
 }
 
-/// The backward pass on device tensors (validated here; C++ validates again, plans and
+/// The backward pass on device tensors, all on one GPU (the C++ entry validates, plans and
 /// launches: cpp/src/backward.cpp).
 #[cfg(feature = "cuda")]
 fn on_gpu<T: AttentionElement>(

@@ -64,13 +64,26 @@ pub(crate) fn route(
     backend: Backend,
     locations: impl IntoIterator<Item = Location>,
 ) -> Result<Route> {
+    route_with(backend, locations, |location| {
+        crate::validate::validate(request, hosts, location)
+    })
+}
+
+/// [`route`] for a call that `validate` checks (given q's location) wherever it is not sent
+/// whole to the GPU, whose C++ entry validates it once there: the forward call's validation, or
+/// the backward call's (`crate::validate::validate_backward`).
+pub(crate) fn route_with(
+    backend: Backend,
+    locations: impl IntoIterator<Item = Location>,
+    validate: impl FnOnce(Location) -> Result<Problem>,
+) -> Result<Route> {
     let mut locations = locations.into_iter();
     let location = locations.next().unwrap_or(Location::Host);
     let together = locations.all(|l| l == location);
     if together && on_gpu(backend, location) {
         return Ok(Route::Gpu);
     }
-    let problem = crate::validate::validate(request, hosts, location)?;
+    let problem = validate(location)?;
     match (backend, location) {
         (Backend::Auto | Backend::Cpu, Location::Host) => Ok(Route::Cpu(problem)),
         (requested, _) => Err(misplaced(requested)),

@@ -4725,15 +4725,18 @@ fn backward_matches_the_cpu() {
 }
 
 /// The GPU backward pass refuses what it does not take, after validation and without writing
-/// the gradients: another forced family, a head dim above 128; and a problem without queries
+/// the gradients: another forced family, a head dim above 128, a device batch with a sequence
+/// that sees no key (checked against the offsets' host copies); and a problem without queries
 /// zeroes dK and dV.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn backward_refusals_and_empty_problems() {
+    use flashcore::attention_varlen_backward_into;
     use flashcore::{attention_backward, attention_backward_into, GradientsMut};
     let s = stream();
     let mut rng = Rng::fresh();
     let dev = |t: Tensor<f16>| t.to_device(&s).unwrap();
+    let dev32 = |t: Tensor<f32>| t.to_device(&s).unwrap();
     for (d, backend, refused) in [
         (64, Backend::Kernel(Kernel::CutlassSm80), true),
         (64, Backend::Kernel(Kernel::CutlassSm90), true),
@@ -4743,10 +4746,7 @@ fn backward_refusals_and_empty_problems() {
         let q = dev(randn::<f16>(&mut rng, &[1, 16, 4, d], Layout::Bshd));
         let out = dev(randn::<f16>(&mut rng, &[1, 16, 4, d], Layout::Bshd));
         let kv = dev(randn::<f16>(&mut rng, &[1, 16, 2, d], Layout::Bshd));
-        let lse = Tensor::full(0f32, &[1, 4, 16, 1], Layout::Bhsd)
-            .unwrap()
-            .to_device(&s)
-            .unwrap();
+        let lse = dev32(Tensor::full(0f32, &[1, 4, 16, 1], Layout::Bhsd).unwrap());
         let state = AttentionState {
             out: &out,
             lse: &lse,
@@ -4801,10 +4801,7 @@ fn backward_refusals_and_empty_problems() {
     let q = dev(Tensor::full(f16::ZERO, &[2, 0, 4, 64], Layout::Bshd).unwrap());
     let out = dev(Tensor::full(f16::ZERO, &[2, 0, 4, 64], Layout::Bshd).unwrap());
     let kv = dev(randn::<f16>(&mut rng, &[2, 40, 2, 64], Layout::Bshd));
-    let lse = Tensor::full(0f32, &[2, 4, 0, 1], Layout::Bhsd)
-        .unwrap()
-        .to_device(&s)
-        .unwrap();
+    let lse = dev32(Tensor::full(0f32, &[2, 4, 0, 1], Layout::Bhsd).unwrap());
     let state = AttentionState {
         out: &out,
         lse: &lse,
@@ -4812,5 +4809,35 @@ fn backward_refusals_and_empty_problems() {
     let grads = attention_backward(&q, &kv, &kv, state, &q, &AttentionOptions::default()).unwrap();
     for t in [&grads.dk, &grads.dv] {
         assert!(logical(&t.to_host().unwrap()).iter().all(|x| *x == 0.0));
+    }
+    // A device batch whose second sequence has queries but no key: refused from the offsets'
+    // host copies, as the CPU backend refuses it, and nothing written.
+    let batch = VarlenBatch::from_lengths(&[3, 2], &[5, 0]).unwrap();
+    let batch = batch.to_device(&s).unwrap();
+    let [q, out] = [0; 2].map(|_| dev(randn::<f16>(&mut rng, &[1, 5, 4, 64], Layout::Bshd)));
+    let kv = dev(randn::<f16>(&mut rng, &[1, 5, 2, 64], Layout::Bshd));
+    let lse = dev32(Tensor::full(0f32, &[1, 4, 5, 1], Layout::Bhsd).unwrap());
+    let state = AttentionState {
+        out: &out,
+        lse: &lse,
+    };
+    let poison = |dims: &[usize]| dev(Tensor::full(f16::NAN, dims, Layout::Bshd).unwrap());
+    let (mut dq, mut dk, mut dv) = (
+        poison(&[1, 5, 4, 64]),
+        poison(&[1, 5, 2, 64]),
+        poison(&[1, 5, 2, 64]),
+    );
+    let grads = GradientsMut {
+        dq: &mut dq,
+        dk: &mut dk,
+        dv: &mut dv,
+    };
+    let opts = AttentionOptions::default();
+    let e = attention_varlen_backward_into(&q, &kv, &kv, &batch, state, &q, grads, &opts);
+    let e = e.unwrap_err();
+    assert!(matches!(e, Error::NoVisibleKeys { .. }), "{e:?}");
+    for t in [&dq, &dk, &dv] {
+        let host = logical(&t.to_host().unwrap());
+        assert!(host.iter().all(|x| x.is_nan()), "written");
     }
 }

@@ -470,11 +470,12 @@ StatusFfi merge_states(int32_t dtype, rust::Slice<const DescFfi> outs,
   return to_ffi(s);
 }
 
-StatusFfi attention_backward(const RequestFfi& request, const DescFfi& dout, const DescFfi& dq,
-                             const DescFfi& dk, const DescFfi& dv, int32_t ordinal,
-                             size_t stream) {
+StatusFfi attention_backward(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                             rust::Slice<const int32_t> host_k, const DescFfi& dout,
+                             const DescFfi& dq, const DescFfi& dk, const DescFfi& dv,
+                             int32_t ordinal, size_t stream) {
   BackwardArgs a;
-  a.forward = public_args(request, {}, {});
+  a.forward = public_args(request, host_q, host_k);
   a.dout = to_ref<TensorRef>(dout);
   a.dq = to_ref<OutputRef>(dq);
   a.dk = to_ref<OutputRef>(dk);

@@ -125,11 +125,13 @@ LaunchedFfi cpp_attention_forward(const RequestFfi& request, rust::Slice<const i
 StatusFfi merge_states(int32_t dtype, rust::Slice<const DescFfi> outs,
                        rust::Slice<const DescFfi> lses, const DescFfi& out, const DescFfi& lse,
                        bool has_lse, int32_t ordinal, size_t stream);
-// Through the public C++ API (flashcore::attention_backward), which validates again: the
-// forward call `request` (with its logsumexp) and the gradients dout, dq, dk, dv.
-StatusFfi attention_backward(const RequestFfi& request, const DescFfi& dout, const DescFfi& dq,
-                             const DescFfi& dk, const DescFfi& dv, int32_t ordinal,
-                             size_t stream);
+// Through the public C++ API (flashcore::attention_backward), which validates: the forward
+// call `request` (with its logsumexp; host_q / host_k as for validate) and the gradients dout,
+// dq, dk, dv.
+StatusFfi attention_backward(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                             rust::Slice<const int32_t> host_k, const DescFfi& dout,
+                             const DescFfi& dq, const DescFfi& dk, const DescFfi& dv,
+                             int32_t ordinal, size_t stream);
 size_t cpp_malloc(int32_t ordinal, size_t bytes);
 void cpp_free(int32_t ordinal, size_t ptr);
 void cpp_upload(int32_t ordinal, size_t dst, rust::Slice<const uint8_t> src);

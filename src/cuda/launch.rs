@@ -202,6 +202,7 @@ pub(crate) fn backward<T: AttentionElement>(
     let [dq_desc, dk_desc, dv_desc] = descs;
     let operands = ffi::BackwardOperands {
         request,
+        hosts: batch.hosts(),
         dout,
         grads: [(dq, dq_desc), (dk, dk_desc), (dv, dv_desc)],
     };

@@ -751,6 +751,9 @@ impl crate::cuda::Stream {
 /// descriptions.
 pub(crate) struct BackwardOperands<'a> {
     pub request: &'a RequestFfi,
+    /// The host copies of a variable-length batch's offsets (empty: none), which C++
+    /// validation checks against the token counts.
+    pub hosts: crate::validate::Hosts<'a>,
     pub dout: DescFfi,
     pub grads: [(&'a mut RawBuffer, DescFfi); 3],
 }
@@ -764,11 +767,14 @@ pub(crate) fn attention_backward(stream: &RawStream, b: BackwardOperands<'_>) ->
     let descs = [b.dout, dq, dk, dv];
     // SAFETY: every address is a live allocation of `stream`'s device: the inputs' tensors are
     // borrowed by the caller for this call, the gradients' buffers exclusively here; C++
-    // validates again (shapes, strides, places, overlaps) before launching, and the kernels are
-    // ordered on `stream` before any later free (the caller orders the other streams around it).
+    // validates (shapes, strides, places, overlaps, and a batch's offsets against their host
+    // copies) before launching, and the kernels are ordered on `stream` before any later free
+    // (the caller orders the other streams around it).
     let status = unsafe {
         sys::attention_backward(
             b.request,
+            b.hosts.0,
+            b.hosts.1,
             &descs[0],
             &descs[1],
             &descs[2],

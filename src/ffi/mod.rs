@@ -422,11 +422,13 @@ pub(crate) mod sys {
             stream: usize,
         ) -> StatusFfi;
         /// The backward pass through the public C++ API (`flashcore::attention_backward`) on
-        /// `stream` of device `ordinal`.
+        /// `stream` of device `ordinal` (`host_q` / `host_k` as for `validate`).
         #[cfg(feature = "cuda")]
         #[allow(clippy::too_many_arguments)]
         unsafe fn attention_backward(
             request: &RequestFfi,
+            host_q: &[i32],
+            host_k: &[i32],
             dout: &DescFfi,
             dq: &DescFfi,
             dk: &DescFfi,
