@@ -304,14 +304,25 @@ __global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
   // The steps: every query head of the group times the 32-row steps whose rows see the keys.
   const RowRange range = rows_seeing(seq, j0);
   const int64_t first = range.first / kRows * kRows;
-  const int64_t per_head = (range.end - first + kRows - 1) / kRows;
-  const int64_t steps = per_head * group;
-  const auto step_head = [&](int64_t s) { return kvh * group + s / per_head; };
-  const auto step_row = [&](int64_t s) { return first + s % per_head * kRows; };
+  const int64_t steps = (range.end - first + kRows - 1) / kRows * group;
+  struct Step {
+    int64_t h, i0;  // a query step: its head and first row
+  };
+  const Step start{kvh * group, first};
+  Step fetched = start, step = start;  // the step copied last, the step computed next
+  // The step after `at`: the next kRows rows of its head, or the next head's first (no division).
+  const auto next_step = [&](Step at) {
+    at.i0 += kRows;
+    if (at.i0 >= range.end) {
+      at.i0 = first;
+      ++at.h;
+    }
+    return at;
+  };
   const auto lse_row0 = [&](int64_t h) { return seq.row0 + h * seq.rows; };
-  // Starts step s's copies into buffer `buf` (not committed).
-  const auto fetch = [&](int64_t s, int buf) {
-    const int64_t h = step_head(s), i0 = step_row(s);
+  // Starts step `at`'s copies into buffer `buf` (not committed).
+  const auto fetch = [&](Step at, int buf) {
+    const int64_t h = at.h, i0 = at.i0;
     using RowCopy = wmma_fa::TileCopy<kRows, D, S::kLd, kThreads, T>;
     const T* q = static_cast<const T*>(p.q) + seq.entry * p.q_stride[0] +
                  seq.q0 * p.q_stride[1] + h * p.q_stride[2];
@@ -329,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
     }
   };
   if (steps > 0) {
-    fetch(0, 0);
+    fetch(start, 0);
   }
   __pipeline_commit();
 
@@ -346,7 +357,8 @@ __global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
     __pipeline_wait_prior(0);
     __syncthreads();  // step s's buffer is in; the previous step is done with the other and dS^T
     if (s + 1 < steps) {
-      fetch(s + 1, int((s + 1) % 2));
+      fetched = next_step(fetched);
+      fetch(fetched, int((s + 1) % 2));
     }
     __pipeline_commit();
     const int buf = int(s % 2);
@@ -354,7 +366,8 @@ __global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
     const T* dos = do_of(buf);
     const float* lse = stats_of(buf);
     const float* dsum = lse + kRows;
-    const int64_t h = step_head(s), i0 = step_row(s);
+    const int64_t h = step.h, i0 = step.i0;
+    step = next_step(step);
 
     // S^T and dP^T for the warp's 16 keys: two 16-column tiles of query rows each.
     FragAcc st[kRows / 16], dpt[kRows / 16];
