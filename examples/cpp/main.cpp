@@ -1,8 +1,9 @@
 // A C++ program that owns its device buffers and stream, runs flashcore's attention on them
 // through the public C++ API, and checks the output and logsumexp against a float64 host
 // reference, once through attention_forward, then through a plan run per "layer" on fresh
-// inputs, then through a CUDA graph that recorded a plan run. Exit status 0 only when every
-// check passes.
+// inputs, then through a CUDA graph that recorded a plan run; and the gradients through
+// attention_backward against a float64 reference of the backward pass. Exit status 0 only when
+// every check passes.
 //
 //   flashcore_example            # f16 and bf16, GQA 4:1, causal (bottom-right), seq_q != seq_k
 #include <cuda_bf16.h>
@@ -16,6 +17,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "flashcore/flashcore.h"
@@ -51,6 +53,30 @@ std::vector<T> randn(std::mt19937& rng, int64_t b, int64_t s, int64_t h, int64_t
   return x;
 }
 
+// Row i of head h of sequence b in float64 under bottom-right causal masking: the softmax
+// probabilities of its visible keys into `prob`; returns how many keys it sees and its logsumexp.
+template <typename T>
+std::pair<int64_t, double> probabilities(const Problem& p, const std::vector<T>& q,
+                                         const std::vector<T>& k, float scale, int64_t b,
+                                         int64_t h, int64_t i, std::vector<double>& prob) {
+  const int64_t d = p.head_dim, group = p.heads_q / p.heads_kv;
+  const int64_t visible = std::min(p.seq_k, i + 1 + p.seq_k - p.seq_q);
+  prob.resize(static_cast<size_t>(p.seq_k));
+  const T* qi = &q[static_cast<size_t>(((b * p.seq_q + i) * p.heads_q + h) * d)];
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < visible; ++j) {
+    const T* kj = &k[static_cast<size_t>(((b * p.seq_k + j) * p.heads_kv + h / group) * d)];
+    double dot = 0;
+    for (int64_t c = 0; c < d; ++c) dot += double(to_float(qi[c])) * double(to_float(kj[c]));
+    prob[j] = dot * scale;
+    m = std::max(m, prob[j]);
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < visible; ++j) sum += (prob[j] = std::exp(prob[j] - m));
+  for (int64_t j = 0; j < visible; ++j) prob[j] /= sum;
+  return {visible, m + std::log(sum)};
+}
+
 // Float64 reference with bottom-right causal masking: out (BSHD) and lse ([b, h, s_q]).
 template <typename T>
 void reference(const Problem& p, const std::vector<T>& q, const std::vector<T>& k,
@@ -59,28 +85,51 @@ void reference(const Problem& p, const std::vector<T>& q, const std::vector<T>& 
   const int64_t d = p.head_dim, group = p.heads_q / p.heads_kv;
   out.assign(static_cast<size_t>(p.batch * p.seq_q * p.heads_q * d), 0.0);
   lse.assign(static_cast<size_t>(p.batch * p.heads_q * p.seq_q), 0.0);
-  std::vector<double> s(static_cast<size_t>(p.seq_k));
+  std::vector<double> prob;
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.seq_q; ++i) {
-        const int64_t visible = std::min(p.seq_k, i + 1 + p.seq_k - p.seq_q);
-        const T* qi = &q[static_cast<size_t>(((b * p.seq_q + i) * p.heads_q + h) * d)];
-        double m = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < visible; ++j) {
-          const T* kj = &k[static_cast<size_t>(((b * p.seq_k + j) * p.heads_kv + h / group) * d)];
-          double dot = 0;
-          for (int64_t c = 0; c < d; ++c) dot += double(to_float(qi[c])) * double(to_float(kj[c]));
-          s[j] = dot * scale;
-          m = std::max(m, s[j]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < visible; ++j) sum += (s[j] = std::exp(s[j] - m));
+        const auto [visible, row_lse] = probabilities(p, q, k, scale, b, h, i, prob);
         double* o = &out[static_cast<size_t>(((b * p.seq_q + i) * p.heads_q + h) * d)];
         for (int64_t j = 0; j < visible; ++j) {
           const T* vj = &v[static_cast<size_t>(((b * p.seq_k + j) * p.heads_kv + h / group) * d)];
-          for (int64_t c = 0; c < d; ++c) o[c] += s[j] / sum * double(to_float(vj[c]));
+          for (int64_t c = 0; c < d; ++c) o[c] += prob[j] * double(to_float(vj[c]));
         }
-        lse[static_cast<size_t>((b * p.heads_q + h) * p.seq_q + i)] = m + std::log(sum);
+        lse[static_cast<size_t>((b * p.heads_q + h) * p.seq_q + i)] = row_lse;
+      }
+}
+
+// Float64 gradients of the same attention for the output gradient `gout`: gq (like q), gk and
+// gv (like k; a kv head sums its query heads'). Each row's D_i = gout_i . out_i takes the call's
+// rounded output `out`, as flashcore and FlashAttention define it.
+template <typename T>
+void reference_gradients(const Problem& p, const std::vector<T>& q, const std::vector<T>& k,
+                         const std::vector<T>& v, const std::vector<T>& out,
+                         const std::vector<T>& gout, float scale, std::vector<double>& gq,
+                         std::vector<double>& gk, std::vector<double>& gv) {
+  const int64_t d = p.head_dim, group = p.heads_q / p.heads_kv;
+  gq.assign(q.size(), 0.0);
+  gk.assign(k.size(), 0.0);
+  gv.assign(v.size(), 0.0);
+  std::vector<double> prob;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < p.seq_q; ++i) {
+        const int64_t visible = probabilities(p, q, k, scale, b, h, i, prob).first;
+        const size_t row = static_cast<size_t>(((b * p.seq_q + i) * p.heads_q + h) * d);
+        double dsum = 0;
+        for (int64_t c = 0; c < d; ++c) dsum += double(to_float(gout[row + c])) * to_float(out[row + c]);
+        for (int64_t j = 0; j < visible; ++j) {
+          const size_t key = static_cast<size_t>(((b * p.seq_k + j) * p.heads_kv + h / group) * d);
+          double dp = 0;
+          for (int64_t c = 0; c < d; ++c) dp += double(to_float(gout[row + c])) * to_float(v[key + c]);
+          const double ds = prob[j] * (dp - dsum) * scale;
+          for (int64_t c = 0; c < d; ++c) {
+            gq[row + c] += ds * to_float(k[key + c]);
+            gk[key + c] += ds * to_float(q[row + c]);
+            gv[key + c] += prob[j] * to_float(gout[row + c]);
+          }
+        }
       }
 }
 
@@ -114,6 +163,96 @@ Ref bshd(void* data, int64_t b, int64_t s, int64_t h, int64_t d) {
   return r;
 }
 
+// The call on device buffers of `p`'s shapes (BSHD; lse [b, h, s_q]), bottom-right causal.
+flashcore::AttentionArgs forward_args(const Problem& p, flashcore::DType dtype, void* q, void* k,
+                                      void* v, void* out, float* lse) {
+  flashcore::AttentionArgs a;
+  a.dtype = dtype;
+  a.q = bshd<flashcore::TensorRef>(q, p.batch, p.seq_q, p.heads_q, p.head_dim);
+  a.k = bshd<flashcore::TensorRef>(k, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  a.v = bshd<flashcore::TensorRef>(v, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  a.out = bshd<flashcore::OutputRef>(out, p.batch, p.seq_q, p.heads_q, p.head_dim);
+  flashcore::OutputRef l;
+  l.data = lse;
+  const int64_t lse_shape[4] = {p.batch, p.seq_q, p.heads_q, 1};
+  for (int i = 0; i < 4; ++i) l.shape[i] = lse_shape[i];
+  flashcore::bhsd_strides(l.shape, l.stride);
+  a.lse = l;
+  a.options.causal = flashcore::Causal::BottomRight;
+  return a;
+}
+
+// The gradients through attention_backward, after attention_forward with the logsumexp, into
+// NaN-poisoned buffers, against the float64 reference; then a gradient of the wrong shape,
+// refused with its own operand and nothing written.
+template <typename T>
+bool backward(flashcore::DType dtype, const char* name, double tolerance, cudaStream_t stream) {
+  const Problem p;
+  std::mt19937 rng(std::random_device{}());  // fresh inputs every run
+  const auto q = randn<T>(rng, p.batch, p.seq_q, p.heads_q, p.head_dim);
+  const auto k = randn<T>(rng, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  const auto v = randn<T>(rng, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  const auto gout = randn<T>(rng, p.batch, p.seq_q, p.heads_q, p.head_dim);
+  const T nan = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+  const std::vector<T> nan_q(q.size(), nan), nan_k(k.size(), nan);
+  T *dq = upload(q), *dk = upload(k), *dv = upload(v), *dgout = upload(gout);
+  T *dout = upload(nan_q), *gq = upload(nan_q), *gk = upload(nan_k), *gv = upload(nan_k);
+  float* dlse = upload(std::vector<float>(static_cast<size_t>(p.batch * p.heads_q * p.seq_q)));
+
+  flashcore::BackwardArgs g;
+  g.forward = forward_args(p, dtype, dq, dk, dv, dout, dlse);
+  g.dout = bshd<flashcore::TensorRef>(dgout, p.batch, p.seq_q, p.heads_q, p.head_dim);
+  g.dq = bshd<flashcore::OutputRef>(gq, p.batch, p.seq_q, p.heads_q, p.head_dim);
+  g.dk = bshd<flashcore::OutputRef>(gk, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  g.dv = bshd<flashcore::OutputRef>(gv, p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  const flashcore::Status f = flashcore::attention_forward(g.forward, stream);
+  const flashcore::Status s = f.ok() ? flashcore::attention_backward(g, stream) : f;
+  bool ok = s.ok();
+  if (!ok) {
+    std::printf("%s backward: %s: %s\n", name, flashcore::name(s.code), s.message.c_str());
+  } else {
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    const auto download = [](const T* dev, size_t n) {
+      std::vector<T> host(n);
+      CHECK_CUDA(cudaMemcpy(host.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
+      return host;
+    };
+    const auto out = download(dout, q.size());
+    const float scale = 1.0f / std::sqrt(float(p.head_dim));
+    std::vector<double> want_q, want_k, want_v;
+    reference_gradients(p, q, k, v, out, gout, scale, want_q, want_k, want_v);
+    const double eq = rel_l2(download(gq, q.size()), want_q);
+    const double ek = rel_l2(download(gk, k.size()), want_k);
+    const double ev = rel_l2(download(gv, v.size()), want_v);
+    ok = eq < tolerance && ek < tolerance && ev < tolerance;  // false for NaN
+    std::printf("%s attention_backward %ldx%ldx%ld(kv %ld)x%ld causal: rel L2 dq %.2e, dk %.2e, "
+                "dv %.2e (< %.0e): %s\n",
+                name, long(p.batch), long(p.heads_q), long(p.seq_q), long(p.heads_kv),
+                long(p.head_dim), eq, ek, ev, tolerance, ok ? "ok" : "FAILED");
+  }
+
+  // dk shaped like q: refused with its operand, and the poisoned dv is left as it was.
+  CHECK_CUDA(cudaMemcpy(gv, nan_k.data(), nan_k.size() * sizeof(T), cudaMemcpyHostToDevice));
+  flashcore::BackwardArgs bad = g;
+  bad.dk = bshd<flashcore::OutputRef>(gk, p.batch, p.seq_k, p.heads_q, p.head_dim);
+  const flashcore::Status e = flashcore::attention_backward(bad, stream);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<T> after(nan_k.size());
+  CHECK_CUDA(cudaMemcpy(after.data(), gv, after.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  const bool untouched =
+      std::all_of(after.begin(), after.end(), [](T x) { return std::isnan(to_float(x)); });
+  const bool refused = e.code == flashcore::Code::ShapeMismatch &&
+                       e.operand == flashcore::Operand::DK && untouched;
+  std::printf("%s backward with dk shaped like q: %s (%s), dv untouched: %s\n", name,
+              flashcore::name(e.code), e.message.c_str(), refused ? "ok" : "FAILED");
+  for (void* ptr : {static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
+                    static_cast<void*>(dgout), static_cast<void*>(dout), static_cast<void*>(gq),
+                    static_cast<void*>(gk), static_cast<void*>(gv), static_cast<void*>(dlse)}) {
+    CHECK_CUDA(cudaFree(ptr));
+  }
+  return ok && refused;
+}
+
 template <typename T>
 bool run(flashcore::DType dtype, const char* name, double tolerance, cudaStream_t stream) {
   const Problem p;
@@ -127,19 +266,7 @@ bool run(flashcore::DType dtype, const char* name, double tolerance, cudaStream_
   T *dq = upload(q), *dk = upload(k), *dv = upload(v), *dout = upload(out);  // out poisoned
   float* dlse = upload(lse);
 
-  flashcore::AttentionArgs a;
-  a.dtype = dtype;
-  a.q = bshd<flashcore::TensorRef>(dq, p.batch, p.seq_q, p.heads_q, p.head_dim);
-  a.k = bshd<flashcore::TensorRef>(dk, p.batch, p.seq_k, p.heads_kv, p.head_dim);
-  a.v = bshd<flashcore::TensorRef>(dv, p.batch, p.seq_k, p.heads_kv, p.head_dim);
-  a.out = bshd<flashcore::OutputRef>(dout, p.batch, p.seq_q, p.heads_q, p.head_dim);
-  flashcore::OutputRef l;
-  l.data = dlse;
-  const int64_t lse_shape[4] = {p.batch, p.seq_q, p.heads_q, 1};
-  for (int i = 0; i < 4; ++i) l.shape[i] = lse_shape[i];
-  flashcore::bhsd_strides(l.shape, l.stride);
-  a.lse = l;
-  a.options.causal = flashcore::Causal::BottomRight;
+  const flashcore::AttentionArgs a = forward_args(p, dtype, dq, dk, dv, dout, dlse);
 
   const float scale = 1.0f / std::sqrt(float(p.head_dim));
   // Copies the output and logsumexp back and compares them with the f64 reference.
@@ -288,7 +415,10 @@ int main() {
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const bool f16 = run<__half>(flashcore::DType::F16, "f16", 2e-3, stream);
   const bool bf16 = run<__nv_bfloat16>(flashcore::DType::BF16, "bf16", 1e-2, stream);
+  const bool f16_grads = backward<__half>(flashcore::DType::F16, "f16", 2e-3, stream);
+  const bool bf16_grads = backward<__nv_bfloat16>(flashcore::DType::BF16, "bf16", 1e-2, stream);
   CHECK_CUDA(cudaStreamDestroy(stream));
-  std::printf("flashcore_example: %s\n", f16 && bf16 ? "PASSED" : "FAILED");
-  return f16 && bf16 ? 0 : 1;
+  const bool passed = f16 && bf16 && f16_grads && bf16_grads;
+  std::printf("flashcore_example: %s\n", passed ? "PASSED" : "FAILED");
+  return passed ? 0 : 1;
 }
