@@ -58,7 +58,7 @@ pub struct GradientsMut<'a, T: Element> {
 /// call; dQ's f32 additions (atomics) arrive in no fixed order, so dQ may differ in its last
 /// bits between runs. **Speed:** 0.36-0.50x torch's cuDNN backward and 0.71-0.83x its
 /// FlashAttention-2 backward on the H200 (docs/PERFORMANCE.md, session 67). Variable-length batches:
-/// [`attention_varlen_backward`]; no paged cache.
+/// [`attention_varlen_backward`]; CUDA graphs: `Capture::backward` (feature `cuda`); no paged cache.
 ///
 /// ```
 /// use flashcore::{
@@ -226,15 +226,15 @@ fn backward_into<T: AttentionElement>(
 ) -> Result<Execution> {
     let GradientsMut { dq, dk, dv } = grads;
     let request = crate::dispatch::request([q, k, v, forward.out], Some(forward.lse), batch, opts)?;
-    let descs = [desc(dout)?, desc(dq)?, desc(dk)?, desc(dv)?];
-    let scores = ScoreTensors::of(opts);
-    let locations =
-        crate::dispatch::locations([q, k, v, forward.out], Some(forward.lse), batch, scores)
-            .chain([dout.location(), dq.location(), dk.location(), dv.location()]);
-    let route = crate::dispatch::route_with(opts.backend, locations, |location| {
-        crate::validate::validate_backward(&request, batch.hosts(), &descs, location)
-    })?;
-    let problem = match route {
+    let problem = match route(
+        &request,
+        [q, k, v],
+        batch,
+        forward,
+        dout,
+        [dq, dk, dv],
+        opts,
+    )? {
         Route::Cpu(problem) => problem,
         Route::Gpu => {
             let inputs = [q, k, v, forward.out, dout];
@@ -262,6 +262,35 @@ fn backward_into<T: AttentionElement>(
     Ok(CPU)
 }
 
+/// Where the backward call of `request` (with these operands) runs: operands all on one GPU go
+/// there whole (its C++ entry validates them); any other call is validated here first.
+fn route<T: AttentionElement>(
+    request: &RequestFfi,
+    [q, k, v]: [&Tensor<T>; 3],
+    batch: Batching<'_>,
+    forward: AttentionState<'_, T>,
+    dout: &Tensor<T>,
+    [dq, dk, dv]: [&Tensor<T>; 3],
+    opts: &AttentionOptions,
+) -> Result<Route> {
+    let descs = [desc(dout)?, desc(dq)?, desc(dk)?, desc(dv)?];
+    let scores = ScoreTensors::of(opts);
+    let locations =
+        crate::dispatch::locations([q, k, v, forward.out], Some(forward.lse), batch, scores)
+            .chain([dout.location(), dq.location(), dk.location(), dv.location()]);
+    crate::dispatch::route_with(opts.backend, locations, |location| {
+        crate::validate::validate_backward(request, batch.hosts(), &descs, location)
+    })
+}
+
+/// What the GPU backward pass reports: its one kernel family.
+#[cfg(feature = "cuda")]
+const GPU: Execution = Execution {
+    backend: crate::BackendKind::Kernel(crate::plan::Kernel::Wmma),
+    tile: None,
+    splits: 1,
+};
+
 /// The backward pass on device tensors, all on one GPU (the C++ entry validates, plans and
 /// launches: cpp/src/backward.cpp).
 #[cfg(feature = "cuda")]
@@ -273,13 +302,8 @@ fn on_gpu<T: AttentionElement>(
     (batch, opts): (Batching<'_>, &AttentionOptions),
 ) -> Result<Execution> {
     let scores = crate::dispatch::ScoreTensors::of(opts);
-    crate::cuda::launch::backward(request, inputs, lse, grads, (batch, scores))?;
-    // Its one kernel family.
-    Ok(Execution {
-        backend: crate::BackendKind::Kernel(crate::plan::Kernel::Wmma),
-        tile: None,
-        splits: 1,
-    })
+    crate::cuda::launch::backward(request, inputs, lse, grads, (batch, scores), None)?;
+    Ok(GPU)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -291,4 +315,50 @@ fn on_gpu<T: AttentionElement>(
     _: (Batching<'_>, &AttentionOptions),
 ) -> Result<Execution> {
     Err(crate::Error::CudaNotBuilt)
+}
+
+/// Records the backward call into a CUDA graph ([`crate::Capture::backward`]): routed as a call
+/// is (a call that would run on the CPU is refused), validated by the C++ entry now, and every
+/// operand on the capture's stream.
+#[cfg(feature = "cuda")]
+pub(crate) fn record<T: AttentionElement>(
+    [q, k, v]: [&Tensor<T>; 3],
+    batch: Batching<'_>,
+    forward: AttentionState<'_, T>,
+    dout: &Tensor<T>,
+    grads: GradientsMut<'_, T>,
+    opts: &AttentionOptions,
+    recording: crate::cuda::launch::Recording<'_>,
+) -> Result<Execution> {
+    let GradientsMut { dq, dk, dv } = grads;
+    let request = crate::dispatch::request([q, k, v, forward.out], Some(forward.lse), batch, opts)?;
+    match route(
+        &request,
+        [q, k, v],
+        batch,
+        forward,
+        dout,
+        [dq, dk, dv],
+        opts,
+    )? {
+        Route::Cpu(_) => Err(crate::Error::BackendUnavailable {
+            backend: "cpu",
+            reason: "a call on host tensors cannot be recorded into a CUDA graph".into(),
+        }),
+        Route::Gpu => {
+            let inputs = [q, k, v, forward.out, dout];
+            let scores = crate::dispatch::ScoreTensors::of(opts);
+            let grads = [dq, dk, dv];
+            let batching = (batch, scores);
+            crate::cuda::launch::backward(
+                &request,
+                inputs,
+                forward.lse,
+                grads,
+                batching,
+                Some(recording),
+            )?;
+            Ok(GPU)
+        }
+    }
 }

@@ -4841,3 +4841,112 @@ fn backward_refusals_and_empty_problems() {
         assert!(host.iter().all(|x| x.is_nan()), "written");
     }
 }
+
+/// The backward pass recorded into a CUDA graph, dense (GQA 4:1) and over a variable-length
+/// batch (with a sequence without queries): recording runs nothing, and each launch computes
+/// the gradients of the tensors' contents at that launch (fresh inputs, forward state and
+/// NaN-poisoned gradients before the second), against the CPU backend's. An operand on another
+/// stream, or a host operand, is refused and records nothing.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn backward_in_a_cuda_graph() {
+    use flashcore::{attention_backward, attention_varlen_backward, GradientsMut};
+    let s = stream();
+    let mut rng = Rng::fresh();
+    let (hq, hk, d) = (8, 2, 128);
+    let opts = AttentionOptions::default()
+        .causal(Causal::BottomRight)
+        .with_lse();
+    for varlen in [false, true] {
+        let host_batch = VarlenBatch::from_lengths(&[37, 0, 130], &[64, 20, 200]).unwrap();
+        let batch = varlen.then(|| host_batch.to_device(&s).unwrap());
+        let (sq, sk, b) = if varlen { (167, 284, 1) } else { (100, 150, 2) };
+        let (qd, kd) = ([b, sq, hq, d], [b, sk, hk, d]);
+        // Fresh inputs, and the CPU backend's forward state and gradients.
+        let draw = |rng: &mut Rng| {
+            let [q, dout] = [0; 2].map(|_| randn::<f16>(rng, &qd, Layout::Bshd));
+            let [k, v] = [0; 2].map(|_| randn::<f16>(rng, &kd, Layout::Bshd));
+            let fwd = match varlen {
+                true => attention_varlen(&q, &k, &v, &host_batch, &opts).unwrap(),
+                false => attention(&q, &k, &v, &opts).unwrap(),
+            };
+            let lse = fwd.lse.unwrap();
+            let state = AttentionState {
+                out: &fwd.out,
+                lse: &lse,
+            };
+            let want = match varlen {
+                true => attention_varlen_backward(&q, &k, &v, &host_batch, state, &dout, &opts),
+                false => attention_backward(&q, &k, &v, state, &dout, &opts),
+            };
+            let want = want.unwrap();
+            ([q, k, v, fwd.out, dout], lse, [want.dq, want.dk, want.dv])
+        };
+        let (inputs, lse_host, mut want) = draw(&mut rng);
+        let dev = |t: &Tensor<f16>| t.to_device(&s).unwrap();
+        let [mut q, mut k, mut v, mut out, mut dout] = inputs.each_ref().map(dev);
+        let mut lse = lse_host.to_device(&s).unwrap();
+        let nan = |dims: &[usize]| Tensor::full(f16::NAN, dims, Layout::Bshd).unwrap();
+        let [mut dq, mut dk, mut dv] = [nan(&qd), nan(&kd), nan(&kd)].each_ref().map(dev);
+        let state = AttentionState {
+            out: &out,
+            lse: &lse,
+        };
+        let mut capture = Capture::begin(&s).unwrap();
+        let mut record = |capture: &mut Capture, dout: &Tensor<f16>, q: &Tensor<f16>| {
+            let grads = GradientsMut {
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+            };
+            match &batch {
+                Some(b) => capture.varlen_backward(q, &k, &v, b, state, dout, grads, &opts),
+                None => capture.backward(q, &k, &v, state, dout, grads, &opts),
+            }
+        };
+        // Refused, recording nothing: dout on another stream, q on the host.
+        let other = Stream::new(s.device()).unwrap();
+        let dout_other = inputs[4].to_device(&other).unwrap();
+        other.synchronize().unwrap();
+        let e = record(&mut capture, &dout_other, &q).unwrap_err();
+        assert_eq!(
+            e,
+            Error::GraphStream {
+                operand: Operand::DOut
+            }
+        );
+        let e = record(&mut capture, &dout, &inputs[0]).unwrap_err();
+        assert!(matches!(e, Error::DeviceMismatch { .. }), "{e:?}");
+        assert_eq!(capture.calls(), 0);
+        let ran = record(&mut capture, &dout, &q).unwrap();
+        assert_eq!(ran.backend, BackendKind::Kernel(Kernel::Wmma));
+        assert_eq!(capture.calls(), 1);
+        let graph = capture.finish().unwrap();
+        let is_nan = |t: &Tensor<f16>| logical(&t.to_host().unwrap()).iter().all(|x| x.is_nan());
+        assert!(
+            is_nan(&dq) && is_nan(&dk) && is_nan(&dv),
+            "recording ran nothing"
+        );
+        for launch in 0..2 {
+            if launch == 1 {
+                let (inputs, lse_host, fresh) = draw(&mut rng);
+                for (dst, src) in [&mut q, &mut k, &mut v, &mut out, &mut dout]
+                    .into_iter()
+                    .zip(&inputs)
+                {
+                    dst.copy_from(src).unwrap();
+                }
+                lse.copy_from(&lse_host).unwrap();
+                for (t, dims) in [(&mut dq, qd), (&mut dk, kd), (&mut dv, kd)] {
+                    t.copy_from(&nan(&dims)).unwrap();
+                }
+                want = fresh;
+            }
+            graph.launch().unwrap();
+            for (got, want) in [&dq, &dk, &dv].into_iter().zip(&want) {
+                let err = rel_l2(&logical(&got.to_host().unwrap()), &logical(want));
+                assert!(err < 2e-3, "varlen {varlen}, launch {launch}: rel L2 {err}");
+            }
+        }
+    }
+}

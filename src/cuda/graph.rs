@@ -1,21 +1,25 @@
-//! CUDA graphs: planned calls recorded once and replayed with one launch (a serving step's
-//! layers), holding every buffer they use.
+//! CUDA graphs: planned calls and backward passes recorded once and replayed with one launch (a
+//! serving step's layers, a training step's attention), holding every buffer they use.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
 
 use super::launch::{device_buffer, Recording};
 use super::stream::Stream;
+use crate::backward::GradientsMut;
+use crate::dispatch::Batching;
 use crate::dispatch::Execution;
 use crate::element::AttentionElement;
 use crate::error::Result;
 use crate::ffi::cuda::{Keepalive, RawGraph, RawStream};
 use crate::merge::AttentionState;
+use crate::options::AttentionOptions;
 use crate::prepared::AttentionPlan;
 use crate::tensor::Tensor;
+use crate::varlen::VarlenBatch;
 
-/// Records [`AttentionPlan`] runs (and [`merge_states`](crate::merge_states) calls) into a CUDA
-/// graph, which [`Capture::finish`] turns into a [`Graph`] that replays them all with one launch
+/// Records [`AttentionPlan`] runs (and [`merge_states`](crate::merge_states) calls, and
+/// backward passes: [`Capture::backward`]) into a CUDA graph, which [`Capture::finish`] turns into a [`Graph`] that replays them all with one launch
 /// on `stream`.
 ///
 /// Recording happens on a stream of the capture's own, so nothing else the program enqueues,
@@ -124,7 +128,107 @@ impl Capture {
         Ok(())
     }
 
-    /// How many calls (attention runs and merges) were recorded so far.
+    /// Records the backward pass ([`attention_backward_into`](crate::attention_backward_into))
+    /// of a forward call: validated now, as that call validates it (a call that would run on
+    /// the CPU, or on operands in different places, is refused alike), with every tensor on the
+    /// capture's stream ([`crate::Error::GraphStream`] otherwise, naming the first elsewhere).
+    /// A graph launch computes the gradients of the tensors' contents at that launch: a
+    /// training step's forward and backward calls replayed with one launch. Each launch
+    /// allocates dQ's f32 accumulator from the device's memory pool and frees it before the
+    /// launch ends. Errors are as for [`Capture::run`].
+    ///
+    /// ```no_run
+    /// # fn main() -> flashcore::Result<()> {
+    /// use flashcore::{
+    ///     AttentionOptions, AttentionPlan, AttentionState, Capture, Causal, Device, GradientsMut,
+    ///     Layout, Stream, Tensor,
+    /// };
+    /// use half::bf16;
+    /// let device = Device::open(0)?;
+    /// let stream = Stream::new(&device)?;
+    /// let dims = [2, 1024, 8, 128];
+    /// let host = Tensor::full(bf16::from_f32(0.5), &dims, Layout::Bshd)?;
+    /// let [q, k, v, dout] = [0; 4].map(|_| host.to_device(&stream));
+    /// let (q, k, v, dout) = (q?, k?, v?, dout?);
+    /// let new = || Tensor::<bf16>::uninit_on(&stream, &dims, Layout::Bshd);
+    /// let (mut out, mut dq, mut dk, mut dv) = (new()?, new()?, new()?, new()?);
+    /// let mut lse = Tensor::<f32>::uninit_on(&stream, &[2, 8, 1024, 1], Layout::Bhsd)?;
+    /// let opts = AttentionOptions::default().causal(Causal::BottomRight).with_lse();
+    /// let plan = AttentionPlan::new(&q, &k, &v, &out, Some(&lse), &opts)?;
+    /// let mut capture = Capture::begin(&stream)?;
+    /// capture.run(&plan, &q, &k, &v, &mut out, Some(&mut lse))?;
+    /// let state = AttentionState { out: &out, lse: &lse };
+    /// let grads = GradientsMut { dq: &mut dq, dk: &mut dk, dv: &mut dv };
+    /// capture.backward(&q, &k, &v, state, &dout, grads, &opts)?;
+    /// let step = capture.finish()?;
+    /// step.launch()?; // the forward call, then its gradients, on `stream`
+    /// stream.synchronize()?;
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::too_many_arguments)] // the forward call's operands, dout, the gradients
+    pub fn backward<T: AttentionElement>(
+        &mut self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        forward: AttentionState<'_, T>,
+        dout: &Tensor<T>,
+        grads: GradientsMut<'_, T>,
+        opts: &AttentionOptions,
+    ) -> Result<Execution> {
+        self.record_backward([q, k, v], Batching::Dense, forward, dout, grads, opts)
+    }
+
+    /// [`Capture::backward`] over a variable-length batch
+    /// ([`attention_varlen_backward_into`](crate::attention_varlen_backward_into)); the batch's
+    /// offsets must be on the device, on the capture's stream.
+    #[allow(clippy::too_many_arguments)] // the forward call's operands and batch, dout, the gradients
+    pub fn varlen_backward<T: AttentionElement>(
+        &mut self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        batch: &VarlenBatch,
+        forward: AttentionState<'_, T>,
+        dout: &Tensor<T>,
+        grads: GradientsMut<'_, T>,
+        opts: &AttentionOptions,
+    ) -> Result<Execution> {
+        let batching = Batching::Varlen(batch);
+        self.record_backward([q, k, v], batching, forward, dout, grads, opts)
+    }
+
+    fn record_backward<T: AttentionElement>(
+        &mut self,
+        qkv: [&Tensor<T>; 3],
+        batch: Batching<'_>,
+        forward: AttentionState<'_, T>,
+        dout: &Tensor<T>,
+        grads: GradientsMut<'_, T>,
+        opts: &AttentionOptions,
+    ) -> Result<Execution> {
+        let tensors = [qkv[0], qkv[1], qkv[2], forward.out, dout];
+        let mut used: Vec<_> = tensors.iter().map(|t| memory(t)).collect();
+        used.extend([
+            memory(forward.lse),
+            memory(grads.dq),
+            memory(grads.dk),
+            memory(grads.dv),
+        ]);
+        let ran =
+            crate::backward::record(qkv, batch, forward, dout, grads, opts, self.recording())?;
+        self.kept.extend(used.into_iter().flatten());
+        // The device arrays the kernels read: a batch's offsets, ALiBi slopes, a bias.
+        if let Batching::Varlen(b) = batch {
+            self.kept.push(Box::new(b.clone()));
+        }
+        self.kept
+            .push(Box::new((opts.alibi.clone(), opts.bias.clone())));
+        self.calls += 1;
+        Ok(ran)
+    }
+
+    /// How many calls (attention runs, merges and backward passes) were recorded so far.
     pub fn calls(&self) -> usize {
         self.calls
     }

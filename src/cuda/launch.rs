@@ -67,8 +67,15 @@ impl Recording<'_> {
         out: &'s Stream,
         operands: impl IntoIterator<Item = (Operand, &'s Stream)>,
     ) -> Result<()> {
-        let all = std::iter::once((Operand::Out, out)).chain(operands);
-        match all.into_iter().find(|(_, s)| !s.same_as(self.target)) {
+        self.check_all(std::iter::once((Operand::Out, out)).chain(operands))
+    }
+
+    /// The first of `operands` not on the target stream, as [`Error::GraphStream`].
+    fn check_all<'s>(
+        &self,
+        operands: impl IntoIterator<Item = (Operand, &'s Stream)>,
+    ) -> Result<()> {
+        match operands.into_iter().find(|(_, s)| !s.same_as(self.target)) {
             Some((operand, _)) => Err(Error::GraphStream { operand }),
             None => Ok(()),
         }
@@ -170,35 +177,59 @@ pub(crate) fn run<T: AttentionElement>(
 
 /// Enqueues the backward pass of the forward call `request` (its inputs q, k, v, out, dout and
 /// the logsumexp `lse`, with a variable-length batch's offsets and `scores`' tensors) on dq's
-/// stream, ordered after pending work on
-/// every other operand's stream and before later work there.
+/// stream, ordered after pending work on every other operand's stream and before later work
+/// there; or records it into `recording`, where every operand must be on the target stream.
 pub(crate) fn backward<T: AttentionElement>(
     request: &RequestFfi,
     inputs: [&Tensor<T>; 5],
     lse: &Tensor<f32>,
     [dq, dk, dv]: [&mut Tensor<T>; 3],
     (batch, scores): (Batching<'_>, crate::dispatch::ScoreTensors<'_>),
+    recording: Option<Recording<'_>>,
 ) -> Result<()> {
     let dout = desc(inputs[4])?;
     let descs = [desc(dq)?, desc(dk)?, desc(dv)?];
     let (stream, dq) = device_parts(dq)?;
     let (dk_stream, dk) = device_parts(dk)?;
     let (dv_stream, dv) = device_parts(dv)?;
-    let mut others = vec![device_stream(lse)?, dk_stream, dv_stream];
-    for t in inputs {
-        others.push(device_stream(t)?);
+    let [q, k, v, out, dout_t] = inputs.map(device_stream);
+    let others = [
+        (Operand::DK, Some(dk_stream)),
+        (Operand::DV, Some(dv_stream)),
+        (Operand::Q, Some(q?)),
+        (Operand::K, Some(k?)),
+        (Operand::V, Some(v?)),
+        (Operand::Out, Some(out?)),
+        (Operand::Lse, Some(device_stream(lse)?)),
+        (Operand::DOut, Some(dout_t?)),
+        (
+            Operand::AlibiSlopes,
+            scores
+                .alibi
+                .and_then(AlibiSlopes::device)
+                .map(|s| s.stream()),
+        ),
+        (
+            Operand::Bias,
+            scores.bias.and_then(Bias::device).map(|(_, s)| s),
+        ),
+        (
+            Operand::CuSeqlensQ,
+            match batch {
+                Batching::Varlen(b) => b.device().map(|(cu_q, _)| cu_q.stream()),
+                _ => None,
+            },
+        ),
+    ];
+    let others = others.iter().filter_map(|(op, s)| s.map(|s| (*op, s)));
+    match &recording {
+        Some(r) => r.check_all(std::iter::once((Operand::DQ, stream)).chain(others.clone()))?,
+        None => {
+            for (_, s) in others.clone() {
+                order_after(stream, &[s])?;
+            }
+        }
     }
-    others.extend(
-        scores
-            .alibi
-            .and_then(AlibiSlopes::device)
-            .map(|s| s.stream()),
-    );
-    others.extend(scores.bias.and_then(Bias::device).map(|(_, s)| s));
-    if let Batching::Varlen(b) = batch {
-        others.extend(b.device().map(|(cu_q, _)| cu_q.stream()));
-    }
-    order_after(stream, &others)?;
     let [dq_desc, dk_desc, dv_desc] = descs;
     let operands = ffi::BackwardOperands {
         request,
@@ -206,9 +237,14 @@ pub(crate) fn backward<T: AttentionElement>(
         dout,
         grads: [(dq, dq_desc), (dk, dk_desc), (dv, dv_desc)],
     };
-    ffi::attention_backward(stream.raw(), operands)?;
-    for s in others {
-        order_after(s, &[stream])?;
+    let on = recording
+        .as_ref()
+        .map_or(stream.raw().as_ref(), |r| r.capture);
+    ffi::attention_backward(on, operands)?;
+    if recording.is_none() {
+        for (_, s) in others {
+            order_after(s, &[stream])?;
+        }
     }
     Ok(())
 }
