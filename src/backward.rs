@@ -225,16 +225,8 @@ fn backward_into<T: AttentionElement>(
     opts: &AttentionOptions,
 ) -> Result<Execution> {
     let GradientsMut { dq, dk, dv } = grads;
-    let request = crate::dispatch::request([q, k, v, forward.out], Some(forward.lse), batch, opts)?;
-    let problem = match route(
-        &request,
-        [q, k, v],
-        batch,
-        forward,
-        dout,
-        [dq, dk, dv],
-        opts,
-    )? {
+    let (request, route) = route([q, k, v], batch, forward, dout, [dq, dk, dv], opts)?;
+    let problem = match route {
         Route::Cpu(problem) => problem,
         Route::Gpu => {
             let inputs = [q, k, v, forward.out, dout];
@@ -262,25 +254,27 @@ fn backward_into<T: AttentionElement>(
     Ok(CPU)
 }
 
-/// Where the backward call of `request` (with these operands) runs: operands all on one GPU go
-/// there whole (its C++ entry validates them); any other call is validated here first.
+/// The C++ library's description of the backward call of these operands, and where it runs:
+/// operands all on one GPU go there whole (its C++ entry validates them); any other call is
+/// validated here first.
 fn route<T: AttentionElement>(
-    request: &RequestFfi,
     [q, k, v]: [&Tensor<T>; 3],
     batch: Batching<'_>,
     forward: AttentionState<'_, T>,
     dout: &Tensor<T>,
     [dq, dk, dv]: [&Tensor<T>; 3],
     opts: &AttentionOptions,
-) -> Result<Route> {
+) -> Result<(RequestFfi, Route)> {
+    let request = crate::dispatch::request([q, k, v, forward.out], Some(forward.lse), batch, opts)?;
     let descs = [desc(dout)?, desc(dq)?, desc(dk)?, desc(dv)?];
     let scores = ScoreTensors::of(opts);
     let locations =
         crate::dispatch::locations([q, k, v, forward.out], Some(forward.lse), batch, scores)
             .chain([dout.location(), dq.location(), dk.location(), dv.location()]);
-    crate::dispatch::route_with(opts.backend, locations, |location| {
-        crate::validate::validate_backward(request, batch.hosts(), &descs, location)
-    })
+    let route = crate::dispatch::route_with(opts.backend, locations, |location| {
+        crate::validate::validate_backward(&request, batch.hosts(), &descs, location)
+    })?;
+    Ok((request, route))
 }
 
 /// What the GPU backward pass reports: its one kernel family.
@@ -331,16 +325,8 @@ pub(crate) fn record<T: AttentionElement>(
     recording: crate::cuda::launch::Recording<'_>,
 ) -> Result<Execution> {
     let GradientsMut { dq, dk, dv } = grads;
-    let request = crate::dispatch::request([q, k, v, forward.out], Some(forward.lse), batch, opts)?;
-    match route(
-        &request,
-        [q, k, v],
-        batch,
-        forward,
-        dout,
-        [dq, dk, dv],
-        opts,
-    )? {
+    let (request, route) = route([q, k, v], batch, forward, dout, [dq, dk, dv], opts)?;
+    match route {
         Route::Cpu(_) => Err(crate::Error::BackendUnavailable {
             backend: "cpu",
             reason: "a call on host tensors cannot be recorded into a CUDA graph".into(),
