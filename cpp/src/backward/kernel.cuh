@@ -416,6 +416,32 @@ __global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
           dpt[nt].x[e] = prob * (dpt[nt].x[e] - dsum[r]) * p.scale;
         }
       }
+    } else if (plain_scores) {
+      // The plain score on a step that a mask's edge or the sequence's end cuts: as above where
+      // visible, zero elsewhere. Visible: lo <= j - i <= hi, where j - i = base + d with the
+      // element's d = acc_row - (16 nt + acc_col) in [-31, 15], so bounds clamped to +-64 decide
+      // alike in 32 bits; and inside the sequence's rows and keys.
+      const int64_t base = j0 + warp * 16 - i0;
+      const auto clamped = [](int64_t x) { return int(max(int64_t(-64), min(int64_t(64), x))); };
+      const int d_lo = seq.has_lo ? clamped(seq.lo - base) : -64;
+      const int d_hi = seq.has_hi ? clamped(seq.hi - base) : 64;
+      const int rows = int(min(int64_t(kRows), seq.seq_q - i0));
+      const int warp_keys = keys - warp * 16;
+#pragma unroll
+      for (int nt = 0; nt < kRows / 16; ++nt) {
+#pragma unroll
+        for (int e = 0; e < FragAcc::num_elements; ++e) {
+          const int kr = wmma_fa::acc_row(lane, e);
+          const int r = nt * 16 + wmma_fa::acc_col(lane, e);
+          const int d = kr - r;
+          const bool visible = r < rows && kr < warp_keys && d >= d_lo && d <= d_hi;
+          const float m = lse[r];
+          const float shift = m == -INFINITY ? INFINITY : m * kLog2e;
+          const float prob = visible ? fast_exp2(st[nt].x[e] * scale_log2 - shift) : 0.f;
+          st[nt].x[e] = prob;
+          dpt[nt].x[e] = visible ? prob * (dpt[nt].x[e] - dsum[r]) * p.scale : 0.f;
+        }
+      }
     } else {
 #pragma unroll
       for (int nt = 0; nt < kRows / 16; ++nt) {
