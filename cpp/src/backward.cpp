@@ -82,10 +82,14 @@ Status attention_backward(const BackwardArgs& args, cudaStream_t stream) noexcep
     if (p.location != device) {
       return core::fail(Code::DeviceMismatch, Operand::Q, Field::None, p.location, device, 0);
     }
-    if (Status s = core::plan_backward(r.forward, p, detail::device_caps(device)); !s.ok()) {
+    bool wide = false;
+    if (Status s = core::plan_backward(r.forward, p, detail::device_caps(device), &wide);
+        !s.ok()) {
       return s;
     }
-    launch_backward(make_launch(r, p), stream);
+    BackwardLaunch launch = make_launch(r, p);
+    launch.wide = wide;
+    launch_backward(launch, stream);
     return {};
   } catch (const std::exception& e) {
     return detail::to_status(e);

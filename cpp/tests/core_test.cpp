@@ -1698,6 +1698,31 @@ void backward() {
   small.smem_per_block_optin =
       flashcore::core::backward_smem_bytes(r.forward.q.shape[3]) - 1;  // a byte short
   expect(plan(r, small).code == Code::SharedMemoryExceeded, "backward beyond shared memory");
+  // The wide kernel where its shared memory fits: an H100 / H200 (227 KB) at head dims 64 and
+  // 128, an A100 (164 KB) at 64 only, an L4 (99 KB) never.
+  const auto wide_on = [&](int64_t head_dim, int64_t smem) {
+    BackwardRequest b = valid_backward();
+    for (flashcore::core::TensorDesc* t : {&b.forward.q, &b.forward.k, &b.forward.v,
+                                           &b.forward.out, &b.dout, &b.dq, &b.dk, &b.dv}) {
+      t->shape[3] = head_dim;
+      t->stride[2] = head_dim, t->stride[1] = head_dim * t->shape[2];
+      t->stride[0] = t->stride[1] * t->shape[1];
+    }
+    flashcore::core::DeviceCaps caps = l4;
+    caps.major = 9, caps.minor = 0, caps.smem_per_block_optin = smem;
+    Problem q{};
+    bool wide = false;
+    const Status v = flashcore::core::validate_backward(b, &q);
+    const Status p = v.ok() ? flashcore::core::plan_backward(b.forward, q, caps, &wide) : v;
+    expect(p.ok(), "backward plan, head dim " + std::to_string(head_dim) + ": " + p.message);
+    return wide;
+  };
+  expect(wide_on(128, 227 * 1024) && wide_on(64, 227 * 1024), "wide on an H200");
+  expect(!wide_on(128, 164 * 1024) && wide_on(64, 164 * 1024), "wide at 64 only on an A100");
+  expect(!wide_on(128, 99 * 1024) && !wide_on(64, 99 * 1024), "narrow on an L4");
+  expect(wide_on(128, flashcore::core::wide_smem_bytes(128)) &&
+             !wide_on(128, flashcore::core::wide_smem_bytes(128) - 1),
+         "wide exactly where its shared memory fits");
   for (TensorDesc* t : {&r.forward.q, &r.forward.k, &r.forward.v, &r.forward.out, &r.dout, &r.dq,
                         &r.dk, &r.dv}) {
     t->shape[3] = 256;

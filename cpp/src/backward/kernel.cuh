@@ -10,6 +10,9 @@
 //              then dV += P^T dO, dK += dS^T Q, and adds dS K to the rows' dQ accumulators
 //              (f32 atomics: other key blocks add to the same rows);
 //   convert:   dQ from its accumulator to the output type and strides.
+// key_block here is the narrow kernel (4 warps, 64 keys, 32-row steps: it fits an L4's shared
+// memory); wide.cuh's (8 warps, 128 keys, 64-row steps) runs where core::plan_backward finds
+// its shared memory.
 // s(x) is the score: x * scale, or cap * tanh(x * scale / cap), minus ALiBi's slope times the
 // distance from the diagonal, plus the bias; s' is its derivative in x. Masked keys and rows
 // whose logsumexp is -inf (they saw no key) have P = 0. A variable-length batch's sequences each
@@ -160,13 +163,13 @@ __device__ inline Seq sequence_of(const BackwardLaunch& p, int64_t b) {
   return s;
 }
 
-// The query rows [first, end) of sequence `s` that see any of the keys [j0, j0 + kKeys)
+// The query rows [first, end) of sequence `s` that see any of the keys [j0, j0 + keys)
 // (clamped to its keys; j0 below its key count).
 struct RowRange {
   int64_t first, end;
 };
-__device__ inline RowRange rows_seeing(const Seq& s, int64_t j0) {
-  const int64_t j1 = min(j0 + kKeys, s.seq_k) - 1;  // the block's last key
+__device__ inline RowRange rows_seeing(const Seq& s, int64_t j0, int keys) {
+  const int64_t j1 = min(j0 + keys, s.seq_k) - 1;  // the block's last key
   // Visible: lo <= j - i <= hi, so i >= j0 - hi and i <= j1 - lo.
   const int64_t first = s.has_hi ? max(int64_t(0), j0 - s.hi) : 0;
   const int64_t end = s.has_lo ? min(s.seq_q, j1 - s.lo + 1) : s.seq_q;
@@ -302,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
   KeyCopy(v, p.v_stride[1], keys, p.head_dim).start(vs, 0);
 
   // The steps: every query head of the group times the 32-row steps whose rows see the keys.
-  const RowRange range = rows_seeing(seq, j0);
+  const RowRange range = rows_seeing(seq, j0, kKeys);
   const int64_t first = range.first / kRows * kRows;
   const int64_t steps = (range.end - first + kRows - 1) / kRows * group;
   struct Step {

@@ -82,7 +82,8 @@ Status validate_backward(const BackwardRequest& r, Problem* problem) noexcept {
   }
 }
 
-Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps) noexcept {
+Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
+                     bool* wide) noexcept {
   try {
     const std::optional<Kernel> forced = kernel_of(r.options.backend);
     if (forced && *forced != Kernel::Wmma) {
@@ -121,6 +122,9 @@ Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps)
         return fail(Code::IndexOverflow, Operand::None, field, bound.first, bound.second,
                     static_cast<int64_t>(Kernel::Wmma));
       }
+    }
+    if (wide != nullptr) {  // fewer key blocks than the narrow kernel's, bounded above
+      *wide = wide_smem_bytes(p.head_dim) <= caps.smem_per_block_optin;
     }
     return {};
   } catch (...) {

@@ -38,10 +38,22 @@ constexpr int64_t backward_smem_bytes(int64_t head_dim) {
          kBackwardKeys * (kBackwardRows + 8) * 2;
 }
 
+// The wide key-block kernel (backward/wide.cuh: FlashAttention-2's tiling): its warps per
+// block, key block and query step, and its shared memory (2-byte elements; rows padded by 8):
+// K and V; two step buffers of Q, dO, logsumexps and row sums; P and dS.
+constexpr int64_t kWideWarps = 8, kWideKeys = 128, kWideRows = 64;
+constexpr int64_t wide_smem_bytes(int64_t head_dim) {
+  const int64_t d = backward_tier(head_dim);
+  return 2 * kWideKeys * (d + 8) * 2 + 2 * (2 * kWideRows * (d + 8) * 2 + 2 * kWideRows * 4) +
+         2 * kWideRows * (kWideKeys + 8) * 2;
+}
+
 // Whether the GPU backward kernels take the validated problem `p` of `r` on a device with `caps`:
 // the backend (Auto or Wmma; another forced family is BackendUnavailable), the device (compute
 // capability 8.0 or later), the head dim (at most kBackwardMaxHeadDim: BackendUnavailable),
-// shared memory, and the grid's limits (IndexOverflow).
-Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps) noexcept;
+// shared memory, and the grid's limits (IndexOverflow). `*wide` (when not null): whether the
+// wide kernel runs (its shared memory fits the device), else the narrow one.
+Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
+                     bool* wide = nullptr) noexcept;
 
 }  // namespace flashcore::core

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "backward/kernel.cuh"
+#include "backward/wide.cuh"
 #include "check.h"
 #include "scratch.h"
 
@@ -25,15 +25,21 @@ void launch_tier(const BackwardLaunch& a, cudaStream_t stream) {
     row_sums<T, D><<<blocks, kThreads, 0, stream>>>(a, sums, dq_acc);
     check_cuda(cudaGetLastError(), "launch backward row_sums");
   }
-  const size_t smem = Smem<T, D>::kBytes;
-  check_cuda(cudaFuncSetAttribute(key_block<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)),
-             "cudaFuncSetAttribute(backward key_block)");
   // One block per (key block, sequence, kv head) on x (plan_backward bounds the count; the kernel
-  // picks their order).
-  const int64_t blocks = (a.seq_k + kKeys - 1) / kKeys * a.batch * a.heads_kv;
-  key_block<T, D><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(a, sums, dq_acc);
-  check_cuda(cudaGetLastError(), "launch backward key_block");
+  // picks their order), of the wide kernel or the narrow one.
+  const auto key_blocks = [&](auto kernel, size_t smem, int64_t keys, int threads) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)),
+               "cudaFuncSetAttribute(backward key_block)");
+    const int64_t blocks = (a.seq_k + keys - 1) / keys * a.batch * a.heads_kv;
+    kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a, sums, dq_acc);
+    check_cuda(cudaGetLastError(), "launch backward key_block");
+  };
+  if (a.wide) {
+    key_blocks(wide::key_block<T, D>, wide::Smem<T, D>::kBytes, wide::kKeys, wide::kThreads);
+  } else {
+    key_blocks(key_block<T, D>, Smem<T, D>::kBytes, kKeys, kThreads);
+  }
   if (rows > 0) {
     const int64_t work = (rows * a.head_dim + kThreads - 1) / kThreads;
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(work, int64_t{1} << 20));

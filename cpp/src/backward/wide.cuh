@@ -1,0 +1,403 @@
+// The wide key-block kernel: FlashAttention-2's tiling of the backward pass, for GPUs whose
+// shared memory holds it (core::plan_backward picks it by shared memory; kernel.cuh's narrow
+// kernel serves the others).
+//
+// One block of 8 warps per (128 keys, kv head, sequence) keeps K, V, dK and dV on chip and walks
+// the 64-row query steps that see its keys (every query head of the group). Per step:
+//   S = Q K^T and dP = dO V^T as 2 x 4 warp tiles of 32 rows x 32 keys (each loaded fragment
+//   feeds two products);
+//   P and dS element by element in those accumulators, then to shared memory (T, row-major);
+//   dV += P^T dO and dK += dS^T Q as 4 x 2 warp tiles of 32 keys x D/2 columns over the step's
+//   64 rows;
+//   dQ = dS K as 2 x 4 warp tiles of 32 rows x D/4 columns over the block's 128 keys, added to the
+//   rows' f32 accumulators with atomics from registers.
+// The next step's Q, dO, logsumexps and row sums arrive by cp.async during the step.
+#pragma once
+
+#include "backward/kernel.cuh"
+
+namespace flashcore::backward::wide {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kKeys = 128;  // keys per block
+constexpr int kRows = 64;   // query rows per step
+static_assert(kWarps == core::kWideWarps && kKeys == core::kWideKeys && kRows == core::kWideRows,
+              "core/backward.h");
+
+// Shared-memory plan for head-dim tier D (elements of T unless named): K and V; two step buffers
+// (Q, dO, then the step's logsumexps and row sums in f32); P and dS of the step (query rows x
+// keys). Rows padded by 16 bytes (ldmatrix without bank conflicts).
+template <typename T, int D>
+struct Smem {
+  static constexpr int kLd = D + 8;      // K, V, Q, dO rows
+  static constexpr int kLp = kKeys + 8;  // P and dS rows (one per query row)
+  static constexpr int kLq = D + 4;      // f32 rows of dK and dV on their way out
+  static constexpr size_t kKv = size_t(kKeys) * kLd * sizeof(T);
+  static constexpr size_t kQ = size_t(kRows) * kLd * sizeof(T);
+  static constexpr size_t kStage = 2 * kQ + 2 * kRows * sizeof(float);
+  static constexpr size_t kP = size_t(kRows) * kLp * sizeof(T);
+  static constexpr size_t kBytes = 2 * kKv + 2 * kStage + 2 * kP;
+  static_assert(size_t(kKeys) * kLq * sizeof(float) <= 2 * kKv, "dK staging fits K and V");
+  static_assert(kWarps * 1536 <= 2 * kStage, "layout check scratch");
+  static_assert(kKv % 16 == 0 && kQ % 16 == 0 && kStage % 16 == 0 && kP % 16 == 0,
+                "16-byte aligned parts");
+  static_assert(sizeof(T) != 2 || int64_t(kBytes) == core::wide_smem_bytes(D),
+                "core/backward.h plans this layout");
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    key_block(__grid_constant__ const BackwardLaunch p, const float* sums, float* dq_acc) {
+  using S = Smem<T, D>;
+  using wmma_fa::FragA;
+  using wmma_fa::FragAcc;
+  using wmma_fa::FragBCol;
+  using wmma_fa::FragBRow;
+  constexpr int kHalf = D / 32;     // 16-column tiles of a warp's dK / dV (D / 2 columns)
+  constexpr int kQuarter = D / 64;  // 16-column tiles of a warp's dQ (D / 4 columns)
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* ks = reinterpret_cast<T*>(smem);
+  T* vs = ks + kKeys * S::kLd;
+  unsigned char* stages = smem + 2 * S::kKv;
+  T* ps = reinterpret_cast<T*>(stages + 2 * S::kStage);  // P [row][key]
+  T* dss = ps + kRows * S::kLp;                           // dS [row][key]
+  const auto q_of = [&](int buf) { return reinterpret_cast<T*>(stages + buf * S::kStage); };
+  const auto do_of = [&](int buf) { return q_of(buf) + kRows * S::kLd; };
+  const auto stats_of = [&](int buf) {  // the step's logsumexps, then its row sums
+    return reinterpret_cast<float*>(stages + buf * S::kStage + 2 * S::kQ);
+  };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (!wmma_fa::layout_matches<T>(stages + warp * 1536, lane)) {
+    __trap();  // this GPU's wmma fragments differ from wmma/fragments.cuh: refuse, never compute wrong
+  }
+  __syncthreads();  // the scratch is step space, about to be filled
+
+  // The block's keys, sequence and kv head, in the narrow kernel's order (kernel.cuh).
+  const unsigned slices = unsigned(p.batch) * unsigned(p.heads_kv);
+  const unsigned key_blocks = (unsigned(p.seq_k) + kKeys - 1) / kKeys;
+  const bool longest_first = p.causal || p.window_right >= 0;
+  const unsigned slice = longest_first ? blockIdx.x % slices : blockIdx.x / key_blocks;
+  const unsigned key_block = longest_first ? blockIdx.x / slices : blockIdx.x % key_blocks;
+  const int64_t j0 = int64_t(key_block) * kKeys;
+  const int64_t b = slice / unsigned(p.heads_kv), kvh = slice % unsigned(p.heads_kv);
+  const int group = p.heads_q / p.heads_kv;
+  const Seq seq = sequence_of(p, b);
+  if (j0 >= seq.seq_k) {
+    return;  // past this sequence's keys (a variable-length batch's shorter ones)
+  }
+  const int64_t kt = seq.k0 + j0;  // the block's first key token
+  const T* k = static_cast<const T*>(p.k) + seq.entry * p.k_stride[0] + kt * p.k_stride[1] +
+               kvh * p.k_stride[2];
+  const T* v = static_cast<const T*>(p.v) + seq.entry * p.v_stride[0] + kt * p.v_stride[1] +
+               kvh * p.v_stride[2];
+  const int keys = static_cast<int>(min(int64_t(kKeys), seq.seq_k - j0));
+  using KeyCopy = wmma_fa::TileCopy<kKeys, D, S::kLd, kThreads, T>;
+  KeyCopy(k, p.k_stride[1], keys, p.head_dim).start(ks, 0);
+  KeyCopy(v, p.v_stride[1], keys, p.head_dim).start(vs, 0);
+
+  // The steps: every query head of the group times the 64-row steps whose rows see the keys.
+  const RowRange range = rows_seeing(seq, j0, kKeys);
+  const int64_t first = range.first / kRows * kRows;
+  const int64_t steps = (range.end - first + kRows - 1) / kRows * group;
+  struct Step {
+    int64_t h, i0;  // a query step: its head and first row
+  };
+  const Step start{kvh * group, first};
+  Step fetched = start, step = start;  // the step copied last, the step computed next
+  const auto next_step = [&](Step at) {
+    at.i0 += kRows;
+    if (at.i0 >= range.end) {
+      at.i0 = first;
+      ++at.h;
+    }
+    return at;
+  };
+  const auto lse_row0 = [&](int64_t h) { return seq.row0 + h * seq.rows; };
+  // Starts step `at`'s copies into buffer `buf` (not committed).
+  const auto fetch = [&](Step at, int buf) {
+    using RowCopy = wmma_fa::TileCopy<kRows, D, S::kLd, kThreads, T>;
+    const T* q = static_cast<const T*>(p.q) + seq.entry * p.q_stride[0] +
+                 seq.q0 * p.q_stride[1] + at.h * p.q_stride[2];
+    const T* dout = static_cast<const T*>(p.dout) + seq.entry * p.do_stride[0] +
+                    seq.q0 * p.do_stride[1] + at.h * p.do_stride[2];
+    const int rows = static_cast<int>(seq.seq_q);
+    RowCopy(q, p.q_stride[1], rows, p.head_dim).start(q_of(buf), static_cast<int>(at.i0));
+    RowCopy(dout, p.do_stride[1], rows, p.head_dim).start(do_of(buf), static_cast<int>(at.i0));
+    if (threadIdx.x < 2 * kRows) {  // threads [0, 64): logsumexps; [64, 128): row sums
+      const int r = threadIdx.x % kRows;
+      const float* from = (threadIdx.x < kRows ? p.lse : sums) + lse_row0(at.h) + at.i0 + r;
+      const bool ok = at.i0 + r < seq.seq_q;
+      // A zero-filled copy reads nothing; its address is in bounds.
+      __pipeline_memcpy_async(stats_of(buf) + threadIdx.x, ok ? from : p.lse, 4, ok ? 0 : 4);
+    }
+  };
+  if (steps > 0) {
+    fetch(start, 0);
+  }
+  __pipeline_commit();
+
+  // Warp roles: S / dP and dQ rows [32 wr, +32); S / dP keys [32 wc, +32), dQ columns
+  // [D/4 wc, +D/4); dK / dV keys [32 wk, +32) and columns [D/2 wd, +D/2).
+  const int wr = warp / 4, wc = warp % 4, wk = warp / 2, wd = warp % 2;
+  FragAcc dk[2][kHalf], dv[2][kHalf];
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+#pragma unroll
+    for (int n = 0; n < kHalf; ++n) {
+      wm::fill_fragment(dk[m][n], 0.f);
+      wm::fill_fragment(dv[m][n], 0.f);
+    }
+  }
+  const bool plain_scores = p.softcap == 0.f && p.alibi == nullptr && p.bias == nullptr;
+  const float scale_log2 = p.scale * kLog2e;
+
+  for (int64_t s = 0; s < steps; ++s) {
+    __pipeline_wait_prior(0);
+    __syncthreads();  // step s's buffer is in; the previous step is done with the other, P, dS
+    if (s + 1 < steps) {
+      fetched = next_step(fetched);
+      fetch(fetched, int((s + 1) % 2));
+    }
+    __pipeline_commit();
+    const int buf = int(s % 2);
+    const T* qs = q_of(buf);
+    const T* dos = do_of(buf);
+    const float* lse = stats_of(buf);
+    const float* dsum = lse + kRows;
+    const int64_t h = step.h, i0 = step.i0;
+    step = next_step(step);
+
+    // S and dP for the warp's 32 rows x 32 keys.
+    FragAcc sc[2][2], dp[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        wm::fill_fragment(sc[m][n], 0.f);
+        wm::fill_fragment(dp[m][n], 0.f);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      FragA<T> a[2];
+      FragBCol<T> bt[2];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        wmma_fa::load_a(a[m], qs + (32 * wr + 16 * m) * S::kLd + kk * 16, S::kLd, lane);
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        wmma_fa::load_b_col(bt[n], ks + (32 * wc + 16 * n) * S::kLd + kk * 16, S::kLd, lane);
+      }
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          wm::mma_sync(sc[m][n], a[m], bt[n], sc[m][n]);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        wmma_fa::load_a(a[m], dos + (32 * wr + 16 * m) * S::kLd + kk * 16, S::kLd, lane);
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        wmma_fa::load_b_col(bt[n], vs + (32 * wc + 16 * n) * S::kLd + kk * 16, S::kLd, lane);
+      }
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          wm::mma_sync(dp[m][n], a[m], bt[n], dp[m][n]);
+        }
+      }
+    }
+
+    // P and dS in place of S and dP (element e of tile (m, n): step row 32 wr + 16 m + acc_row,
+    // block key 32 wc + 16 n + acc_col). `full`: the warp's tile is visible with the plain score.
+    const int64_t wi0 = i0 + 32 * wr, wj0 = j0 + 32 * wc;
+    const bool full = plain_scores && wi0 + 32 <= seq.seq_q && wj0 + 32 <= seq.seq_k &&
+                      (!seq.has_lo || wj0 - (wi0 + 31) >= seq.lo) &&
+                      (!seq.has_hi || wj0 + 31 - wi0 <= seq.hi);
+    const float slope = p.alibi != nullptr ? p.alibi[b * p.alibi_batch_stride + h] : 0.f;
+    if (full) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < FragAcc::num_elements; ++e) {
+            const int r = 32 * wr + 16 * m + wmma_fa::acc_row(lane, e);
+            const float mx = lse[r];
+            const float shift = mx == -INFINITY ? INFINITY : mx * kLog2e;
+            const float prob = fast_exp2(sc[m][n].x[e] * scale_log2 - shift);
+            sc[m][n].x[e] = prob;
+            dp[m][n].x[e] = prob * (dp[m][n].x[e] - dsum[r]) * p.scale;
+          }
+        }
+      }
+    } else if (plain_scores) {
+      // Visible: lo <= j - i <= hi, where j - i = base + d with d = (16 n + acc_col) - (16 m +
+      // acc_row) in [-31, 31]: bounds clamped to +-64 decide alike in 32 bits.
+      const int64_t base = wj0 - wi0;
+      const auto clamped = [](int64_t x) { return int(max(int64_t(-64), min(int64_t(64), x))); };
+      const int d_lo = seq.has_lo ? clamped(seq.lo - base) : -64;
+      const int d_hi = seq.has_hi ? clamped(seq.hi - base) : 64;
+      const int rows = int(max(int64_t(0), min(int64_t(32), seq.seq_q - wi0)));
+      const int cols = int(max(int64_t(0), min(int64_t(32), seq.seq_k - wj0)));
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < FragAcc::num_elements; ++e) {
+            const int rr = 16 * m + wmma_fa::acc_row(lane, e);
+            const int cc = 16 * n + wmma_fa::acc_col(lane, e);
+            const int d = cc - rr;
+            const bool visible = rr < rows && cc < cols && d >= d_lo && d <= d_hi;
+            const int r = 32 * wr + rr;
+            const float mx = lse[r];
+            const float shift = mx == -INFINITY ? INFINITY : mx * kLog2e;
+            const float prob = visible ? fast_exp2(sc[m][n].x[e] * scale_log2 - shift) : 0.f;
+            sc[m][n].x[e] = prob;
+            dp[m][n].x[e] = visible ? prob * (dp[m][n].x[e] - dsum[r]) * p.scale : 0.f;
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < FragAcc::num_elements; ++e) {
+            const int r = 32 * wr + 16 * m + wmma_fa::acc_row(lane, e);
+            const int c = 32 * wc + 16 * n + wmma_fa::acc_col(lane, e);
+            const ScoreGrad g = score_grad(p, seq, b, h, slope, i0 + r, j0 + c, sc[m][n].x[e],
+                                           dp[m][n].x[e], lse[r], dsum[r]);
+            sc[m][n].x[e] = g.prob;
+            dp[m][n].x[e] = g.ds;
+          }
+        }
+      }
+    }
+    // P and dS to shared memory, rounded to T: elements 2w and 2w + 1 are one row's two
+    // adjacent keys.
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const int r = 32 * wr + 16 * m + wmma_fa::acc_row(lane, 2 * w);
+          const int c = 32 * wc + 16 * n + wmma_fa::acc_col(lane, 2 * w);
+          *reinterpret_cast<uint32_t*>(ps + r * S::kLp + c) =
+              wmma_fa::pack2(T(), sc[m][n].x[2 * w], sc[m][n].x[2 * w + 1]);
+          *reinterpret_cast<uint32_t*>(dss + r * S::kLp + c) =
+              wmma_fa::pack2(T(), dp[m][n].x[2 * w], dp[m][n].x[2 * w + 1]);
+        }
+      }
+    }
+    __syncthreads();  // P and dS complete
+
+    // dV += P^T dO and dK += dS^T Q for the warp's 32 keys x D/2 columns, over the step's rows.
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk) {
+      FragA<T> pa[2], da[2];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const int at = kk * 16 * S::kLp + 32 * wk + 16 * m;
+        wmma_fa::load_a_col(pa[m], ps + at, S::kLp, lane);
+        wmma_fa::load_a_col(da[m], dss + at, S::kLp, lane);
+      }
+#pragma unroll
+      for (int n = 0; n < kHalf; ++n) {
+        const int at = kk * 16 * S::kLd + (D / 2) * wd + 16 * n;
+        FragBRow<T> x;
+        wmma_fa::load_b_row(x, dos + at, S::kLd, lane);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          wm::mma_sync(dv[m][n], pa[m], x, dv[m][n]);
+        }
+        wmma_fa::load_b_row(x, qs + at, S::kLd, lane);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          wm::mma_sync(dk[m][n], da[m], x, dk[m][n]);
+        }
+      }
+    }
+
+    // dQ = dS K for the warp's 32 rows x D/4 columns, over the block's keys, added to the rows'
+    // accumulators.
+    FragAcc dq[2][kQuarter];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int n = 0; n < kQuarter; ++n) {
+        wm::fill_fragment(dq[m][n], 0.f);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      FragA<T> a[2];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        wmma_fa::load_a(a[m], dss + (32 * wr + 16 * m) * S::kLp + kk * 16, S::kLp, lane);
+      }
+#pragma unroll
+      for (int n = 0; n < kQuarter; ++n) {
+        FragBRow<T> x;
+        wmma_fa::load_b_row(x, ks + kk * 16 * S::kLd + (D / 4) * wc + 16 * n, S::kLd, lane);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          wm::mma_sync(dq[m][n], a[m], x, dq[m][n]);
+        }
+      }
+    }
+    const int64_t valid = min(int64_t(kRows), seq.seq_q - i0);
+    float* acc = dq_acc + (lse_row0(h) + i0) * D;
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int n = 0; n < kQuarter; ++n) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {  // elements 2w and 2w + 1: one row, two adjacent columns
+          const int r = 32 * wr + 16 * m + wmma_fa::acc_row(lane, 2 * w);
+          const int c = (D / 4) * wc + 16 * n + wmma_fa::acc_col(lane, 2 * w);
+          if (r < valid && c < p.head_dim) {
+            add_pair(acc + int64_t(r) * D + c, dq[m][n].x[2 * w], dq[m][n].x[2 * w + 1]);
+          }
+        }
+      }
+    }
+  }
+  __pipeline_wait_prior(0);  // K and V's copies when no step ran
+
+  // dK and dV leave through K and V's space (f32 rows of kLq), one after the other.
+  float* stage = reinterpret_cast<float*>(smem);
+  const auto store = [&](const FragAcc (&acc)[2][kHalf], void* t, const int64_t (&stride)[3]) {
+    __syncthreads();  // the stage is free (K, V, or the previous gradient, are read)
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int n = 0; n < kHalf; ++n) {
+        wm::store_matrix_sync(stage + (32 * wk + 16 * m) * S::kLq + (D / 2) * wd + 16 * n,
+                              acc[m][n], S::kLq, wm::mem_row_major);
+      }
+    }
+    __syncthreads();
+    T* out = static_cast<T*>(t) + seq.entry * stride[0] + kt * stride[1] + kvh * stride[2];
+    for (int e = threadIdx.x; e < kKeys * D; e += kThreads) {
+      const int r = e / D, c = e % D;
+      if (r < keys && c < p.head_dim) {
+        out[r * stride[1] + c] = from_float<T>(stage[r * S::kLq + c]);
+      }
+    }
+  };
+  store(dk, p.dk, p.dk_stride);
+  store(dv, p.dv, p.dv_stride);
+}
+
+}  // namespace flashcore::backward::wide
