@@ -57,8 +57,9 @@ pub struct GradientsMut<'a, T: Element> {
 /// accumulator of `batch * heads_q * seq_q * 64` (head dims up to 64) or `* 128` floats for the
 /// call; dQ's f32 additions (atomics) arrive in no fixed order, so dQ may differ in its last
 /// bits between runs. **Speed:** 0.47-0.51x torch's cuDNN backward and 0.82-0.99x its
-/// FlashAttention-2 backward on the H200 (docs/PERFORMANCE.md, session 67). Variable-length batches:
-/// [`attention_varlen_backward`]; CUDA graphs: `Capture::backward` (feature `cuda`); no paged cache.
+/// FlashAttention-2 backward on the H200 (docs/PERFORMANCE.md, session 67). Variable-length
+/// batches: [`attention_varlen_backward`]; CUDA graphs: `Capture::backward` (feature `cuda`); no
+/// paged cache.
 ///
 /// ```
 /// use flashcore::{

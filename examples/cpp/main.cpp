@@ -118,11 +118,15 @@ void reference_gradients(const Problem& p, const std::vector<T>& q, const std::v
         const int64_t visible = probabilities(p, q, k, scale, b, h, i, prob).first;
         const size_t row = static_cast<size_t>(((b * p.seq_q + i) * p.heads_q + h) * d);
         double dsum = 0;
-        for (int64_t c = 0; c < d; ++c) dsum += double(to_float(gout[row + c])) * to_float(out[row + c]);
+        for (int64_t c = 0; c < d; ++c) {
+          dsum += double(to_float(gout[row + c])) * to_float(out[row + c]);
+        }
         for (int64_t j = 0; j < visible; ++j) {
           const size_t key = static_cast<size_t>(((b * p.seq_k + j) * p.heads_kv + h / group) * d);
           double dp = 0;
-          for (int64_t c = 0; c < d; ++c) dp += double(to_float(gout[row + c])) * to_float(v[key + c]);
+          for (int64_t c = 0; c < d; ++c) {
+            dp += double(to_float(gout[row + c])) * to_float(v[key + c]);
+          }
           const double ds = prob[j] * (dp - dsum) * scale;
           for (int64_t c = 0; c < d; ++c) {
             gq[row + c] += ds * to_float(k[key + c]);

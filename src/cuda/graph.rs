@@ -19,8 +19,8 @@ use crate::tensor::Tensor;
 use crate::varlen::VarlenBatch;
 
 /// Records [`AttentionPlan`] runs (and [`merge_states`](crate::merge_states) calls, and
-/// backward passes: [`Capture::backward`]) into a CUDA graph, which [`Capture::finish`] turns into a [`Graph`] that replays them all with one launch
-/// on `stream`.
+/// backward passes: [`Capture::backward`]) into a CUDA graph, which [`Capture::finish`] turns
+/// into a [`Graph`] that replays them all with one launch on `stream`.
 ///
 /// Recording happens on a stream of the capture's own, so nothing else the program enqueues,
 /// on `stream` or elsewhere, ends up in the graph, and nothing runs while recording. Every
@@ -182,7 +182,7 @@ impl Capture {
     /// [`Capture::backward`] over a variable-length batch
     /// ([`attention_varlen_backward_into`](crate::attention_varlen_backward_into)); the batch's
     /// offsets must be on the device, on the capture's stream.
-    #[allow(clippy::too_many_arguments)] // the forward call's operands and batch, dout, the gradients
+    #[allow(clippy::too_many_arguments)] // the call's operands and batch, dout, the gradients
     pub fn varlen_backward<T: AttentionElement>(
         &mut self,
         q: &Tensor<T>,
