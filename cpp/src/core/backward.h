@@ -29,22 +29,24 @@ Status validate_backward(const BackwardRequest& r, Problem* problem) noexcept;
 constexpr int64_t kBackwardMaxHeadDim = 128;
 constexpr int64_t kBackwardWarps = 4, kBackwardKeys = 16 * kBackwardWarps, kBackwardRows = 32;
 constexpr int64_t backward_tier(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
+// What both key-block kernels hold at head-dim tier d (2-byte elements; rows padded by 8):
+// `keys` rows of K and of V, and two step buffers of `rows` rows of Q and dO with the step's
+// logsumexps and row sums (f32); each kernel adds its own score buffers.
+constexpr int64_t key_block_smem_bytes(int64_t keys, int64_t rows, int64_t d) {
+  return 2 * keys * (d + 8) * 2 + 2 * (2 * rows * (d + 8) * 2 + 2 * rows * 4);
+}
+// The narrow kernel's: plus dS^T (backward/kernel.cuh: Smem).
 constexpr int64_t backward_smem_bytes(int64_t head_dim) {
-  const int64_t d = backward_tier(head_dim);
-  // K and V; two step buffers of Q, dO (16-bit) and the step's logsumexps and row sums (f32);
-  // dS^T (backward/kernel.cuh: Smem).
-  return 2 * kBackwardKeys * (d + 8) * 2 +
-         2 * (2 * kBackwardRows * (d + 8) * 2 + 2 * kBackwardRows * 4) +
+  return key_block_smem_bytes(kBackwardKeys, kBackwardRows, backward_tier(head_dim)) +
          kBackwardKeys * (kBackwardRows + 8) * 2;
 }
 
 // The wide key-block kernel (backward/wide.cuh: FlashAttention-2's tiling): its warps per
-// block, key block and query step, and its shared memory (2-byte elements; rows padded by 8):
-// K and V; two step buffers of Q, dO, logsumexps and row sums; P and dS.
+// block, key block and query step, and its shared memory: plus P and dS (backward/wide.cuh:
+// Smem).
 constexpr int64_t kWideWarps = 8, kWideKeys = 128, kWideRows = 64;
 constexpr int64_t wide_smem_bytes(int64_t head_dim) {
-  const int64_t d = backward_tier(head_dim);
-  return 2 * kWideKeys * (d + 8) * 2 + 2 * (2 * kWideRows * (d + 8) * 2 + 2 * kWideRows * 4) +
+  return key_block_smem_bytes(kWideKeys, kWideRows, backward_tier(head_dim)) +
          2 * kWideRows * (kWideKeys + 8) * 2;
 }
 
