@@ -240,6 +240,52 @@ constexpr int kBlocks64 = 2;
 constexpr int kBlocks64 = 3;
 #endif
 
+// Where a key-block kernel's block is: its first key j0 (of its sequence), its sequence b and
+// kv head.
+struct BlockPlace {
+  int64_t j0, b, kvh;
+};
+
+// Block blockIdx.x of the KEYS-key blocks. Under a mask with a right edge (causal, or a window)
+// the first keys are seen by the most query rows: the blocks go in order of their keys, so the
+// longest start first. Otherwise every block has the same work, and a (sequence, kv head)'s
+// blocks go together, sharing its Q and dO in L2 (call 246: 4% faster than key order). 32-bit
+// arithmetic: plan_backward keeps key blocks x slices below 2^31.
+template <int KEYS>
+__device__ __forceinline__ BlockPlace block_place(const BackwardLaunch& p) {
+  const unsigned slices = unsigned(p.batch) * unsigned(p.heads_kv);
+  const unsigned key_blocks = (unsigned(p.seq_k) + KEYS - 1) / KEYS;
+  const bool longest_first = p.causal || p.window_right >= 0;
+  const unsigned slice = longest_first ? blockIdx.x % slices : blockIdx.x / key_blocks;
+  const unsigned key_block = longest_first ? blockIdx.x / slices : blockIdx.x % key_blocks;
+  return {int64_t(key_block) * KEYS, slice / unsigned(p.heads_kv), slice % unsigned(p.heads_kv)};
+}
+
+// Starts the copies of query step (head h, first row i0) of sequence `seq` (not committed):
+// its ROWS rows of Q and dO (zero past the sequence and the head dim) into q_dst and do_dst
+// (rows of LD elements), and with threads [0, ROWS) and [ROWS, 2 ROWS) their logsumexps and row
+// sums (`sums`) into stats_dst.
+template <typename T, int D, int ROWS, int LD, int THREADS>
+__device__ __forceinline__ void fetch_step(const BackwardLaunch& p, const Seq& seq,
+                                           const float* sums, int64_t h, int64_t i0, T* q_dst,
+                                           T* do_dst, float* stats_dst) {
+  using RowCopy = wmma_fa::TileCopy<ROWS, D, LD, THREADS, T>;
+  const T* q = static_cast<const T*>(p.q) + seq.entry * p.q_stride[0] + seq.q0 * p.q_stride[1] +
+               h * p.q_stride[2];
+  const T* dout = static_cast<const T*>(p.dout) + seq.entry * p.do_stride[0] +
+                  seq.q0 * p.do_stride[1] + h * p.do_stride[2];
+  const int rows = static_cast<int>(seq.seq_q);
+  RowCopy(q, p.q_stride[1], rows, p.head_dim).start(q_dst, static_cast<int>(i0));
+  RowCopy(dout, p.do_stride[1], rows, p.head_dim).start(do_dst, static_cast<int>(i0));
+  if (threadIdx.x < 2 * ROWS) {
+    const int r = threadIdx.x % ROWS;
+    const float* from = (threadIdx.x < ROWS ? p.lse : sums) + seq.row0 + h * seq.rows + i0 + r;
+    const bool ok = i0 + r < seq.seq_q;
+    // A zero-filled copy reads nothing; its address is in bounds.
+    __pipeline_memcpy_async(stats_dst + threadIdx.x, ok ? from : p.lse, 4, ok ? 0 : 4);
+  }
+}
+
 // One block per (kKeys keys, kv head, sequence); warp w owns keys [16w, 16w + 16) of the block.
 // Per 32-row query step (every query head of the group, every step that sees the block's keys),
 // with the operands' fragments loaded by ldmatrix in the layout of wmma/fragments.cuh:
@@ -277,18 +323,8 @@ __global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
   }
   __syncthreads();  // the scratch is step space, about to be filled
 
-  // The block's keys, sequence and kv head. Under a mask with a right edge (causal, or a window)
-  // the first keys are seen by the most query rows: the blocks go in order of their keys, so the
-  // longest start first. Otherwise every block has the same work, and a (sequence, kv head)'s
-  // blocks go together, sharing its Q and dO in L2 (call 246: 4% faster than key order).
-  // 32-bit arithmetic: plan_backward keeps key blocks x slices below 2^31.
-  const unsigned slices = unsigned(p.batch) * unsigned(p.heads_kv);
-  const unsigned key_blocks = (unsigned(p.seq_k) + kKeys - 1) / kKeys;
-  const bool longest_first = p.causal || p.window_right >= 0;
-  const unsigned slice = longest_first ? blockIdx.x % slices : blockIdx.x / key_blocks;
-  const unsigned key_block = longest_first ? blockIdx.x / slices : blockIdx.x % key_blocks;
-  const int64_t j0 = int64_t(key_block) * kKeys;
-  const int64_t b = slice / unsigned(p.heads_kv), kvh = slice % unsigned(p.heads_kv);
+  const BlockPlace place = block_place<kKeys>(p);
+  const int64_t j0 = place.j0, b = place.b, kvh = place.kvh;
   const int group = p.heads_q / p.heads_kv;
   const Seq seq = sequence_of(p, b);
   if (j0 >= seq.seq_k) {
@@ -325,22 +361,8 @@ __global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
   const auto lse_row0 = [&](int64_t h) { return seq.row0 + h * seq.rows; };
   // Starts step `at`'s copies into buffer `buf` (not committed).
   const auto fetch = [&](Step at, int buf) {
-    const int64_t h = at.h, i0 = at.i0;
-    using RowCopy = wmma_fa::TileCopy<kRows, D, S::kLd, kThreads, T>;
-    const T* q = static_cast<const T*>(p.q) + seq.entry * p.q_stride[0] +
-                 seq.q0 * p.q_stride[1] + h * p.q_stride[2];
-    const T* dout = static_cast<const T*>(p.dout) + seq.entry * p.do_stride[0] +
-                    seq.q0 * p.do_stride[1] + h * p.do_stride[2];
-    const int rows = static_cast<int>(seq.seq_q);
-    RowCopy(q, p.q_stride[1], rows, p.head_dim).start(q_of(buf), static_cast<int>(i0));
-    RowCopy(dout, p.do_stride[1], rows, p.head_dim).start(do_of(buf), static_cast<int>(i0));
-    if (threadIdx.x < 2 * kRows) {  // threads [0, 32): logsumexps; [32, 64): row sums
-      const int r = threadIdx.x % kRows;
-      const float* from = (threadIdx.x < kRows ? p.lse : sums) + lse_row0(h) + i0 + r;
-      const bool ok = i0 + r < seq.seq_q;
-      // A zero-filled copy reads nothing; its address is in bounds.
-      __pipeline_memcpy_async(stats_of(buf) + threadIdx.x, ok ? from : p.lse, 4, ok ? 0 : 4);
-    }
+    fetch_step<T, D, kRows, S::kLd, kThreads>(p, seq, sums, at.h, at.i0, q_of(buf), do_of(buf),
+                                             stats_of(buf));
   };
   if (steps > 0) {
     fetch(start, 0);

@@ -74,14 +74,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // the scratch is step space, about to be filled
 
-  // The block's keys, sequence and kv head, in the narrow kernel's order (kernel.cuh).
-  const unsigned slices = unsigned(p.batch) * unsigned(p.heads_kv);
-  const unsigned key_blocks = (unsigned(p.seq_k) + kKeys - 1) / kKeys;
-  const bool longest_first = p.causal || p.window_right >= 0;
-  const unsigned slice = longest_first ? blockIdx.x % slices : blockIdx.x / key_blocks;
-  const unsigned key_block = longest_first ? blockIdx.x / slices : blockIdx.x % key_blocks;
-  const int64_t j0 = int64_t(key_block) * kKeys;
-  const int64_t b = slice / unsigned(p.heads_kv), kvh = slice % unsigned(p.heads_kv);
+  const BlockPlace place = block_place<kKeys>(p);
+  const int64_t j0 = place.j0, b = place.b, kvh = place.kvh;
   const int group = p.heads_q / p.heads_kv;
   const Seq seq = sequence_of(p, b);
   if (j0 >= seq.seq_k) {
@@ -117,21 +111,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto lse_row0 = [&](int64_t h) { return seq.row0 + h * seq.rows; };
   // Starts step `at`'s copies into buffer `buf` (not committed).
   const auto fetch = [&](Step at, int buf) {
-    using RowCopy = wmma_fa::TileCopy<kRows, D, S::kLd, kThreads, T>;
-    const T* q = static_cast<const T*>(p.q) + seq.entry * p.q_stride[0] +
-                 seq.q0 * p.q_stride[1] + at.h * p.q_stride[2];
-    const T* dout = static_cast<const T*>(p.dout) + seq.entry * p.do_stride[0] +
-                    seq.q0 * p.do_stride[1] + at.h * p.do_stride[2];
-    const int rows = static_cast<int>(seq.seq_q);
-    RowCopy(q, p.q_stride[1], rows, p.head_dim).start(q_of(buf), static_cast<int>(at.i0));
-    RowCopy(dout, p.do_stride[1], rows, p.head_dim).start(do_of(buf), static_cast<int>(at.i0));
-    if (threadIdx.x < 2 * kRows) {  // threads [0, 64): logsumexps; [64, 128): row sums
-      const int r = threadIdx.x % kRows;
-      const float* from = (threadIdx.x < kRows ? p.lse : sums) + lse_row0(at.h) + at.i0 + r;
-      const bool ok = at.i0 + r < seq.seq_q;
-      // A zero-filled copy reads nothing; its address is in bounds.
-      __pipeline_memcpy_async(stats_of(buf) + threadIdx.x, ok ? from : p.lse, 4, ok ? 0 : 4);
-    }
+    fetch_step<T, D, kRows, S::kLd, kThreads>(p, seq, sums, at.h, at.i0, q_of(buf), do_of(buf),
+                                             stats_of(buf));
   };
   if (steps > 0) {
     fetch(start, 0);
