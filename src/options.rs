@@ -105,7 +105,8 @@ pub struct AttentionOptions {
     /// Also return the per-row logsumexp (natural log, f32, `[batch, heads, seq_q]`).
     pub return_lse: bool,
     /// Use this class's row of the backend's tile table instead of the device's own (e.g. to run the
-    /// sm_89 tiles on an H200). The row must fit the device's shared memory.
+    /// sm_89 tiles on an H200). The row must fit the device's shared memory. The GPU backward
+    /// pass takes this class's choice of its key-block kernel (an L4's narrow one on an H200).
     pub force_arch_class: Option<ArchClass>,
 }
 

@@ -4540,6 +4540,8 @@ impl DrawnBackward {
             hk,
             causal: [Causal::None, Causal::TopLeft, Causal::BottomRight][rng.below(3)],
             layout: [Layout::Bshd, Layout::Bhsd][rng.below(2)],
+            // Another class's kernel choice on this GPU: an L4's narrow kernel, an A100's.
+            force: [None, Some(ArchClass::Sm86Sm89), Some(ArchClass::Sm80)][rng.below(3)],
             ..case(b, hq, sq, d)
         };
         let mut lengths = None;
@@ -4581,6 +4583,7 @@ fn backward_case<T: AttentionElement>(s: &Stream, p: &DrawnBackward) -> Option<[
     let sequences = p.lengths.as_ref().map_or(c.b, |(lq, _)| lq.len());
     let (mut opts, mut cpu) = fuzz_options(s, c, &p.mods, (sequences, c.hq));
     opts.return_lse = true;
+    opts.force_arch_class = c.force;
     cpu.return_lse = true;
     cpu.bias = p.mods.bias.as_ref().map(|b| b.bias());
     opts.bias = p.mods.bias.as_ref().map(|b| device_bias(b, s));
@@ -4688,7 +4691,9 @@ fn gradient_error(got: &[f64], want: &[f64]) -> f64 {
 
 /// The GPU backward pass against the CPU backend's f64 gradients on random problems: GQA and
 /// MQA, head dims 8 to 128, lengths 1 to 300 both ways, variable-length batches of 1 to 4
-/// sequences of 0 to 200 queries, causal modes, layouts, softcaps, windows, ALiBi, biases (`FLASHCORE_FUZZ_CASES`, `FLASHCORE_FUZZ_SEED` as the fuzz tests).
+/// sequences of 0 to 200 queries, causal modes, layouts, softcaps, windows, ALiBi, biases; a
+/// third of the problems each with an L4's or an A100's kernel choice forced (the narrow kernel
+/// on an H200) (`FLASHCORE_FUZZ_CASES`, `FLASHCORE_FUZZ_SEED` as the fuzz tests).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn backward_matches_the_cpu() {

@@ -1700,8 +1700,10 @@ void backward() {
   expect(plan(r, small).code == Code::SharedMemoryExceeded, "backward beyond shared memory");
   // The wide kernel where its shared memory fits: an H100 / H200 (227 KB) at head dims 64 and
   // 128, an A100 (164 KB) at 64 only, an L4 (99 KB) never.
-  const auto wide_on = [&](int64_t head_dim, int64_t smem) {
+  const auto wide_on = [&](int64_t head_dim, int64_t smem,
+                           std::optional<flashcore::ArchClass> forced = std::nullopt) {
     BackwardRequest b = valid_backward();
+    b.forward.options.force_arch_class = forced;
     for (flashcore::core::TensorDesc* t : {&b.forward.q, &b.forward.k, &b.forward.v,
                                            &b.forward.out, &b.dout, &b.dq, &b.dk, &b.dv}) {
       t->shape[3] = head_dim;
@@ -1723,6 +1725,14 @@ void backward() {
   expect(wide_on(128, flashcore::core::wide_smem_bytes(128)) &&
              !wide_on(128, flashcore::core::wide_smem_bytes(128) - 1),
          "wide exactly where its shared memory fits");
+  // A forced class plans as that class would on the device: an L4's narrow kernel, an A100's.
+  expect(!wide_on(128, 227 * 1024, flashcore::ArchClass::Sm86Sm89) &&
+             !wide_on(64, 227 * 1024, flashcore::ArchClass::Sm86Sm89),
+         "an L4's kernel forced on an H200");
+  expect(!wide_on(128, 227 * 1024, flashcore::ArchClass::Sm80) &&
+             wide_on(64, 227 * 1024, flashcore::ArchClass::Sm80),
+         "an A100's kernels forced on an H200");
+  expect(wide_on(128, 227 * 1024, flashcore::ArchClass::Sm90), "an H200's own class forced");
   for (TensorDesc* t : {&r.forward.q, &r.forward.k, &r.forward.v, &r.forward.out, &r.dout, &r.dq,
                         &r.dk, &r.dv}) {
     t->shape[3] = 256;

@@ -182,7 +182,8 @@ struct Options {
   std::optional<int64_t> window_right;
   Backend backend = Backend::Auto;
   // Take the tile-table rows of this class instead of the device's own (testing the sm_89 rows
-  // on another GPU). The rows must still fit the device's shared memory.
+  // on another GPU). The rows must still fit the device's shared memory. The backward pass takes
+  // this class's choice of its key-block kernel.
   std::optional<ArchClass> force_arch_class;
 };
 

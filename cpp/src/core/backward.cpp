@@ -1,6 +1,7 @@
 // Validation of the backward pass: see backward.h.
 #include "core/backward.h"
 
+#include <algorithm>
 #include <climits>
 #include <optional>
 #include <string>
@@ -124,7 +125,13 @@ Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
       }
     }
     if (wide != nullptr) {  // fewer key blocks than the narrow kernel's, bounded above
-      *wide = wide_smem_bytes(p.head_dim) <= caps.smem_per_block_optin;
+      // The wide kernel where its shared memory fits the device, and the class forced in the
+      // options (testing an L4's or an A100's choice on another GPU).
+      const std::optional<ArchClass> forced = r.options.force_arch_class;
+      const int64_t budget = forced ? std::min(caps.smem_per_block_optin,
+                                               smem_per_block_optin(*forced))
+                                    : caps.smem_per_block_optin;
+      *wide = wide_smem_bytes(p.head_dim) <= budget;
     }
     return {};
   } catch (...) {

@@ -54,7 +54,8 @@ constexpr int64_t wide_smem_bytes(int64_t head_dim) {
 // the backend (Auto or Wmma; another forced family is BackendUnavailable), the device (compute
 // capability 8.0 or later), the head dim (at most kBackwardMaxHeadDim: BackendUnavailable),
 // shared memory, and the grid's limits (IndexOverflow). `*wide` (when not null): whether the
-// wide kernel runs (its shared memory fits the device), else the narrow one.
+// wide kernel runs (its shared memory fits the device and r.options.force_arch_class's class,
+// when one is forced), else the narrow one.
 Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
                      bool* wide = nullptr) noexcept;
 
