@@ -560,11 +560,12 @@ fn score_modifiers(stream: &Stream, iters: usize) -> flashcore::Result<[f64; 10]
 
 /// The backward pass's rows (`scripts/torch_sdpa_backward.py` times torch's on the same shapes):
 /// (name, batch, heads_q, heads_kv, seq, head_dim, causal).
-const BACKWARD_ROWS: [(&str, usize, usize, usize, usize, usize, bool); 4] = [
+const BACKWARD_ROWS: [(&str, usize, usize, usize, usize, usize, bool); 5] = [
     ("4x16x2048x128", 4, 16, 16, 2048, 128, false),
     ("4x16x2048x128 causal", 4, 16, 16, 2048, 128, true),
     ("4x32(kv8)x2048x128 causal", 4, 32, 8, 2048, 128, true),
     ("8x16x2048x64 causal", 8, 16, 16, 2048, 64, true),
+    ("4x16x2048x256 causal", 4, 16, 16, 2048, 256, true),
 ];
 
 /// The backward pass (bf16) on [`BACKWARD_ROWS`]: per row (name, median us, TFLOP/s at 2.5 times

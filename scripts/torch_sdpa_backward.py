@@ -24,6 +24,7 @@ ROWS = [
     ("4x16x2048x128 causal", 4, 16, 16, 2048, 128, True),
     ("4x32(kv8)x2048x128 causal", 4, 32, 8, 2048, 128, True),
     ("8x16x2048x64 causal", 8, 16, 16, 2048, 64, True),
+    ("4x16x2048x256 causal", 4, 16, 16, 2048, 256, True),
 ]
 WARMUP_MS = float(os.environ.get("FLASHCORE_BENCH_WARM_MS", "25"))
 

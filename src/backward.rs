@@ -52,11 +52,13 @@ pub struct GradientsMut<'a, T: Element> {
 /// **Where it runs:** host tensors on the CPU backend, in f64 (the reference); device tensors on
 /// the GPU backward kernels (compute capability 8.0 and later, WMMA tensor cores, f32
 /// accumulation; reported as [`crate::plan::Kernel::Wmma`]), on dq's stream, ordered after
-/// pending work on the other operands' streams. The GPU takes head dims up to 128 (a larger one, or forcing
-/// another kernel family, is [`crate::Error::BackendUnavailable`]) and allocates an f32 dQ
-/// accumulator of `batch * heads_q * seq_q * 64` (head dims up to 64) or `* 128` floats for the
-/// call; dQ's f32 additions (atomics) arrive in no fixed order, so dQ may differ in its last
-/// bits between runs. **Speed:** 0.47-0.51x torch's cuDNN backward and 0.82-0.99x its
+/// pending work on the other operands' streams. The GPU takes every head dim (up to 256); at head
+/// dims above 128 it needs 142 KB of shared memory per block (an A100, H100 or H200; elsewhere,
+/// such as an L4, [`crate::Error::SharedMemoryExceeded`]). Forcing another kernel family is
+/// [`crate::Error::BackendUnavailable`]. It allocates an f32 dQ accumulator of
+/// `batch * heads_q * seq_q * D` floats for the call (D: 64, 128 or 256, the head dim rounded
+/// up to one of them); dQ's f32 additions (atomics) arrive in no fixed order, so dQ may differ
+/// in its last bits between runs. **Speed:** 0.47-0.51x torch's cuDNN backward and 0.82-0.99x its
 /// FlashAttention-2 backward on the H200 (docs/PERFORMANCE.md, session 67). Variable-length
 /// batches: [`attention_varlen_backward`]; CUDA graphs: `Capture::backward` (feature `cuda`); no
 /// paged cache.

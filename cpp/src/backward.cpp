@@ -82,13 +82,13 @@ Status attention_backward(const BackwardArgs& args, cudaStream_t stream) noexcep
     if (p.location != device) {
       return core::fail(Code::DeviceMismatch, Operand::Q, Field::None, p.location, device, 0);
     }
-    bool wide = false;
-    if (Status s = core::plan_backward(r.forward, p, detail::device_caps(device), &wide);
+    int tile = -1;
+    if (Status s = core::plan_backward(r.forward, p, detail::device_caps(device), &tile);
         !s.ok()) {
       return s;
     }
     BackwardLaunch launch = make_launch(r, p);
-    launch.wide = wide;
+    launch.tile = tile;
     launch_backward(launch, stream);
     return {};
   } catch (const std::exception& e) {

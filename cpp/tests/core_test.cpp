@@ -1670,8 +1670,8 @@ void backward() {
   r.dq.address = r.forward.lse.address;
   overlap(r, Operand::DQ, Operand::Lse, "dq over the logsumexp");
 
-  // The GPU backward pass's plan: Auto or Wmma; compute capability 8.0 on; head dims to 128;
-  // shared memory; the grid's limits.
+  // The GPU backward pass's plan: Auto or Wmma; compute capability 8.0 on; a tile row that fits
+  // the shared memory; the grid's limits.
   flashcore::core::DeviceCaps l4;
   l4.major = 8, l4.minor = 9, l4.smem_per_block_optin = 99 * 1024;
   const auto plan = [&](const BackwardRequest& b, const flashcore::core::DeviceCaps& caps) {
@@ -1681,9 +1681,20 @@ void backward() {
   };
   r = valid_backward();
   expect(plan(r, l4).ok(), "backward plans on an L4: " + plan(r, l4).message);
-  expect(flashcore::core::backward_smem_bytes(128) <= 99 * 1024 &&
-             flashcore::core::backward_smem_bytes(64) < flashcore::core::backward_smem_bytes(128),
-         "the backward kernel's shared memory fits an L4");
+  using flashcore::core::backward_tile_smem_bytes;
+  using flashcore::core::kBackwardTiles;
+  // Each tier's rows from the largest shared memory down; the narrow rows fit an L4.
+  for (int i = 0; i < flashcore::core::kBackwardTileCount; ++i) {
+    const auto& t = kBackwardTiles[i];
+    expect(t.kernel == flashcore::core::BackwardKernel::Wide ||
+               backward_tile_smem_bytes(t) <= 99 * 1024,
+           "a narrow row fits an L4");
+    for (int j = i + 1; j < flashcore::core::kBackwardTileCount; ++j) {
+      expect(kBackwardTiles[j].tier != t.tier ||
+                 backward_tile_smem_bytes(kBackwardTiles[j]) < backward_tile_smem_bytes(t),
+             "a tier's rows descend in shared memory");
+    }
+  }
   r.forward.options.backend = flashcore::Backend::Wmma;
   expect(plan(r, l4).ok(), "backward forced on wmma");
   r.forward.options.backend = flashcore::Backend::CutlassSm80;
@@ -1695,12 +1706,13 @@ void backward() {
   t4.major = 7, t4.minor = 5, t4.smem_per_block_optin = 64 * 1024;
   expect(plan(r, t4).code == Code::UnsupportedDevice, "backward on compute capability 7.5");
   flashcore::core::DeviceCaps small = l4;
-  small.smem_per_block_optin =
-      flashcore::core::backward_smem_bytes(r.forward.q.shape[3]) - 1;  // a byte short
+  small.smem_per_block_optin = backward_tile_smem_bytes(kBackwardTiles[1]) - 1;  // a byte short
+  expect(kBackwardTiles[1].tier == 64 && r.forward.q.shape[3] == 64, "the smallest row of 64");
   expect(plan(r, small).code == Code::SharedMemoryExceeded, "backward beyond shared memory");
-  // The wide kernel where its shared memory fits: an H100 / H200 (227 KB) at head dims 64 and
-  // 128, an A100 (164 KB) at 64 only, an L4 (99 KB) never.
-  const auto wide_on = [&](int64_t head_dim, int64_t smem,
+  // The row that runs: the wide kernel where its shared memory fits, an H100 / H200 (227 KB) at
+  // head dims 64 and 128, an A100 (164 KB) at 64 only, an L4 (99 KB) never; at 256 the wide
+  // kernel's 64-row steps on an H100 / H200, its 32-row steps on an A100, nothing on an L4.
+  const auto tile_on = [&](int64_t head_dim, int64_t smem,
                            std::optional<flashcore::ArchClass> forced = std::nullopt) {
     BackwardRequest b = valid_backward();
     b.forward.options.force_arch_class = forced;
@@ -1713,18 +1725,38 @@ void backward() {
     flashcore::core::DeviceCaps caps = l4;
     caps.major = 9, caps.minor = 0, caps.smem_per_block_optin = smem;
     Problem q{};
-    bool wide = false;
+    int tile = -1;
     const Status v = flashcore::core::validate_backward(b, &q);
-    const Status p = v.ok() ? flashcore::core::plan_backward(b.forward, q, caps, &wide) : v;
+    const Status p = v.ok() ? flashcore::core::plan_backward(b.forward, q, caps, &tile) : v;
+    if (p.code == Code::SharedMemoryExceeded) {
+      return -1;
+    }
     expect(p.ok(), "backward plan, head dim " + std::to_string(head_dim) + ": " + p.message);
-    return wide;
+    expect(tile >= 0 && kBackwardTiles[tile].tier == flashcore::core::backward_tier(head_dim),
+           "a row of the head dim's tier");
+    return tile;
+  };
+  const auto wide_on = [&](int64_t head_dim, int64_t smem,
+                           std::optional<flashcore::ArchClass> forced = std::nullopt) {
+    const int tile = tile_on(head_dim, smem, forced);
+    return tile >= 0 && kBackwardTiles[tile].kernel == flashcore::core::BackwardKernel::Wide;
   };
   expect(wide_on(128, 227 * 1024) && wide_on(64, 227 * 1024), "wide on an H200");
   expect(!wide_on(128, 164 * 1024) && wide_on(64, 164 * 1024), "wide at 64 only on an A100");
   expect(!wide_on(128, 99 * 1024) && !wide_on(64, 99 * 1024), "narrow on an L4");
-  expect(wide_on(128, flashcore::core::wide_smem_bytes(128)) &&
-             !wide_on(128, flashcore::core::wide_smem_bytes(128) - 1),
+  expect(wide_on(128, backward_tile_smem_bytes(kBackwardTiles[2])) &&
+             !wide_on(128, backward_tile_smem_bytes(kBackwardTiles[2]) - 1),
          "wide exactly where its shared memory fits");
+  expect(tile_on(256, 227 * 1024) == 4 && tile_on(256, 164 * 1024) == 5 &&
+             tile_on(256, 99 * 1024) == -1,
+         "head dim 256: 64-row steps on an H200, 32-row steps on an A100, none on an L4");
+  expect(tile_on(200, backward_tile_smem_bytes(kBackwardTiles[4])) == 4 &&
+             tile_on(136, backward_tile_smem_bytes(kBackwardTiles[4]) - 1) == 5 &&
+             tile_on(256, backward_tile_smem_bytes(kBackwardTiles[5]) - 1) == -1,
+         "head dims 136 to 256: the tier's rows exactly where they fit");
+  expect(tile_on(256, 227 * 1024, flashcore::ArchClass::Sm80) == 5 &&
+             tile_on(256, 227 * 1024, flashcore::ArchClass::Sm86Sm89) == -1,
+         "head dim 256 with an A100's and an L4's class forced on an H200");
   // A forced class plans as that class would on the device: an L4's narrow kernel, an A100's.
   expect(!wide_on(128, 227 * 1024, flashcore::ArchClass::Sm86Sm89) &&
              !wide_on(64, 227 * 1024, flashcore::ArchClass::Sm86Sm89),
@@ -1739,8 +1771,10 @@ void backward() {
     flashcore::bshd_strides(t->shape, t->stride);
   }
   s = plan(r, l4);
-  expect(s.code == Code::BackendUnavailable && s.message.find("128") != std::string::npos,
-         "backward at head dim 256 on the GPU: " + s.message);
+  expect(s.code == Code::SharedMemoryExceeded &&
+             s.values[0] == backward_tile_smem_bytes(kBackwardTiles[5]) &&
+             s.values[1] == 99 * 1024,
+         "backward at head dim 256 on an L4: " + s.message);
   // The valid call with `heads` query and kv heads and `keys` keys per sequence, each tensor in
   // its own 2^47 bytes of address space (k at 2^20 keys x 2^16 heads takes 2^45).
   const auto with_heads = [&](int64_t heads, int64_t keys) {

@@ -11,8 +11,8 @@
 //              (f32 atomics: other key blocks add to the same rows);
 //   convert:   dQ from its accumulator to the output type and strides.
 // key_block here is the narrow kernel (4 warps, 64 keys, 32-row steps: it fits an L4's shared
-// memory); wide.cuh's (8 warps, 128 keys, 64-row steps) runs where core::plan_backward finds
-// its shared memory.
+// memory up to head dim 128); wide.cuh's (8 warps) runs where core::plan_backward finds its
+// shared memory, and at head dim 256.
 // s(x) is the score: x * scale, or cap * tanh(x * scale / cap), minus ALiBi's slope times the
 // distance from the diagonal, plus the bias; s' is its derivative in x. Masked keys and rows
 // whose logsumexp is -inf (they saw no key) have P = 0. A variable-length batch's sequences each
@@ -65,7 +65,9 @@ struct Smem {
   static_assert(size_t(kKeys) * kLq * sizeof(float) <= 2 * kKv, "dK staging fits K and V");
   static_assert(kWarps * 1536 <= 2 * kStage, "layout check scratch");
   static_assert(kKv % 16 == 0 && kQ % 16 == 0 && kStage % 16 == 0, "16-byte aligned parts");
-  static_assert(sizeof(T) != 2 || int64_t(kBytes) == core::backward_smem_bytes(D),
+  static_assert(sizeof(T) != 2 ||
+                    int64_t(kBytes) == core::backward_tile_smem_bytes(core::BackwardTile{
+                                           core::BackwardKernel::Narrow, D, kWarps, kKeys, kRows}),
                 "core/backward.h plans this layout");
 };
 

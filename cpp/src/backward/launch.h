@@ -41,7 +41,7 @@ struct BackwardLaunch {
   const void* bias;  // element [b, i, h, j] at the strides (0 on broadcast axes); null: none
   int32_t bias_type;  // 0 f16, 1 bf16, 2 f32
   int64_t bias_stride[4];
-  bool wide;  // the wide key-block kernel (backward/wide.cuh), else the narrow one (kernel.cuh)
+  int32_t tile;  // the row of core::kBackwardTiles that runs (core::plan_backward's choice)
 };
 
 // Enqueues the backward pass on `stream` (of the current device): the row sums D = rowsum(dO *

@@ -1,17 +1,20 @@
 // The wide key-block kernel: FlashAttention-2's tiling of the backward pass, for GPUs whose
-// shared memory holds it (core::plan_backward picks it by shared memory; kernel.cuh's narrow
-// kernel serves the others).
+// shared memory holds it (core::plan_backward picks a row of core::kBackwardTiles by shared
+// memory; kernel.cuh's narrow kernel serves the others up to head dim 128).
 //
-// One block of 8 warps per (128 keys, kv head, sequence) keeps K, V, dK and dV on chip and walks
-// the 64-row query steps that see its keys (every query head of the group). Per step:
-//   S = Q K^T and dP = dO V^T as 2 x 4 warp tiles of 32 rows x 32 keys (each loaded fragment
-//   feeds two products);
+// One block of 8 warps per (KEYS keys, kv head, sequence) keeps K, V, dK and dV on chip and walks
+// the ROWS-row query steps that see its keys (every query head of the group). Per step:
+//   S = Q K^T and dP = dO V^T as 2 x 4 warp tiles of ROWS/2 rows x KEYS/4 keys (each loaded
+//   fragment feeds several products);
 //   P and dS element by element in those accumulators, then to shared memory (T, row-major);
-//   dV += P^T dO and dK += dS^T Q as 4 x 2 warp tiles of 32 keys x D/2 columns over the step's
-//   64 rows;
-//   dQ = dS K as 2 x 4 warp tiles of 32 rows x D/4 columns over the block's 128 keys, added to the
-//   rows' f32 accumulators with atomics from registers.
+//   dV += P^T dO and dK += dS^T Q as 4 x 2 warp tiles of KEYS/4 keys x D/2 columns over the
+//   step's rows;
+//   dQ = dS K as 2 x 4 warp tiles of ROWS/2 rows x D/4 columns over the block's keys, added to
+//   the rows' f32 accumulators with atomics from registers.
 // The next step's Q, dO, logsumexps and row sums arrive by cp.async during the step.
+// Rows (core/backward.h): 128 keys and 64-row steps at head-dim tiers 64 and 128 (32 x 32 score
+// tiles per warp); 64 keys at tier 256, with 64- or 32-row steps (a warp's dK and dV: 16 keys x
+// 128 columns, the registers of tier 128's 32 x 64).
 #pragma once
 
 #include "backward/kernel.cuh"
@@ -20,16 +23,29 @@ namespace flashcore::backward::wide {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kKeys = 128;  // keys per block
-constexpr int kRows = 64;   // query rows per step
-static_assert(kWarps == core::kWideWarps && kKeys == core::kWideKeys && kRows == core::kWideRows,
-              "core/backward.h");
 
-// Shared-memory plan for head-dim tier D (elements of T unless named): K and V; two step buffers
-// (Q, dO, then the step's logsumexps and row sums in f32); P and dS of the step (query rows x
-// keys). Rows padded by 16 bytes (ldmatrix without bank conflicts).
-template <typename T, int D>
+// Row TILE of core::kBackwardTiles: its head-dim tier, keys per block and query rows per step,
+// and the warp tiles (in 16 x 16 fragments) of its three products.
+template <int TILE>
+struct Tiling {
+  static constexpr core::BackwardTile kRow = core::kBackwardTiles[TILE];
+  static_assert(kRow.kernel == core::BackwardKernel::Wide && kRow.warps == kWarps, "a wide row");
+  static constexpr int kD = int(kRow.tier), kKeys = int(kRow.keys), kRows = int(kRow.rows);
+  static constexpr int kTr = kRows / 2, kTc = kKeys / 4;  // S / dP: rows x keys of a warp
+  static constexpr int kTk = kKeys / 4;                   // dK / dV: keys of a warp (D/2 columns)
+  static constexpr int kMs = kTr / 16, kNs = kTc / 16;    // S / dP fragments
+  static constexpr int kMk = kTk / 16, kNk = kD / 32;     // dK / dV fragments
+  static constexpr int kMq = kTr / 16, kNq = kD / 64;     // dQ fragments (rows of S's warp)
+  static_assert(kMs > 0 && kNs > 0 && kMk > 0 && kNk > 0 && kNq > 0, "whole fragments");
+};
+
+// Shared-memory plan of row TILE (elements of T unless named): K and V; two step buffers (Q,
+// dO, then the step's logsumexps and row sums in f32); P and dS of the step (query rows x keys).
+// Rows padded by 16 bytes (ldmatrix without bank conflicts).
+template <typename T, int TILE>
 struct Smem {
+  static constexpr int D = Tiling<TILE>::kD, kKeys = Tiling<TILE>::kKeys;
+  static constexpr int kRows = Tiling<TILE>::kRows;
   static constexpr int kLd = D + 8;      // K, V, Q, dO rows
   static constexpr int kLp = kKeys + 8;  // P and dS rows (one per query row)
   static constexpr int kLq = D + 4;      // f32 rows of dK and dV on their way out
@@ -42,20 +58,24 @@ struct Smem {
   static_assert(kWarps * 1536 <= 2 * kStage, "layout check scratch");
   static_assert(kKv % 16 == 0 && kQ % 16 == 0 && kStage % 16 == 0 && kP % 16 == 0,
                 "16-byte aligned parts");
-  static_assert(sizeof(T) != 2 || int64_t(kBytes) == core::wide_smem_bytes(D),
+  static_assert(sizeof(T) != 2 ||
+                    int64_t(kBytes) == core::backward_tile_smem_bytes(Tiling<TILE>::kRow),
                 "core/backward.h plans this layout");
 };
 
-template <typename T, int D>
+template <typename T, int TILE>
 __global__ void __launch_bounds__(kThreads, 1)
     key_block(__grid_constant__ const BackwardLaunch p, const float* sums, float* dq_acc) {
-  using S = Smem<T, D>;
+  using S = Smem<T, TILE>;
+  using G = Tiling<TILE>;
+  constexpr int D = G::kD, kKeys = G::kKeys, kRows = G::kRows;
+  constexpr int kTr = G::kTr, kTc = G::kTc, kTk = G::kTk;
+  constexpr int kMs = G::kMs, kNs = G::kNs, kMk = G::kMk, kNk = G::kNk, kMq = G::kMq;
   using wmma_fa::FragA;
   using wmma_fa::FragAcc;
   using wmma_fa::FragBCol;
   using wmma_fa::FragBRow;
-  constexpr int kHalf = D / 32;     // 16-column tiles of a warp's dK / dV (D / 2 columns)
-  constexpr int kQuarter = D / 64;  // 16-column tiles of a warp's dQ (D / 4 columns)
+  constexpr int kNq = G::kNq;
   extern __shared__ __align__(128) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);
   T* vs = ks + kKeys * S::kLd;
@@ -91,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   KeyCopy(k, p.k_stride[1], keys, p.head_dim).start(ks, 0);
   KeyCopy(v, p.v_stride[1], keys, p.head_dim).start(vs, 0);
 
-  // The steps: every query head of the group times the 64-row steps whose rows see the keys.
+  // The steps: every query head of the group times the kRows-row steps whose rows see the keys.
   const RowRange range = rows_seeing(seq, j0, kKeys);
   const int64_t first = range.first / kRows * kRows;
   const int64_t steps = (range.end - first + kRows - 1) / kRows * group;
@@ -119,14 +139,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __pipeline_commit();
 
-  // Warp roles: S / dP and dQ rows [32 wr, +32); S / dP keys [32 wc, +32), dQ columns
-  // [D/4 wc, +D/4); dK / dV keys [32 wk, +32) and columns [D/2 wd, +D/2).
+  // Warp roles: S / dP and dQ rows [kTr wr, +kTr); S / dP keys [kTc wc, +kTc), dQ columns
+  // [D/4 wc, +D/4); dK / dV keys [kTk wk, +kTk) and columns [D/2 wd, +D/2).
   const int wr = warp / 4, wc = warp % 4, wk = warp / 2, wd = warp % 2;
-  FragAcc dk[2][kHalf], dv[2][kHalf];
+  FragAcc dk[kMk][kNk], dv[kMk][kNk];
 #pragma unroll
-  for (int m = 0; m < 2; ++m) {
+  for (int m = 0; m < kMk; ++m) {
 #pragma unroll
-    for (int n = 0; n < kHalf; ++n) {
+    for (int n = 0; n < kNk; ++n) {
       wm::fill_fragment(dk[m][n], 0.f);
       wm::fill_fragment(dv[m][n], 0.f);
     }
@@ -150,67 +170,68 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t h = step.h, i0 = step.i0;
     step = next_step(step);
 
-    // S and dP for the warp's 32 rows x 32 keys.
-    FragAcc sc[2][2], dp[2][2];
+    // S and dP for the warp's kTr rows x kTc keys.
+    FragAcc sc[kMs][kNs], dp[kMs][kNs];
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
+    for (int m = 0; m < kMs; ++m) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < kNs; ++n) {
         wm::fill_fragment(sc[m][n], 0.f);
         wm::fill_fragment(dp[m][n], 0.f);
       }
     }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      FragA<T> a[2];
-      FragBCol<T> bt[2];
+      FragA<T> a[kMs];
+      FragBCol<T> bt[kNs];
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        wmma_fa::load_a(a[m], qs + (32 * wr + 16 * m) * S::kLd + kk * 16, S::kLd, lane);
+      for (int m = 0; m < kMs; ++m) {
+        wmma_fa::load_a(a[m], qs + (kTr * wr + 16 * m) * S::kLd + kk * 16, S::kLd, lane);
       }
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        wmma_fa::load_b_col(bt[n], ks + (32 * wc + 16 * n) * S::kLd + kk * 16, S::kLd, lane);
+      for (int n = 0; n < kNs; ++n) {
+        wmma_fa::load_b_col(bt[n], ks + (kTc * wc + 16 * n) * S::kLd + kk * 16, S::kLd, lane);
       }
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < kMs; ++m) {
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < kNs; ++n) {
           wm::mma_sync(sc[m][n], a[m], bt[n], sc[m][n]);
         }
       }
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        wmma_fa::load_a(a[m], dos + (32 * wr + 16 * m) * S::kLd + kk * 16, S::kLd, lane);
+      for (int m = 0; m < kMs; ++m) {
+        wmma_fa::load_a(a[m], dos + (kTr * wr + 16 * m) * S::kLd + kk * 16, S::kLd, lane);
       }
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        wmma_fa::load_b_col(bt[n], vs + (32 * wc + 16 * n) * S::kLd + kk * 16, S::kLd, lane);
+      for (int n = 0; n < kNs; ++n) {
+        wmma_fa::load_b_col(bt[n], vs + (kTc * wc + 16 * n) * S::kLd + kk * 16, S::kLd, lane);
       }
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < kMs; ++m) {
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < kNs; ++n) {
           wm::mma_sync(dp[m][n], a[m], bt[n], dp[m][n]);
         }
       }
     }
 
-    // P and dS in place of S and dP (element e of tile (m, n): step row 32 wr + 16 m + acc_row,
-    // block key 32 wc + 16 n + acc_col). `full`: the warp's tile is visible with the plain score.
-    const int64_t wi0 = i0 + 32 * wr, wj0 = j0 + 32 * wc;
-    const bool full = plain_scores && wi0 + 32 <= seq.seq_q && wj0 + 32 <= seq.seq_k &&
-                      (!seq.has_lo || wj0 - (wi0 + 31) >= seq.lo) &&
-                      (!seq.has_hi || wj0 + 31 - wi0 <= seq.hi);
+    // P and dS in place of S and dP (element e of tile (m, n): step row kTr wr + 16 m + acc_row,
+    // block key kTc wc + 16 n + acc_col). `full`: the warp's tile is visible with the plain
+    // score.
+    const int64_t wi0 = i0 + kTr * wr, wj0 = j0 + kTc * wc;
+    const bool full = plain_scores && wi0 + kTr <= seq.seq_q && wj0 + kTc <= seq.seq_k &&
+                      (!seq.has_lo || wj0 - (wi0 + kTr - 1) >= seq.lo) &&
+                      (!seq.has_hi || wj0 + kTc - 1 - wi0 <= seq.hi);
     const float slope = p.alibi != nullptr ? p.alibi[b * p.alibi_batch_stride + h] : 0.f;
     if (full) {
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < kMs; ++m) {
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < kNs; ++n) {
 #pragma unroll
           for (int e = 0; e < FragAcc::num_elements; ++e) {
-            const int r = 32 * wr + 16 * m + wmma_fa::acc_row(lane, e);
+            const int r = kTr * wr + 16 * m + wmma_fa::acc_row(lane, e);
             const float mx = lse[r];
             const float shift = mx == -INFINITY ? INFINITY : mx * kLog2e;
             const float prob = fast_exp2(sc[m][n].x[e] * scale_log2 - shift);
@@ -221,24 +242,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else if (plain_scores) {
       // Visible: lo <= j - i <= hi, where j - i = base + d with d = (16 n + acc_col) - (16 m +
-      // acc_row) in [-31, 31]: bounds clamped to +-64 decide alike in 32 bits.
+      // acc_row) in [1 - kTr, kTc - 1]: bounds clamped to +-(kTr + kTc) decide alike in 32 bits.
+      constexpr int kBound = kTr + kTc;
       const int64_t base = wj0 - wi0;
-      const auto clamped = [](int64_t x) { return int(max(int64_t(-64), min(int64_t(64), x))); };
-      const int d_lo = seq.has_lo ? clamped(seq.lo - base) : -64;
-      const int d_hi = seq.has_hi ? clamped(seq.hi - base) : 64;
-      const int rows = int(max(int64_t(0), min(int64_t(32), seq.seq_q - wi0)));
-      const int cols = int(max(int64_t(0), min(int64_t(32), seq.seq_k - wj0)));
+      const auto clamped = [](int64_t x) {
+        return int(max(int64_t(-kBound), min(int64_t(kBound), x)));
+      };
+      const int d_lo = seq.has_lo ? clamped(seq.lo - base) : -kBound;
+      const int d_hi = seq.has_hi ? clamped(seq.hi - base) : kBound;
+      const int rows = int(max(int64_t(0), min(int64_t(kTr), seq.seq_q - wi0)));
+      const int cols = int(max(int64_t(0), min(int64_t(kTc), seq.seq_k - wj0)));
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < kMs; ++m) {
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < kNs; ++n) {
 #pragma unroll
           for (int e = 0; e < FragAcc::num_elements; ++e) {
             const int rr = 16 * m + wmma_fa::acc_row(lane, e);
             const int cc = 16 * n + wmma_fa::acc_col(lane, e);
             const int d = cc - rr;
             const bool visible = rr < rows && cc < cols && d >= d_lo && d <= d_hi;
-            const int r = 32 * wr + rr;
+            const int r = kTr * wr + rr;
             const float mx = lse[r];
             const float shift = mx == -INFINITY ? INFINITY : mx * kLog2e;
             const float prob = visible ? fast_exp2(sc[m][n].x[e] * scale_log2 - shift) : 0.f;
@@ -249,13 +273,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else {
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < kMs; ++m) {
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < kNs; ++n) {
 #pragma unroll
           for (int e = 0; e < FragAcc::num_elements; ++e) {
-            const int r = 32 * wr + 16 * m + wmma_fa::acc_row(lane, e);
-            const int c = 32 * wc + 16 * n + wmma_fa::acc_col(lane, e);
+            const int r = kTr * wr + 16 * m + wmma_fa::acc_row(lane, e);
+            const int c = kTc * wc + 16 * n + wmma_fa::acc_col(lane, e);
             const ScoreGrad g = score_grad(p, seq, b, h, slope, i0 + r, j0 + c, sc[m][n].x[e],
                                            dp[m][n].x[e], lse[r], dsum[r]);
             sc[m][n].x[e] = g.prob;
@@ -267,13 +291,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // P and dS to shared memory, rounded to T: elements 2w and 2w + 1 are one row's two
     // adjacent keys.
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
+    for (int m = 0; m < kMs; ++m) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < kNs; ++n) {
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-          const int r = 32 * wr + 16 * m + wmma_fa::acc_row(lane, 2 * w);
-          const int c = 32 * wc + 16 * n + wmma_fa::acc_col(lane, 2 * w);
+          const int r = kTr * wr + 16 * m + wmma_fa::acc_row(lane, 2 * w);
+          const int c = kTc * wc + 16 * n + wmma_fa::acc_col(lane, 2 * w);
           *reinterpret_cast<uint32_t*>(ps + r * S::kLp + c) =
               wmma_fa::pack2(T(), sc[m][n].x[2 * w], sc[m][n].x[2 * w + 1]);
           *reinterpret_cast<uint32_t*>(dss + r * S::kLp + c) =
@@ -283,56 +307,57 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();  // P and dS complete
 
-    // dV += P^T dO and dK += dS^T Q for the warp's 32 keys x D/2 columns, over the step's rows.
+    // dV += P^T dO and dK += dS^T Q for the warp's kTk keys x D/2 columns, over the step's
+    // rows.
 #pragma unroll
     for (int kk = 0; kk < kRows / 16; ++kk) {
-      FragA<T> pa[2], da[2];
+      FragA<T> pa[kMk], da[kMk];
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        const int at = kk * 16 * S::kLp + 32 * wk + 16 * m;
+      for (int m = 0; m < kMk; ++m) {
+        const int at = kk * 16 * S::kLp + kTk * wk + 16 * m;
         wmma_fa::load_a_col(pa[m], ps + at, S::kLp, lane);
         wmma_fa::load_a_col(da[m], dss + at, S::kLp, lane);
       }
 #pragma unroll
-      for (int n = 0; n < kHalf; ++n) {
+      for (int n = 0; n < kNk; ++n) {
         const int at = kk * 16 * S::kLd + (D / 2) * wd + 16 * n;
         FragBRow<T> x;
         wmma_fa::load_b_row(x, dos + at, S::kLd, lane);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
+        for (int m = 0; m < kMk; ++m) {
           wm::mma_sync(dv[m][n], pa[m], x, dv[m][n]);
         }
         wmma_fa::load_b_row(x, qs + at, S::kLd, lane);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
+        for (int m = 0; m < kMk; ++m) {
           wm::mma_sync(dk[m][n], da[m], x, dk[m][n]);
         }
       }
     }
 
-    // dQ = dS K for the warp's 32 rows x D/4 columns, over the block's keys, added to the rows'
+    // dQ = dS K for the warp's kTr rows x D/4 columns, over the block's keys, added to the rows'
     // accumulators.
-    FragAcc dq[2][kQuarter];
+    FragAcc dq[kMq][kNq];
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
+    for (int m = 0; m < kMq; ++m) {
 #pragma unroll
-      for (int n = 0; n < kQuarter; ++n) {
+      for (int n = 0; n < kNq; ++n) {
         wm::fill_fragment(dq[m][n], 0.f);
       }
     }
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      FragA<T> a[2];
+      FragA<T> a[kMq];
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        wmma_fa::load_a(a[m], dss + (32 * wr + 16 * m) * S::kLp + kk * 16, S::kLp, lane);
+      for (int m = 0; m < kMq; ++m) {
+        wmma_fa::load_a(a[m], dss + (kTr * wr + 16 * m) * S::kLp + kk * 16, S::kLp, lane);
       }
 #pragma unroll
-      for (int n = 0; n < kQuarter; ++n) {
+      for (int n = 0; n < kNq; ++n) {
         FragBRow<T> x;
         wmma_fa::load_b_row(x, ks + kk * 16 * S::kLd + (D / 4) * wc + 16 * n, S::kLd, lane);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
+        for (int m = 0; m < kMq; ++m) {
           wm::mma_sync(dq[m][n], a[m], x, dq[m][n]);
         }
       }
@@ -340,12 +365,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t valid = min(int64_t(kRows), seq.seq_q - i0);
     float* acc = dq_acc + (lse_row0(h) + i0) * D;
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
+    for (int m = 0; m < kMq; ++m) {
 #pragma unroll
-      for (int n = 0; n < kQuarter; ++n) {
+      for (int n = 0; n < kNq; ++n) {
 #pragma unroll
         for (int w = 0; w < 4; ++w) {  // elements 2w and 2w + 1: one row, two adjacent columns
-          const int r = 32 * wr + 16 * m + wmma_fa::acc_row(lane, 2 * w);
+          const int r = kTr * wr + 16 * m + wmma_fa::acc_row(lane, 2 * w);
           const int c = (D / 4) * wc + 16 * n + wmma_fa::acc_col(lane, 2 * w);
           if (r < valid && c < p.head_dim) {
             add_pair(acc + int64_t(r) * D + c, dq[m][n].x[2 * w], dq[m][n].x[2 * w + 1]);
@@ -358,13 +383,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // dK and dV leave through K and V's space (f32 rows of kLq), one after the other.
   float* stage = reinterpret_cast<float*>(smem);
-  const auto store = [&](const FragAcc (&acc)[2][kHalf], void* t, const int64_t (&stride)[3]) {
+  const auto store = [&](const FragAcc (&acc)[kMk][kNk], void* t, const int64_t (&stride)[3]) {
     __syncthreads();  // the stage is free (K, V, or the previous gradient, are read)
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
+    for (int m = 0; m < kMk; ++m) {
 #pragma unroll
-      for (int n = 0; n < kHalf; ++n) {
-        wm::store_matrix_sync(stage + (32 * wk + 16 * m) * S::kLq + (D / 2) * wd + 16 * n,
+      for (int n = 0; n < kNk; ++n) {
+        wm::store_matrix_sync(stage + (kTk * wk + 16 * m) * S::kLq + (D / 2) * wd + 16 * n,
                               acc[m][n], S::kLq, wm::mem_row_major);
       }
     }

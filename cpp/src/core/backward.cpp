@@ -84,7 +84,7 @@ Status validate_backward(const BackwardRequest& r, Problem* problem) noexcept {
 }
 
 Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
-                     bool* wide) noexcept {
+                     int* tile) noexcept {
   try {
     const std::optional<Kernel> forced = kernel_of(r.options.backend);
     if (forced && *forced != Kernel::Wmma) {
@@ -95,21 +95,31 @@ Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
     if (!arch_class(caps.major, caps.minor, caps.smem_per_block_optin)) {
       return fail(Code::UnsupportedDevice, Operand::None, Field::None, caps.major, caps.minor);
     }
-    if (p.head_dim > kBackwardMaxHeadDim) {
-      return fail(Code::BackendUnavailable, Operand::None, Field::None,
-                  static_cast<int64_t>(Kernel::Wmma), 0, 0,
-                  "the GPU backward pass takes head dims up to " +
-                      std::to_string(kBackwardMaxHeadDim) + " (head dim " +
-                      std::to_string(p.head_dim) + "; the CPU backend takes every head dim)");
+    // The first row of the head dim's tier that fits the device and the class forced in the
+    // options (testing an L4's or an A100's choice on another GPU).
+    const std::optional<ArchClass> forced_class = r.options.force_arch_class;
+    const int64_t budget = forced_class ? std::min(caps.smem_per_block_optin,
+                                                   smem_per_block_optin(*forced_class))
+                                        : caps.smem_per_block_optin;
+    const int64_t tier = backward_tier(p.head_dim);
+    int chosen = -1;
+    int64_t least = INT64_MAX;  // the tier's smallest need
+    for (int i = 0; i < kBackwardTileCount; ++i) {
+      const BackwardTile& t = kBackwardTiles[i];
+      if (t.tier == tier) {
+        least = std::min(least, backward_tile_smem_bytes(t));
+        if (chosen < 0 && backward_tile_smem_bytes(t) <= budget) {
+          chosen = i;
+        }
+      }
     }
-    const int64_t smem = backward_smem_bytes(p.head_dim);
-    if (smem > caps.smem_per_block_optin) {
-      return fail(Code::SharedMemoryExceeded, Operand::None, Field::None, smem,
-                  caps.smem_per_block_optin);
+    if (chosen < 0) {
+      return fail(Code::SharedMemoryExceeded, Operand::None, Field::None, least, budget);
     }
     // Sizes in 32 bits; the key-block kernel's grid (key blocks x sequences x kv heads) and the
     // row-sum kernel's (kBackwardWarps rows per block) on x.
-    const int64_t key_blocks = (p.seq_k + kBackwardKeys - 1) / kBackwardKeys;
+    const int64_t keys = kBackwardTiles[chosen].keys;
+    const int64_t key_blocks = (p.seq_k + keys - 1) / keys;
     const std::pair<Field, std::pair<int64_t, int64_t>> limits[] = {
         {Field::SeqQ, {p.seq_q, INT32_MAX}},
         {Field::SeqK, {p.seq_k, INT32_MAX}},
@@ -124,14 +134,8 @@ Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
                     static_cast<int64_t>(Kernel::Wmma));
       }
     }
-    if (wide != nullptr) {  // fewer key blocks than the narrow kernel's, bounded above
-      // The wide kernel where its shared memory fits the device, and the class forced in the
-      // options (testing an L4's or an A100's choice on another GPU).
-      const std::optional<ArchClass> forced = r.options.force_arch_class;
-      const int64_t budget = forced ? std::min(caps.smem_per_block_optin,
-                                               smem_per_block_optin(*forced))
-                                    : caps.smem_per_block_optin;
-      *wide = wide_smem_bytes(p.head_dim) <= budget;
+    if (tile != nullptr) {
+      *tile = chosen;
     }
     return {};
   } catch (...) {

@@ -23,40 +23,58 @@ struct BackwardRequest {
 // BackendUnavailable: the backward pass takes dense and variable-length batches.
 Status validate_backward(const BackwardRequest& r, Problem* problem) noexcept;
 
-// The GPU backward pass (cpp/src/backward/): its largest head dim, its head-dim tier (the
-// kernels' D: columns past the head dim are zero), its warps per block, key block and query
-// step, and the shared memory of its key-block kernel (2-byte elements; rows padded by 8).
-constexpr int64_t kBackwardMaxHeadDim = 128;
+// The GPU backward pass (cpp/src/backward/): its largest head dim and its head-dim tiers (a
+// kernel's D: columns past the head dim are zero).
+constexpr int64_t kBackwardMaxHeadDim = 256;
+constexpr int64_t backward_tier(int64_t head_dim) {
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+// The narrow key-block kernel's (backward/kernel.cuh) warps per block (also the row-sum
+// kernel's), key block and query step.
 constexpr int64_t kBackwardWarps = 4, kBackwardKeys = 16 * kBackwardWarps, kBackwardRows = 32;
-constexpr int64_t backward_tier(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
 // What both key-block kernels hold at head-dim tier d (2-byte elements; rows padded by 8):
 // `keys` rows of K and of V, and two step buffers of `rows` rows of Q and dO with the step's
 // logsumexps and row sums (f32); each kernel adds its own score buffers.
 constexpr int64_t key_block_smem_bytes(int64_t keys, int64_t rows, int64_t d) {
   return 2 * keys * (d + 8) * 2 + 2 * (2 * rows * (d + 8) * 2 + 2 * rows * 4);
 }
-// The narrow kernel's: plus dS^T (backward/kernel.cuh: Smem).
-constexpr int64_t backward_smem_bytes(int64_t head_dim) {
-  return key_block_smem_bytes(kBackwardKeys, kBackwardRows, backward_tier(head_dim)) +
-         kBackwardKeys * (kBackwardRows + 8) * 2;
-}
 
-// The wide key-block kernel (backward/wide.cuh: FlashAttention-2's tiling): its warps per
-// block, key block and query step, and its shared memory: plus P and dS (backward/wide.cuh:
-// Smem).
-constexpr int64_t kWideWarps = 8, kWideKeys = 128, kWideRows = 64;
-constexpr int64_t wide_smem_bytes(int64_t head_dim) {
-  return key_block_smem_bytes(kWideKeys, kWideRows, backward_tier(head_dim)) +
-         2 * kWideRows * (kWideKeys + 8) * 2;
+// The backward tile table: one row per key-block kernel instance. The narrow kernel
+// (backward/kernel.cuh: 4 warps, 64 keys, 32-row steps) fits an L4 up to head dim 128; the wide
+// kernel (backward/wide.cuh: FlashAttention-2's tiling, 8 warps) holds more keys or rows per
+// block. plan_backward runs the first row of the problem's tier whose shared memory fits.
+enum class BackwardKernel : int32_t { Narrow, Wide };
+struct BackwardTile {
+  BackwardKernel kernel;
+  int64_t tier;   // head-dim tier D
+  int64_t warps;  // per block
+  int64_t keys;   // per block
+  int64_t rows;   // query rows per step
+};
+inline constexpr BackwardTile kBackwardTiles[] = {
+    {BackwardKernel::Wide, 64, 8, 128, 64},    // H100 / H200, A100 (107 KB)
+    {BackwardKernel::Narrow, 64, kBackwardWarps, kBackwardKeys, kBackwardRows},   // L4 (42 KB)
+    {BackwardKernel::Wide, 128, 8, 128, 64},   // H100 / H200 (171 KB)
+    {BackwardKernel::Narrow, 128, kBackwardWarps, kBackwardKeys, kBackwardRows},  // A100, L4 (74 KB)
+    {BackwardKernel::Wide, 256, 8, 64, 64},    // H100 / H200 (217 KB)
+    {BackwardKernel::Wide, 256, 8, 64, 32},    // A100 (142 KB); none fits an L4 at 256
+};
+constexpr int kBackwardTileCount = int(sizeof(kBackwardTiles) / sizeof(kBackwardTiles[0]));
+// A row's shared memory: K, V and the step buffers, plus the narrow kernel's dS^T (keys x
+// rows) or the wide kernel's P and dS (rows x keys each).
+constexpr int64_t backward_tile_smem_bytes(const BackwardTile& t) {
+  const int64_t scores = t.kernel == BackwardKernel::Narrow ? t.keys * (t.rows + 8) * 2
+                                                            : 2 * t.rows * (t.keys + 8) * 2;
+  return key_block_smem_bytes(t.keys, t.rows, t.tier) + scores;
 }
 
 // Whether the GPU backward kernels take the validated problem `p` of `r` on a device with `caps`:
 // the backend (Auto or Wmma; another forced family is BackendUnavailable), the device (compute
-// capability 8.0 or later), the head dim (at most kBackwardMaxHeadDim: BackendUnavailable),
-// shared memory, and the grid's limits (IndexOverflow). `*wide` (when not null): whether the
-// wide kernel runs (its shared memory fits the device and r.options.force_arch_class's class,
-// when one is forced), else the narrow one.
+// capability 8.0 or later), shared memory (a row of the head dim's tier that fits the device
+// and r.options.force_arch_class's class, when one is forced, else SharedMemoryExceeded with the
+// tier's smallest need), and the grid's limits (IndexOverflow). `*tile` (when not null): the
+// row of kBackwardTiles that runs.
 Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
-                     bool* wide = nullptr) noexcept;
+                     int* tile = nullptr) noexcept;
 
 }  // namespace flashcore::core

@@ -1,7 +1,8 @@
-// The backward kernels for f16 and bf16 at head-dim tiers 64 and 128, and their launcher (one
-// translation unit): see ../kernel.cuh.
+// The backward kernels for f16 and bf16, one per row of core::kBackwardTiles, and their
+// launcher (one translation unit): see ../kernel.cuh and ../wide.cuh.
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "backward/wide.cuh"
 #include "check.h"
@@ -10,9 +11,12 @@
 namespace flashcore {
 namespace {
 
-template <typename T, int D>
-void launch_tier(const BackwardLaunch& a, cudaStream_t stream) {
+// Row TILE's kernels on `a`: the row sums, the key-block kernel of the row, dQ's conversion.
+template <typename T, int TILE>
+void launch_tile(const BackwardLaunch& a, cudaStream_t stream) {
   using namespace backward;
+  constexpr core::BackwardTile kRow = core::kBackwardTiles[TILE];
+  constexpr int D = int(kRow.tier);
   // The logsumexp's rows ([batch, heads_q, seq_q]; a variable-length batch's [heads_q, total_q]):
   // dQ's f32 accumulator (D floats per row), and the row sums D_i after it.
   const int64_t rows = a.cu_q != nullptr ? int64_t(a.heads_q) * a.total_q
@@ -26,19 +30,21 @@ void launch_tier(const BackwardLaunch& a, cudaStream_t stream) {
     check_cuda(cudaGetLastError(), "launch backward row_sums");
   }
   // One block per (key block, sequence, kv head) on x (plan_backward bounds the count; the kernel
-  // picks their order), of the wide kernel or the narrow one.
-  const auto key_blocks = [&](auto kernel, size_t smem, int64_t keys, int threads) {
+  // picks their order).
+  const auto key_blocks = [&](auto kernel, size_t smem, int threads) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)),
                "cudaFuncSetAttribute(backward key_block)");
-    const int64_t blocks = (a.seq_k + keys - 1) / keys * a.batch * a.heads_kv;
+    const int64_t blocks = (a.seq_k + kRow.keys - 1) / kRow.keys * a.batch * a.heads_kv;
     kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a, sums, dq_acc);
     check_cuda(cudaGetLastError(), "launch backward key_block");
   };
-  if (a.wide) {
-    key_blocks(wide::key_block<T, D>, wide::Smem<T, D>::kBytes, wide::kKeys, wide::kThreads);
+  if constexpr (kRow.kernel == core::BackwardKernel::Wide) {
+    key_blocks(wide::key_block<T, TILE>, wide::Smem<T, TILE>::kBytes, wide::kThreads);
   } else {
-    key_blocks(key_block<T, D>, Smem<T, D>::kBytes, kKeys, kThreads);
+    static_assert(kRow.warps == kWarps && kRow.keys == kKeys && kRow.rows == kRows,
+                  "the narrow kernel's row");
+    key_blocks(key_block<T, D>, Smem<T, D>::kBytes, kThreads);
   }
   if (rows > 0) {
     const int64_t work = (rows * a.head_dim + kThreads - 1) / kThreads;
@@ -48,13 +54,11 @@ void launch_tier(const BackwardLaunch& a, cudaStream_t stream) {
   }
 }
 
-template <typename T>
-void launch_typed(const BackwardLaunch& a, cudaStream_t stream) {
-  if (core::backward_tier(a.head_dim) == 64) {
-    launch_tier<T, 64>(a, stream);
-  } else {
-    launch_tier<T, 128>(a, stream);
-  }
+// Row a.tile's kernels (a row index the launch checked).
+template <typename T, int... TILES>
+void launch_typed(const BackwardLaunch& a, cudaStream_t stream,
+                  std::integer_sequence<int, TILES...>) {
+  ((a.tile == TILES ? launch_tile<T, TILES>(a, stream) : void()), ...);
 }
 
 }  // namespace
@@ -63,15 +67,17 @@ void launch_backward(const BackwardLaunch& a, cudaStream_t stream) {
   if (a.batch == 0 || a.heads_kv == 0 || a.seq_k == 0) {
     return;  // no gradient element (seq_k = 0 with queries was refused by validation)
   }
-  if (a.head_dim > core::kBackwardMaxHeadDim) {
+  if (a.tile < 0 || a.tile >= core::kBackwardTileCount ||
+      core::kBackwardTiles[a.tile].tier != core::backward_tier(a.head_dim)) {
     throw detail::Failure(Code::Launch, "",
-                          "backward: head dim " + std::to_string(a.head_dim) + " beyond " +
-                              std::to_string(core::kBackwardMaxHeadDim));
+                          "backward: tile row " + std::to_string(a.tile) + " for head dim " +
+                              std::to_string(a.head_dim));
   }
+  constexpr auto kRows = std::make_integer_sequence<int, core::kBackwardTileCount>();
   if (a.dtype == DType::F16) {
-    launch_typed<__half>(a, stream);
+    launch_typed<__half>(a, stream, kRows);
   } else {
-    launch_typed<__nv_bfloat16>(a, stream);
+    launch_typed<__nv_bfloat16>(a, stream, kRows);
   }
 }
 
