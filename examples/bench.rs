@@ -568,9 +568,14 @@ const BACKWARD_ROWS: [(&str, usize, usize, usize, usize, usize, bool); 5] = [
     ("4x16x2048x256 causal", 4, 16, 16, 2048, 256, true),
 ];
 
-/// The backward pass (bf16) on [`BACKWARD_ROWS`]: per row (name, median us, TFLOP/s at 2.5 times
-/// the forward pass's FLOPs, as FlashAttention counts).
-fn backward_rows(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(String, f64, f64)>> {
+/// The backward pass (bf16) on [`BACKWARD_ROWS`], with `force`'s kernel choice where given: per
+/// row (name, median us, TFLOP/s at 2.5 times the forward pass's FLOPs, as FlashAttention counts,
+/// the backward tile row that ran).
+fn backward_rows(
+    stream: &Stream,
+    iters: usize,
+    force: Option<ArchClass>,
+) -> flashcore::Result<Vec<(String, f64, f64, String)>> {
     use flashcore::{attention_backward_into, AttentionState, GradientsMut};
     let mut out = Vec::new();
     for (name, b, hq, hk, s, d, causal) in BACKWARD_ROWS {
@@ -581,25 +586,37 @@ fn backward_rows(stream: &Stream, iters: usize) -> flashcore::Result<Vec<(String
         } else {
             Causal::None
         };
-        let opts = AttentionOptions::default().causal(causal).with_lse();
+        let opts = AttentionOptions {
+            force_arch_class: force,
+            ..AttentionOptions::default().causal(causal).with_lse()
+        };
         let fwd = attention(&q, &k, &v, &opts)?;
         let state = AttentionState {
             out: &fwd.out,
             lse: fwd.lse.as_ref().expect("asked for"),
         };
         let (mut dq, mut dk, mut dv) = (dev(hq)?, dev(hk)?, dev(hk)?);
+        let mut row = None;
         let times = time_fn(stream, 3, iters, |_| {
             let grads = GradientsMut {
                 dq: &mut dq,
                 dk: &mut dk,
                 dv: &mut dv,
             };
-            attention_backward_into(&q, &k, &v, state, &dout, grads, &opts).map(|_| ())
+            let ran = attention_backward_into(&q, &k, &v, state, &dout, grads, &opts)?;
+            row = ran.backward_tile;
+            Ok(())
         })?;
+        let row = row.map_or("none".to_owned(), |r| {
+            format!(
+                "{:?} {} keys x {} rows",
+                r.kernel, r.keys_per_block, r.rows_per_step
+            )
+        });
         let us = percentiles(&mut times.clone()).0;
         let forward =
             4.0 * (b * hq * s * s * d) as f64 * if causal == Causal::None { 1.0 } else { 0.5 };
-        out.push((name.to_owned(), us, 2.5 * forward / (us * 1e-6) / 1e12));
+        out.push((name.to_owned(), us, 2.5 * forward / (us * 1e-6) / 1e12, row));
     }
     Ok(out)
 }
@@ -1073,12 +1090,12 @@ fn main() {
     let backward = if !args.wants("backward") {
         serde_json::Value::Null
     } else {
-        match backward_rows(&stream, args.iters) {
+        match backward_rows(&stream, args.iters, args.force) {
             Ok(rows) => {
                 let mut out = Vec::new();
-                for (name, us, tflops) in rows {
-                    println!("backward {name} bf16: {us:.1} us, {tflops:.1} TFLOP/s");
-                    out.push(json!({ "shape": name, "us": us, "tflops": tflops }));
+                for (name, us, tflops, row) in rows {
+                    println!("backward {name} bf16: {us:.1} us, {tflops:.1} TFLOP/s ({row})");
+                    out.push(json!({ "shape": name, "us": us, "tflops": tflops, "row": row }));
                 }
                 serde_json::Value::Array(out)
             }

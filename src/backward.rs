@@ -51,17 +51,18 @@ pub struct GradientsMut<'a, T: Element> {
 ///
 /// **Where it runs:** host tensors on the CPU backend, in f64 (the reference); device tensors on
 /// the GPU backward kernels (compute capability 8.0 and later, WMMA tensor cores, f32
-/// accumulation; reported as [`crate::plan::Kernel::Wmma`]), on dq's stream, ordered after
-/// pending work on the other operands' streams. The GPU takes every head dim (up to 256); at head
-/// dims above 128 it needs 142 KB of shared memory per block (an A100, H100 or H200; elsewhere,
-/// such as an L4, [`crate::Error::SharedMemoryExceeded`]). Forcing another kernel family is
-/// [`crate::Error::BackendUnavailable`]. It allocates an f32 dQ accumulator of
-/// `batch * heads_q * seq_q * D` floats for the call (D: 64, 128 or 256, the head dim rounded
-/// up to one of them); dQ's f32 additions (atomics) arrive in no fixed order, so dQ may differ
-/// in its last bits between runs. **Speed:** 0.47-0.51x torch's cuDNN backward and 0.82-0.99x its
-/// FlashAttention-2 backward on the H200 (docs/PERFORMANCE.md, session 67). Variable-length
-/// batches: [`attention_varlen_backward`]; CUDA graphs: `Capture::backward` (feature `cuda`); no
-/// paged cache.
+/// accumulation; reported as [`crate::plan::Kernel::Wmma`], with the row of
+/// [`crate::plan::backward_tile_table`] that ran in [`Execution::backward_tile`]), on dq's
+/// stream, ordered after pending work on the other operands' streams. The GPU takes every head
+/// dim (up to 256); at head dims above 128 it needs 142 KB of shared memory per block (an A100,
+/// H100 or H200; elsewhere, such as an L4, [`crate::Error::SharedMemoryExceeded`]). Forcing
+/// another kernel family is [`crate::Error::BackendUnavailable`]. It allocates an f32 dQ
+/// accumulator of `batch * heads_q * seq_q * D` floats for the call (D: 64, 128 or 256, the
+/// head dim rounded up to one of them); dQ's f32 additions (atomics) arrive in no fixed order,
+/// so dQ may differ in its last bits between runs. **Speed:** 0.47-0.55x torch's cuDNN
+/// backward and 0.80-0.99x its FlashAttention-2 backward on the H200 (docs/PERFORMANCE.md,
+/// session 68). Variable-length batches: [`attention_varlen_backward`]; CUDA graphs:
+/// `Capture::backward` (feature `cuda`); no paged cache.
 ///
 /// ```
 /// use flashcore::{
@@ -280,13 +281,16 @@ fn route<T: AttentionElement>(
     Ok((request, route))
 }
 
-/// What the GPU backward pass reports: its one kernel family.
+/// What the GPU backward pass reports: its one kernel family, and the row that ran.
 #[cfg(feature = "cuda")]
-const GPU: Execution = Execution {
-    backend: crate::BackendKind::Kernel(crate::plan::Kernel::Wmma),
-    tile: None,
-    splits: 1,
-};
+fn gpu(row: crate::plan::BackwardTileRow) -> Execution {
+    Execution {
+        backend: crate::BackendKind::Kernel(crate::plan::Kernel::Wmma),
+        tile: None,
+        splits: 1,
+        backward_tile: Some(row),
+    }
+}
 
 /// The backward pass on device tensors, all on one GPU (the C++ entry validates, plans and
 /// launches: cpp/src/backward.cpp).
@@ -299,8 +303,8 @@ fn on_gpu<T: AttentionElement>(
     (batch, opts): (Batching<'_>, &AttentionOptions),
 ) -> Result<Execution> {
     let scores = crate::dispatch::ScoreTensors::of(opts);
-    crate::cuda::launch::backward(request, inputs, lse, grads, (batch, scores), None)?;
-    Ok(GPU)
+    let row = crate::cuda::launch::backward(request, inputs, lse, grads, (batch, scores), None)?;
+    Ok(gpu(row))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -339,7 +343,7 @@ pub(crate) fn record<T: AttentionElement>(
             let scores = crate::dispatch::ScoreTensors::of(opts);
             let grads = [dq, dk, dv];
             let batching = (batch, scores);
-            crate::cuda::launch::backward(
+            let row = crate::cuda::launch::backward(
                 &request,
                 inputs,
                 forward.lse,
@@ -347,7 +351,7 @@ pub(crate) fn record<T: AttentionElement>(
                 batching,
                 Some(recording),
             )?;
-            Ok(GPU)
+            Ok(gpu(row))
         }
     }
 }

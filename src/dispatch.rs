@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::ffi::RequestFfi;
 use crate::options::{AttentionOptions, Backend, BackendKind};
 use crate::paged::PageTable;
-use crate::plan::TileRow;
+use crate::plan::{BackwardTileRow, TileRow};
 use crate::tensor::{Location, Tensor};
 use crate::validate::{Hosts, Problem, DENSE};
 use crate::varlen::VarlenBatch;
@@ -18,11 +18,13 @@ use crate::varlen::VarlenBatch;
 pub struct Execution {
     /// The backend that ran.
     pub backend: BackendKind,
-    /// The tile-table row used (GPU backends).
+    /// The tile-table row used (GPU forward calls).
     pub tile: Option<TileRow>,
     /// Into how many blocks per (batch, head) the keys were split and combined (split-KV
     /// decoding, [`crate::plan::kv_splits`]); 1 when not split.
     pub splits: usize,
+    /// The row of [`crate::plan::backward_tile_table`] used (GPU backward calls).
+    pub backward_tile: Option<BackwardTileRow>,
 }
 
 /// Whether `requested` runs on the GPU for operands at `location` (q's).
@@ -247,6 +249,7 @@ pub(crate) const CPU: Execution = Execution {
     backend: BackendKind::Cpu,
     tile: None,
     splits: 1,
+    backward_tile: None,
 };
 
 /// Runs the call `request` describes on the backend its options and location call for.

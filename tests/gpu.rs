@@ -4671,9 +4671,31 @@ fn backward_case<T: AttentionElement>(s: &Stream, p: &DrawnBackward) -> Option<[
     )
     .unwrap_or_else(|e| panic!("{p:?}: {e}"));
     assert_eq!(ran.backend, BackendKind::Kernel(Kernel::Wmma));
+    assert_eq!(ran.backward_tile, Some(expected_backward_row(c)), "{p:?}");
     let got = [&gq, &gk, &gv].map(|t| logical(&t.to_host().unwrap()));
     let want = [&wq, &wk, &wv].map(|t| logical(t));
     Some([0, 1, 2].map(|i| gradient_error(&got[i], &want[i])))
+}
+
+/// The row of the backward tile table that case `c` should run on device 0: the first of its
+/// head dim's tier whose shared memory fits the device and the forced class.
+fn expected_backward_row(c: &Case) -> flashcore::plan::BackwardTileRow {
+    let device = Device::open(0).unwrap();
+    let budget = c
+        .force
+        .map_or(device.shared_memory_per_block_optin(), |class| {
+            class
+                .smem_per_block_optin()
+                .min(device.shared_memory_per_block_optin())
+        });
+    let tier = [64, 128, 256]
+        .into_iter()
+        .find(|&t| c.d <= t as usize)
+        .unwrap();
+    *flashcore::plan::backward_tile_table()
+        .iter()
+        .find(|r| r.max_head_dim == tier && r.smem_bytes <= budget)
+        .expect("a row fits")
 }
 
 /// ||got - want|| relative to ||want||, or to an RMS of 0.1 per element where the gradient is
@@ -4811,7 +4833,9 @@ fn backward_refusals_and_empty_problems() {
                 );
             }
         } else {
-            assert_eq!(got.unwrap().backend, BackendKind::Kernel(Kernel::Wmma));
+            let ran = got.unwrap();
+            assert_eq!(ran.backend, BackendKind::Kernel(Kernel::Wmma));
+            assert_eq!(ran.backward_tile.map(|r| r.max_head_dim), Some(d as u32));
         }
     }
     // No queries: dK and dV are zero (the CPU backend does the same).
@@ -4937,6 +4961,7 @@ fn backward_in_a_cuda_graph() {
         assert_eq!(capture.calls(), 0);
         let ran = record(&mut capture, &dout, &q).unwrap();
         assert_eq!(ran.backend, BackendKind::Kernel(Kernel::Wmma));
+        assert!(ran.backward_tile.is_some(), "the recorded row");
         assert_eq!(capture.calls(), 1);
         let graph = capture.finish().unwrap();
         let is_nan = |t: &Tensor<f16>| logical(&t.to_host().unwrap()).iter().all(|x| x.is_nan());

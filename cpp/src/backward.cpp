@@ -63,7 +63,8 @@ BackwardLaunch make_launch(const core::BackwardRequest& r, const core::Problem& 
 
 }  // namespace
 
-Status attention_backward(const BackwardArgs& args, cudaStream_t stream) noexcept {
+Status attention_backward(const BackwardArgs& args, cudaStream_t stream,
+                          BackwardTileRow* row) noexcept {
   try {
     int device = 0;
     if (Status s = detail::current_device(&device); !s.ok()) {
@@ -90,6 +91,9 @@ Status attention_backward(const BackwardArgs& args, cudaStream_t stream) noexcep
     BackwardLaunch launch = make_launch(r, p);
     launch.tile = tile;
     launch_backward(launch, stream);
+    if (row != nullptr) {
+      *row = core::kBackwardTiles[tile];
+    }
     return {};
   } catch (const std::exception& e) {
     return detail::to_status(e);

@@ -470,10 +470,10 @@ StatusFfi merge_states(int32_t dtype, rust::Slice<const DescFfi> outs,
   return to_ffi(s);
 }
 
-StatusFfi attention_backward(const RequestFfi& request, rust::Slice<const int32_t> host_q,
-                             rust::Slice<const int32_t> host_k, const DescFfi& dout,
-                             const DescFfi& dq, const DescFfi& dk, const DescFfi& dv,
-                             int32_t ordinal, size_t stream) {
+BackwardRanFfi attention_backward(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                                  rust::Slice<const int32_t> host_k, const DescFfi& dout,
+                                  const DescFfi& dq, const DescFfi& dk, const DescFfi& dv,
+                                  int32_t ordinal, size_t stream) {
   BackwardArgs a;
   a.forward = public_args(request, host_q, host_k);
   a.dout = to_ref<TensorRef>(dout);
@@ -481,13 +481,23 @@ StatusFfi attention_backward(const RequestFfi& request, rust::Slice<const int32_
   a.dk = to_ref<OutputRef>(dk);
   a.dv = to_ref<OutputRef>(dv);
   Status s;
+  BackwardTileRow row{};
   try {
     use_device(ordinal);
-    s = flashcore::attention_backward(a, as_stream(stream));
+    s = flashcore::attention_backward(a, as_stream(stream), &row);
   } catch (const std::exception& e) {
     s = detail::to_status(e);
   }
-  return to_ffi(s);
+  const BackwardTable table = backward_tile_table();
+  int32_t index = -1;
+  for (size_t i = 0; s.ok() && i < table.count; ++i) {
+    const BackwardTileRow& t = table.rows[i];  // rows differ in kernel, tier, keys or step
+    if (t.kernel == row.kernel && t.max_head_dim == row.max_head_dim &&
+        t.keys_per_block == row.keys_per_block && t.rows_per_step == row.rows_per_step) {
+      index = static_cast<int32_t>(i);
+    }
+  }
+  return BackwardRanFfi{to_ffi(s), index};
 }
 
 size_t cpp_malloc(int32_t ordinal, size_t bytes) {

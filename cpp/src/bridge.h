@@ -20,6 +20,8 @@ struct RequestFfi;
 struct ProblemFfi;
 struct StatusFfi;
 struct TileRowFfi;
+struct BackwardTileRowFfi;
+struct BackwardRanFfi;
 struct RowRef;
 struct CapsFfi;
 struct LimitsFfi;
@@ -43,6 +45,7 @@ StatusFfi validate_merge(int32_t dtype, rust::Slice<const DescFfi> outs,
                          rust::Slice<const DescFfi> lses, const DescFfi& out, const DescFfi& lse,
                          bool has_lse);
 rust::Vec<TileRowFfi> table_rows(int32_t kernel, bool decode);
+rust::Vec<BackwardTileRowFfi> backward_rows();
 RowRef select_row(int32_t kernel, int32_t arch, int64_t head_dim, int64_t query_rows);
 StatusFfi choose_row(int32_t kernel, int64_t head_dim, int64_t query_rows, const CapsFfi& caps,
                      int32_t forced_arch, RowRef& row);
@@ -128,10 +131,11 @@ StatusFfi merge_states(int32_t dtype, rust::Slice<const DescFfi> outs,
 // Through the public C++ API (flashcore::attention_backward), which validates: the forward
 // call `request` (with its logsumexp; host_q / host_k as for validate) and the gradients dout,
 // dq, dk, dv.
-StatusFfi attention_backward(const RequestFfi& request, rust::Slice<const int32_t> host_q,
-                             rust::Slice<const int32_t> host_k, const DescFfi& dout,
-                             const DescFfi& dq, const DescFfi& dk, const DescFfi& dv,
-                             int32_t ordinal, size_t stream);
+// On success, `row` is the index of the row of backward_tile_table() that ran.
+BackwardRanFfi attention_backward(const RequestFfi& request, rust::Slice<const int32_t> host_q,
+                                  rust::Slice<const int32_t> host_k, const DescFfi& dout,
+                                  const DescFfi& dq, const DescFfi& dk, const DescFfi& dv,
+                                  int32_t ordinal, size_t stream);
 size_t cpp_malloc(int32_t ordinal, size_t bytes);
 void cpp_free(int32_t ordinal, size_t ptr);
 void cpp_upload(int32_t ordinal, size_t dst, rust::Slice<const uint8_t> src);

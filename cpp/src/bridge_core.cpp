@@ -110,6 +110,22 @@ rust::Vec<TileRowFfi> table_rows(int32_t kernel, bool decode) {
   return out;
 }
 
+rust::Vec<BackwardTileRowFfi> backward_rows() {
+  rust::Vec<BackwardTileRowFfi> out;
+  for (const BackwardTileRow& r : backward_tile_table()) {
+    BackwardTileRowFfi row;
+    row.kernel = static_cast<int32_t>(r.kernel);
+    row.max_head_dim = r.max_head_dim;
+    row.warps = r.warps;
+    row.keys_per_block = r.keys_per_block;
+    row.rows_per_step = r.rows_per_step;
+    row.smem_bytes = r.smem_bytes;
+    row.reason = rust::String(r.reason);
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
 RowRef select_row(int32_t kernel, int32_t arch, int64_t head_dim, int64_t query_rows) {
   const Kernel k = static_cast<Kernel>(kernel);
   return row_ref(k, flashcore::select_row(k, static_cast<ArchClass>(arch), head_dim, query_rows));

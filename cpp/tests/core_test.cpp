@@ -1681,17 +1681,20 @@ void backward() {
   };
   r = valid_backward();
   expect(plan(r, l4).ok(), "backward plans on an L4: " + plan(r, l4).message);
-  using flashcore::core::backward_tile_smem_bytes;
   using flashcore::core::kBackwardTiles;
+  const flashcore::BackwardTable table = flashcore::backward_tile_table();
+  expect(table.rows == kBackwardTiles &&
+             table.count == size_t(flashcore::core::kBackwardTileCount),
+         "the public backward table is core's");
   // Each tier's rows from the largest shared memory down; the narrow rows fit an L4.
   for (int i = 0; i < flashcore::core::kBackwardTileCount; ++i) {
     const auto& t = kBackwardTiles[i];
-    expect(t.kernel == flashcore::core::BackwardKernel::Wide ||
-               backward_tile_smem_bytes(t) <= 99 * 1024,
+    expect(t.kernel == flashcore::BackwardKernel::Wide ||
+               t.smem_bytes <= 99 * 1024,
            "a narrow row fits an L4");
     for (int j = i + 1; j < flashcore::core::kBackwardTileCount; ++j) {
-      expect(kBackwardTiles[j].tier != t.tier ||
-                 backward_tile_smem_bytes(kBackwardTiles[j]) < backward_tile_smem_bytes(t),
+      expect(kBackwardTiles[j].max_head_dim != t.max_head_dim ||
+                 kBackwardTiles[j].smem_bytes < t.smem_bytes,
              "a tier's rows descend in shared memory");
     }
   }
@@ -1706,8 +1709,8 @@ void backward() {
   t4.major = 7, t4.minor = 5, t4.smem_per_block_optin = 64 * 1024;
   expect(plan(r, t4).code == Code::UnsupportedDevice, "backward on compute capability 7.5");
   flashcore::core::DeviceCaps small = l4;
-  small.smem_per_block_optin = backward_tile_smem_bytes(kBackwardTiles[1]) - 1;  // a byte short
-  expect(kBackwardTiles[1].tier == 64 && r.forward.q.shape[3] == 64, "the smallest row of 64");
+  small.smem_per_block_optin = kBackwardTiles[1].smem_bytes - 1;  // a byte short
+  expect(kBackwardTiles[1].max_head_dim == 64 && r.forward.q.shape[3] == 64, "the smallest row of 64");
   expect(plan(r, small).code == Code::SharedMemoryExceeded, "backward beyond shared memory");
   // The row that runs: the wide kernel where its shared memory fits, an H100 / H200 (227 KB) at
   // head dims 64 and 128, an A100 (164 KB) at 64 only, an L4 (99 KB) never; at 256 the wide
@@ -1732,27 +1735,27 @@ void backward() {
       return -1;
     }
     expect(p.ok(), "backward plan, head dim " + std::to_string(head_dim) + ": " + p.message);
-    expect(tile >= 0 && kBackwardTiles[tile].tier == flashcore::core::backward_tier(head_dim),
+    expect(tile >= 0 && kBackwardTiles[tile].max_head_dim == flashcore::core::backward_tier(head_dim),
            "a row of the head dim's tier");
     return tile;
   };
   const auto wide_on = [&](int64_t head_dim, int64_t smem,
                            std::optional<flashcore::ArchClass> forced = std::nullopt) {
     const int tile = tile_on(head_dim, smem, forced);
-    return tile >= 0 && kBackwardTiles[tile].kernel == flashcore::core::BackwardKernel::Wide;
+    return tile >= 0 && kBackwardTiles[tile].kernel == flashcore::BackwardKernel::Wide;
   };
   expect(wide_on(128, 227 * 1024) && wide_on(64, 227 * 1024), "wide on an H200");
   expect(!wide_on(128, 164 * 1024) && wide_on(64, 164 * 1024), "wide at 64 only on an A100");
   expect(!wide_on(128, 99 * 1024) && !wide_on(64, 99 * 1024), "narrow on an L4");
-  expect(wide_on(128, backward_tile_smem_bytes(kBackwardTiles[2])) &&
-             !wide_on(128, backward_tile_smem_bytes(kBackwardTiles[2]) - 1),
+  expect(wide_on(128, kBackwardTiles[2].smem_bytes) &&
+             !wide_on(128, kBackwardTiles[2].smem_bytes - 1),
          "wide exactly where its shared memory fits");
   expect(tile_on(256, 227 * 1024) == 4 && tile_on(256, 164 * 1024) == 5 &&
              tile_on(256, 99 * 1024) == -1,
          "head dim 256: 64-row steps on an H200, 32-row steps on an A100, none on an L4");
-  expect(tile_on(200, backward_tile_smem_bytes(kBackwardTiles[4])) == 4 &&
-             tile_on(136, backward_tile_smem_bytes(kBackwardTiles[4]) - 1) == 5 &&
-             tile_on(256, backward_tile_smem_bytes(kBackwardTiles[5]) - 1) == -1,
+  expect(tile_on(200, kBackwardTiles[4].smem_bytes) == 4 &&
+             tile_on(136, kBackwardTiles[4].smem_bytes - 1) == 5 &&
+             tile_on(256, kBackwardTiles[5].smem_bytes - 1) == -1,
          "head dims 136 to 256: the tier's rows exactly where they fit");
   expect(tile_on(256, 227 * 1024, flashcore::ArchClass::Sm80) == 5 &&
              tile_on(256, 227 * 1024, flashcore::ArchClass::Sm86Sm89) == -1,
@@ -1772,7 +1775,7 @@ void backward() {
   }
   s = plan(r, l4);
   expect(s.code == Code::SharedMemoryExceeded &&
-             s.values[0] == backward_tile_smem_bytes(kBackwardTiles[5]) &&
+             s.values[0] == kBackwardTiles[5].smem_bytes &&
              s.values[1] == 99 * 1024,
          "backward at head dim 256 on an L4: " + s.message);
   // The valid call with `heads` query and kv heads and `keys` keys per sequence, each tensor in

@@ -210,7 +210,8 @@ bool backward(flashcore::DType dtype, const char* name, double tolerance, cudaSt
   g.dk = bshd<flashcore::OutputRef>(gk, p.batch, p.seq_k, p.heads_kv, p.head_dim);
   g.dv = bshd<flashcore::OutputRef>(gv, p.batch, p.seq_k, p.heads_kv, p.head_dim);
   const flashcore::Status f = flashcore::attention_forward(g.forward, stream);
-  const flashcore::Status s = f.ok() ? flashcore::attention_backward(g, stream) : f;
+  flashcore::BackwardTileRow row{};  // the row of backward_tile_table() that runs
+  const flashcore::Status s = f.ok() ? flashcore::attention_backward(g, stream, &row) : f;
   bool ok = s.ok();
   if (!ok) {
     std::printf("%s backward: %s: %s\n", name, flashcore::name(s.code), s.message.c_str());
@@ -228,11 +229,14 @@ bool backward(flashcore::DType dtype, const char* name, double tolerance, cudaSt
     const double eq = rel_l2(download(gq, q.size()), want_q);
     const double ek = rel_l2(download(gk, k.size()), want_k);
     const double ev = rel_l2(download(gv, v.size()), want_v);
-    ok = eq < tolerance && ek < tolerance && ev < tolerance;  // false for NaN
+    ok = eq < tolerance && ek < tolerance && ev < tolerance &&  // false for NaN
+         row.max_head_dim >= p.head_dim;
     std::printf("%s attention_backward %ldx%ldx%ld(kv %ld)x%ld causal: rel L2 dq %.2e, dk %.2e, "
-                "dv %.2e (< %.0e): %s\n",
+                "dv %.2e (< %.0e), %s kernel, %d keys x %d rows: %s\n",
                 name, long(p.batch), long(p.heads_q), long(p.seq_q), long(p.heads_kv),
-                long(p.head_dim), eq, ek, ev, tolerance, ok ? "ok" : "FAILED");
+                long(p.head_dim), eq, ek, ev, tolerance,
+                row.kernel == flashcore::BackwardKernel::Wide ? "wide" : "narrow",
+                int(row.keys_per_block), int(row.rows_per_step), ok ? "ok" : "FAILED");
   }
 
   // dk shaped like q: refused with its operand, and the poisoned dv is left as it was.

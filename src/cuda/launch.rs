@@ -179,6 +179,7 @@ pub(crate) fn run<T: AttentionElement>(
 /// the logsumexp `lse`, with a variable-length batch's offsets and `scores`' tensors) on dq's
 /// stream, ordered after pending work on every other operand's stream and before later work
 /// there; or records it into `recording`, where every operand must be on the target stream.
+/// Returns the row of [`crate::plan::backward_tile_table`] that runs.
 pub(crate) fn backward<T: AttentionElement>(
     request: &RequestFfi,
     inputs: [&Tensor<T>; 5],
@@ -186,7 +187,7 @@ pub(crate) fn backward<T: AttentionElement>(
     [dq, dk, dv]: [&mut Tensor<T>; 3],
     (batch, scores): (Batching<'_>, crate::dispatch::ScoreTensors<'_>),
     recording: Option<Recording<'_>>,
-) -> Result<()> {
+) -> Result<crate::plan::BackwardTileRow> {
     let dout = desc(inputs[4])?;
     let descs = [desc(dq)?, desc(dk)?, desc(dv)?];
     let (stream, dq) = device_parts(dq)?;
@@ -240,13 +241,13 @@ pub(crate) fn backward<T: AttentionElement>(
     let on = recording
         .as_ref()
         .map_or(stream.raw().as_ref(), |r| r.capture);
-    ffi::attention_backward(on, operands)?;
+    let row = ffi::attention_backward(on, operands)?;
     if recording.is_none() {
         for (_, s) in others {
             order_after(s, &[stream])?;
         }
     }
-    Ok(())
+    Ok(row)
 }
 
 /// Host nanoseconds per iteration when C++ runs `probe` `iters` times from its own loop (bench

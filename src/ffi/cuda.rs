@@ -403,6 +403,7 @@ fn launched(l: sys::LaunchedFfi, request: &RequestFfi) -> Result<Execution> {
         backend: kernel.into(),
         tile: Some(*row),
         splits: usize::try_from(l.splits).unwrap_or(1).max(1),
+        backward_tile: None,
     })
 }
 
@@ -758,8 +759,12 @@ pub(crate) struct BackwardOperands<'a> {
     pub grads: [(&'a mut RawBuffer, DescFfi); 3],
 }
 
-/// The backward pass through the public C++ API (`flashcore::attention_backward`) on `stream`.
-pub(crate) fn attention_backward(stream: &RawStream, b: BackwardOperands<'_>) -> Result<()> {
+/// The backward pass through the public C++ API (`flashcore::attention_backward`) on `stream`:
+/// the row of [`crate::plan::backward_tile_table`] that ran.
+pub(crate) fn attention_backward(
+    stream: &RawStream,
+    b: BackwardOperands<'_>,
+) -> Result<crate::plan::BackwardTileRow> {
     let [dq, dk, dv] = b.grads.map(|(buffer, mut d)| {
         d.address = buffer.ptr() as u64;
         d
@@ -770,7 +775,7 @@ pub(crate) fn attention_backward(stream: &RawStream, b: BackwardOperands<'_>) ->
     // validates (shapes, strides, places, overlaps, and a batch's offsets against their host
     // copies) before launching, and the kernels are ordered on `stream` before any later free
     // (the caller orders the other streams around it).
-    let status = unsafe {
+    let ran = unsafe {
         sys::attention_backward(
             b.request,
             b.hosts.0,
@@ -783,7 +788,9 @@ pub(crate) fn attention_backward(stream: &RawStream, b: BackwardOperands<'_>) ->
             stream.handle,
         )
     };
-    super::check(status, &super::Described::Backward(b.request, &descs))
+    super::check(ran.status, &super::Described::Backward(b.request, &descs))?;
+    crate::plan::backward_row(ran.row)
+        .ok_or_else(|| Error::Launch("the C++ backward planner named no row".into()))
 }
 
 /// The descriptions of a merge, with the device addresses of the borrowed tensors.

@@ -142,6 +142,25 @@ pub(crate) mod sys {
         reason: String,
     }
 
+    /// `flashcore::BackwardTileRow`.
+    struct BackwardTileRowFfi {
+        kernel: i32,
+        max_head_dim: i32,
+        warps: i32,
+        keys_per_block: i32,
+        rows_per_step: i32,
+        smem_bytes: i64,
+        reason: String,
+    }
+
+    /// The result of a backward call: status, and on success the index of the row of
+    /// `backward_tile_table()` that ran.
+    #[cfg(feature = "cuda")]
+    struct BackwardRanFfi {
+        status: StatusFfi,
+        row: i32,
+    }
+
     /// A row of the tables: `decode_table(kernel)` or `tile_table(kernel)`, index (-1: none).
     #[derive(Clone, Copy, Default)]
     struct RowRef {
@@ -242,6 +261,8 @@ pub(crate) mod sys {
             has_lse: bool,
         ) -> StatusFfi;
         fn table_rows(kernel: i32, decode: bool) -> Vec<TileRowFfi>;
+        /// `flashcore::backward_tile_table()`.
+        fn backward_rows() -> Vec<BackwardTileRowFfi>;
         fn select_row(kernel: i32, arch: i32, head_dim: i64, query_rows: i64) -> RowRef;
         fn choose_row(
             kernel: i32,
@@ -435,7 +456,7 @@ pub(crate) mod sys {
             dv: &DescFfi,
             ordinal: i32,
             stream: usize,
-        ) -> StatusFfi;
+        ) -> BackwardRanFfi;
         /// `cudaMalloc` / `cudaFree` / synchronous copies done by C++ (interop tests).
         #[cfg(feature = "cuda")]
         fn cpp_malloc(ordinal: i32, bytes: usize) -> Result<usize>;

@@ -4,6 +4,11 @@
 
 use std::sync::OnceLock;
 
+mod backward;
+#[cfg(feature = "cuda")]
+pub(crate) use backward::backward_row;
+pub use backward::{backward_tile_table, BackwardKernel, BackwardTileRow};
+
 use crate::error::{Error, Result};
 use crate::ffi::{self, sys, CapsFfi, RowRef};
 

@@ -207,11 +207,14 @@ struct BackwardArgs {
 // Validates `args` (the forward call's rules, then each gradient's: shapes, strides, alignment,
 // device, no gradient overlapping an input or another gradient; Operand::DOut, DQ, DK, DV) and
 // enqueues the backward kernels on `stream` (of the current device): one family, WMMA tensor
-// cores, compute capability 8.0 or later, head dims up to 128 (a larger head dim, or another
-// forced family, is Code::BackendUnavailable). It allocates an f32 dQ accumulator of
-// batch x heads_q x seq_q x (64 or 128) floats, stream-ordered, for the call. Nothing is
-// launched when the Status is not ok; a problem without gradient elements succeeds without
-// launching. Never throws.
-Status attention_backward(const BackwardArgs& args, cudaStream_t stream) noexcept;
+// cores, compute capability 8.0 or later (another forced family is Code::BackendUnavailable),
+// every head dim, on the first row of backward_tile_table() for the head dim's tier whose shared
+// memory fits (none: Code::SharedMemoryExceeded, as at head dims above 128 on an L4). It
+// allocates an f32 dQ accumulator of batch x heads_q x seq_q x D floats (D: the tier, 64, 128
+// or 256), stream-ordered, for the call. `row` (when not null) receives the row that runs.
+// Nothing is launched when the Status is not ok; a problem without gradient elements succeeds
+// without launching (`row` still says which row would run). Never throws.
+Status attention_backward(const BackwardArgs& args, cudaStream_t stream,
+                          BackwardTileRow* row = nullptr) noexcept;
 
 }  // namespace flashcore

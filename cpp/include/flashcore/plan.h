@@ -67,6 +67,34 @@ Table tile_table(Kernel kernel) noexcept;
 // example 41 and WMMA; empty for the Hopper kernel). Head dims above its rows use tile_table.
 Table decode_table(Kernel kernel) noexcept;
 
+// The backward pass's key-block kernels (cpp/src/backward/): the narrow one (4 warps, 64 keys,
+// 32-row query steps: it fits an L4 up to head dim 128) and the wide one (8 warps,
+// FlashAttention-2's tiling).
+enum class BackwardKernel : int32_t { Narrow = 0, Wide = 1 };
+
+// One row of the backward tile table: head dims up to `max_head_dim` (the row's tier; columns
+// past the head dim are zero) on `kernel`, one block of `warps` warps per `keys_per_block` keys
+// of a kv head walking `rows_per_step` query rows per step.
+struct BackwardTileRow {
+  BackwardKernel kernel;
+  int32_t max_head_dim;
+  int32_t warps;
+  int32_t keys_per_block;
+  int32_t rows_per_step;
+  int64_t smem_bytes;  // dynamic shared memory per block (2-byte elements)
+  const char* reason;  // where it runs, and why
+};
+
+// The backward tile table: `count` rows from `rows`. attention_backward runs the first row of
+// the head dim's tier whose shared memory fits the device (and a forced class).
+struct BackwardTable {
+  const BackwardTileRow* rows;
+  size_t count;
+  const BackwardTileRow* begin() const { return rows; }
+  const BackwardTileRow* end() const { return rows + count; }
+};
+BackwardTable backward_tile_table() noexcept;
+
 // Shared memory of the WMMA kernel at `tile` for 2-byte elements: the query tile, two stages of
 // K and of V, rows padded by 8 elements (scores and probabilities stay in registers).
 // Each WMMA instantiation static_asserts that its own layout takes exactly this much.

@@ -66,8 +66,9 @@ struct Smem {
   static_assert(kWarps * 1536 <= 2 * kStage, "layout check scratch");
   static_assert(kKv % 16 == 0 && kQ % 16 == 0 && kStage % 16 == 0, "16-byte aligned parts");
   static_assert(sizeof(T) != 2 ||
-                    int64_t(kBytes) == core::backward_tile_smem_bytes(core::BackwardTile{
-                                           core::BackwardKernel::Narrow, D, kWarps, kKeys, kRows}),
+                    int64_t(kBytes) == core::backward_row(BackwardKernel::Narrow, D, kWarps, kKeys,
+                                                              kRows, "")
+                                             .smem_bytes,
                 "core/backward.h plans this layout");
 };
 

@@ -28,9 +28,10 @@ constexpr int kThreads = 32 * kWarps;
 // and the warp tiles (in 16 x 16 fragments) of its three products.
 template <int TILE>
 struct Tiling {
-  static constexpr core::BackwardTile kRow = core::kBackwardTiles[TILE];
-  static_assert(kRow.kernel == core::BackwardKernel::Wide && kRow.warps == kWarps, "a wide row");
-  static constexpr int kD = int(kRow.tier), kKeys = int(kRow.keys), kRows = int(kRow.rows);
+  static constexpr BackwardTileRow kRow = core::kBackwardTiles[TILE];
+  static_assert(kRow.kernel == BackwardKernel::Wide && kRow.warps == kWarps, "a wide row");
+  static constexpr int kD = kRow.max_head_dim, kKeys = kRow.keys_per_block;
+  static constexpr int kRows = kRow.rows_per_step;
   static constexpr int kTr = kRows / 2, kTc = kKeys / 4;  // S / dP: rows x keys of a warp
   static constexpr int kTk = kKeys / 4;                   // dK / dV: keys of a warp (D/2 columns)
   static constexpr int kMs = kTr / 16, kNs = kTc / 16;    // S / dP fragments
@@ -59,7 +60,7 @@ struct Smem {
   static_assert(kKv % 16 == 0 && kQ % 16 == 0 && kStage % 16 == 0 && kP % 16 == 0,
                 "16-byte aligned parts");
   static_assert(sizeof(T) != 2 ||
-                    int64_t(kBytes) == core::backward_tile_smem_bytes(Tiling<TILE>::kRow),
+                    int64_t(kBytes) == Tiling<TILE>::kRow.smem_bytes,
                 "core/backward.h plans this layout");
 };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -105,10 +106,10 @@ Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
     int chosen = -1;
     int64_t least = INT64_MAX;  // the tier's smallest need
     for (int i = 0; i < kBackwardTileCount; ++i) {
-      const BackwardTile& t = kBackwardTiles[i];
-      if (t.tier == tier) {
-        least = std::min(least, backward_tile_smem_bytes(t));
-        if (chosen < 0 && backward_tile_smem_bytes(t) <= budget) {
+      const BackwardTileRow& t = kBackwardTiles[i];
+      if (t.max_head_dim == tier) {
+        least = std::min(least, t.smem_bytes);
+        if (chosen < 0 && t.smem_bytes <= budget) {
           chosen = i;
         }
       }
@@ -118,7 +119,7 @@ Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
     }
     // Sizes in 32 bits; the key-block kernel's grid (key blocks x sequences x kv heads) and the
     // row-sum kernel's (kBackwardWarps rows per block) on x.
-    const int64_t keys = kBackwardTiles[chosen].keys;
+    const int64_t keys = kBackwardTiles[chosen].keys_per_block;
     const int64_t key_blocks = (p.seq_k + keys - 1) / keys;
     const std::pair<Field, std::pair<int64_t, int64_t>> limits[] = {
         {Field::SeqQ, {p.seq_q, INT32_MAX}},
@@ -144,3 +145,11 @@ Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
 }
 
 }  // namespace flashcore::core
+
+namespace flashcore {
+
+BackwardTable backward_tile_table() noexcept {
+  return {core::kBackwardTiles, std::size(core::kBackwardTiles)};
+}
+
+}  // namespace flashcore

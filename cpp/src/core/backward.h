@@ -39,34 +39,35 @@ constexpr int64_t key_block_smem_bytes(int64_t keys, int64_t rows, int64_t d) {
   return 2 * keys * (d + 8) * 2 + 2 * (2 * rows * (d + 8) * 2 + 2 * rows * 4);
 }
 
-// The backward tile table: one row per key-block kernel instance. The narrow kernel
-// (backward/kernel.cuh: 4 warps, 64 keys, 32-row steps) fits an L4 up to head dim 128; the wide
-// kernel (backward/wide.cuh: FlashAttention-2's tiling, 8 warps) holds more keys or rows per
-// block. plan_backward runs the first row of the problem's tier whose shared memory fits.
-enum class BackwardKernel : int32_t { Narrow, Wide };
-struct BackwardTile {
-  BackwardKernel kernel;
-  int64_t tier;   // head-dim tier D
-  int64_t warps;  // per block
-  int64_t keys;   // per block
-  int64_t rows;   // query rows per step
-};
-inline constexpr BackwardTile kBackwardTiles[] = {
-    {BackwardKernel::Wide, 64, 8, 128, 64},    // H100 / H200, A100 (107 KB)
-    {BackwardKernel::Narrow, 64, kBackwardWarps, kBackwardKeys, kBackwardRows},   // L4 (42 KB)
-    {BackwardKernel::Wide, 128, 8, 128, 64},   // H100 / H200 (171 KB)
-    {BackwardKernel::Narrow, 128, kBackwardWarps, kBackwardKeys, kBackwardRows},  // A100, L4 (74 KB)
-    {BackwardKernel::Wide, 256, 8, 64, 64},    // H100 / H200 (217 KB)
-    {BackwardKernel::Wide, 256, 8, 64, 32},    // A100 (142 KB); none fits an L4 at 256
+// A row of the backward tile table (flashcore/plan.h: BackwardTileRow), its shared memory
+// computed: K, V and the step buffers, plus the narrow kernel's dS^T (keys x rows) or the wide
+// kernel's P and dS (rows x keys each).
+constexpr BackwardTileRow backward_row(BackwardKernel kernel, int32_t tier, int32_t warps,
+                                       int32_t keys, int32_t rows, const char* reason) {
+  const int64_t scores = kernel == BackwardKernel::Narrow ? int64_t(keys) * (rows + 8) * 2
+                                                          : 2 * int64_t(rows) * (keys + 8) * 2;
+  return {kernel, tier, warps, keys, rows, key_block_smem_bytes(keys, rows, tier) + scores,
+          reason};
+}
+
+// The backward tile table: one row per key-block kernel instance (the launcher instantiates
+// each by its index), each tier's rows from the largest shared memory down. plan_backward runs
+// the first row of the problem's tier whose shared memory fits.
+inline constexpr BackwardTileRow kBackwardTiles[] = {
+    backward_row(BackwardKernel::Wide, 64, 8, 128, 64,
+                 "H100 / H200, A100: FlashAttention-2's tiling, tied with narrow at 64 (107 KB)"),
+    backward_row(BackwardKernel::Narrow, 64, kBackwardWarps, kBackwardKeys, kBackwardRows,
+                 "L4 (42 KB)"),
+    backward_row(BackwardKernel::Wide, 128, 8, 128, 64,
+                 "H100 / H200: 1.17-1.24x narrow (171 KB)"),
+    backward_row(BackwardKernel::Narrow, 128, kBackwardWarps, kBackwardKeys, kBackwardRows,
+                 "A100, L4 (74 KB)"),
+    backward_row(BackwardKernel::Wide, 256, 8, 64, 64,
+                 "H100 / H200: dK and dV of 16 keys x 128 columns per warp (217 KB)"),
+    backward_row(BackwardKernel::Wide, 256, 8, 64, 32,
+                 "A100: 32-row steps to fit (142 KB); no row fits an L4 at 256"),
 };
 constexpr int kBackwardTileCount = int(sizeof(kBackwardTiles) / sizeof(kBackwardTiles[0]));
-// A row's shared memory: K, V and the step buffers, plus the narrow kernel's dS^T (keys x
-// rows) or the wide kernel's P and dS (rows x keys each).
-constexpr int64_t backward_tile_smem_bytes(const BackwardTile& t) {
-  const int64_t scores = t.kernel == BackwardKernel::Narrow ? t.keys * (t.rows + 8) * 2
-                                                            : 2 * t.rows * (t.keys + 8) * 2;
-  return key_block_smem_bytes(t.keys, t.rows, t.tier) + scores;
-}
 
 // Whether the GPU backward kernels take the validated problem `p` of `r` on a device with `caps`:
 // the backend (Auto or Wmma; another forced family is BackendUnavailable), the device (compute

@@ -15,8 +15,8 @@ namespace {
 template <typename T, int TILE>
 void launch_tile(const BackwardLaunch& a, cudaStream_t stream) {
   using namespace backward;
-  constexpr core::BackwardTile kRow = core::kBackwardTiles[TILE];
-  constexpr int D = int(kRow.tier);
+  constexpr BackwardTileRow kRow = core::kBackwardTiles[TILE];
+  constexpr int D = kRow.max_head_dim;
   // The logsumexp's rows ([batch, heads_q, seq_q]; a variable-length batch's [heads_q, total_q]):
   // dQ's f32 accumulator (D floats per row), and the row sums D_i after it.
   const int64_t rows = a.cu_q != nullptr ? int64_t(a.heads_q) * a.total_q
@@ -35,14 +35,15 @@ void launch_tile(const BackwardLaunch& a, cudaStream_t stream) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)),
                "cudaFuncSetAttribute(backward key_block)");
-    const int64_t blocks = (a.seq_k + kRow.keys - 1) / kRow.keys * a.batch * a.heads_kv;
+    const int64_t blocks = (a.seq_k + kRow.keys_per_block - 1) / kRow.keys_per_block * a.batch * a.heads_kv;
     kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a, sums, dq_acc);
     check_cuda(cudaGetLastError(), "launch backward key_block");
   };
-  if constexpr (kRow.kernel == core::BackwardKernel::Wide) {
+  if constexpr (kRow.kernel == BackwardKernel::Wide) {
     key_blocks(wide::key_block<T, TILE>, wide::Smem<T, TILE>::kBytes, wide::kThreads);
   } else {
-    static_assert(kRow.warps == kWarps && kRow.keys == kKeys && kRow.rows == kRows,
+    static_assert(kRow.warps == kWarps && kRow.keys_per_block == kKeys &&
+                      kRow.rows_per_step == kRows,
                   "the narrow kernel's row");
     key_blocks(key_block<T, D>, Smem<T, D>::kBytes, kThreads);
   }
@@ -68,7 +69,7 @@ void launch_backward(const BackwardLaunch& a, cudaStream_t stream) {
     return;  // no gradient element (seq_k = 0 with queries was refused by validation)
   }
   if (a.tile < 0 || a.tile >= core::kBackwardTileCount ||
-      core::kBackwardTiles[a.tile].tier != core::backward_tier(a.head_dim)) {
+      core::kBackwardTiles[a.tile].max_head_dim != core::backward_tier(a.head_dim)) {
     throw detail::Failure(Code::Launch, "",
                           "backward: tile row " + std::to_string(a.tile) + " for head dim " +
                               std::to_string(a.head_dim));
