@@ -54,8 +54,9 @@ pub struct GradientsMut<'a, T: Element> {
 /// accumulation; reported as [`crate::plan::Kernel::Wmma`], with the row of
 /// [`crate::plan::backward_tile_table`] that ran in [`Execution::backward_tile`]), on dq's
 /// stream, ordered after pending work on the other operands' streams. The GPU takes every head
-/// dim (up to 256); at head dims above 128 it needs 142 KB of shared memory per block (an A100,
-/// H100 or H200; elsewhere, such as an L4, [`crate::Error::SharedMemoryExceeded`]). Forcing
+/// dim (up to 256), on the first row of its tier that fits the GPU's shared memory (an L4 takes
+/// every tier; a GPU with less than 73 KB per block none at 256:
+/// [`crate::Error::SharedMemoryExceeded`]). Forcing
 /// another kernel family is [`crate::Error::BackendUnavailable`]. It allocates an f32 dQ
 /// accumulator of `batch * heads_q * seq_q * D` floats for the call (D: 64, 128 or 256, the
 /// head dim rounded up to one of them); dQ's f32 additions (atomics) arrive in no fixed order,

@@ -119,6 +119,7 @@ rust::Vec<BackwardTileRowFfi> backward_rows() {
     row.warps = r.warps;
     row.keys_per_block = r.keys_per_block;
     row.rows_per_step = r.rows_per_step;
+    row.step_buffers = r.step_buffers;
     row.smem_bytes = r.smem_bytes;
     row.reason = rust::String(r.reason);
     out.push_back(std::move(row));

@@ -149,6 +149,7 @@ pub(crate) mod sys {
         warps: i32,
         keys_per_block: i32,
         rows_per_step: i32,
+        step_buffers: i32,
         smem_bytes: i64,
         reason: String,
     }

@@ -209,7 +209,7 @@ struct BackwardArgs {
 // enqueues the backward kernels on `stream` (of the current device): one family, WMMA tensor
 // cores, compute capability 8.0 or later (another forced family is Code::BackendUnavailable),
 // every head dim, on the first row of backward_tile_table() for the head dim's tier whose shared
-// memory fits (none: Code::SharedMemoryExceeded, as at head dims above 128 on an L4). It
+// memory fits (none: Code::SharedMemoryExceeded, below 73 KB per block at head dim 256). It
 // allocates an f32 dQ accumulator of batch x heads_q x seq_q x D floats (D: the tier, 64, 128
 // or 256), stream-ordered, for the call. `row` (when not null) receives the row that runs.
 // Nothing is launched when the Status is not ok; a problem without gradient elements succeeds

@@ -74,13 +74,15 @@ enum class BackwardKernel : int32_t { Narrow = 0, Wide = 1 };
 
 // One row of the backward tile table: head dims up to `max_head_dim` (the row's tier; columns
 // past the head dim are zero) on `kernel`, one block of `warps` warps per `keys_per_block` keys
-// of a kv head walking `rows_per_step` query rows per step.
+// of a kv head walking `rows_per_step` query rows per step, through `step_buffers` buffers of a
+// step's Q and dO (2: the next step's copies overlap this step's products).
 struct BackwardTileRow {
   BackwardKernel kernel;
   int32_t max_head_dim;
   int32_t warps;
   int32_t keys_per_block;
   int32_t rows_per_step;
+  int32_t step_buffers;
   int64_t smem_bytes;  // dynamic shared memory per block (2-byte elements)
   const char* reason;  // where it runs, and why
 };

@@ -67,7 +67,7 @@ struct Smem {
   static_assert(kKv % 16 == 0 && kQ % 16 == 0 && kStage % 16 == 0, "16-byte aligned parts");
   static_assert(sizeof(T) != 2 ||
                     int64_t(kBytes) == core::backward_row(BackwardKernel::Narrow, D, kWarps, kKeys,
-                                                              kRows, "")
+                                                              kRows, 2, "")
                                              .smem_bytes,
                 "core/backward.h plans this layout");
 };

@@ -21,26 +21,27 @@
 
 namespace flashcore::backward::wide {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = 32 * kWarps;
-
-// Row TILE of core::kBackwardTiles: its head-dim tier, keys per block and query rows per step,
-// and the warp tiles (in 16 x 16 fragments) of its three products.
+// Row TILE of core::kBackwardTiles: its head-dim tier, warps, keys per block, query rows per
+// step and step buffers, and the warp tiles (in 16 x 16 fragments) of its three products. The
+// warps form a 2 x kSc grid over S / dP (rows x keys) and dQ (rows x columns), and a kSc x 2
+// grid over dK / dV (keys x columns).
 template <int TILE>
 struct Tiling {
   static constexpr BackwardTileRow kRow = core::kBackwardTiles[TILE];
-  static_assert(kRow.kernel == BackwardKernel::Wide && kRow.warps == kWarps, "a wide row");
+  static_assert(kRow.kernel == BackwardKernel::Wide, "a wide row");
+  static constexpr int kWarps = kRow.warps, kThreads = 32 * kWarps, kSc = kWarps / 2;
   static constexpr int kD = kRow.max_head_dim, kKeys = kRow.keys_per_block;
-  static constexpr int kRows = kRow.rows_per_step;
-  static constexpr int kTr = kRows / 2, kTc = kKeys / 4;  // S / dP: rows x keys of a warp
-  static constexpr int kTk = kKeys / 4;                   // dK / dV: keys of a warp (D/2 columns)
-  static constexpr int kMs = kTr / 16, kNs = kTc / 16;    // S / dP fragments
-  static constexpr int kMk = kTk / 16, kNk = kD / 32;     // dK / dV fragments
-  static constexpr int kMq = kTr / 16, kNq = kD / 64;     // dQ fragments (rows of S's warp)
+  static constexpr int kRows = kRow.rows_per_step, kBuffers = kRow.step_buffers;
+  static constexpr int kTr = kRows / 2, kTc = kKeys / kSc;  // S / dP: rows x keys of a warp
+  static constexpr int kTk = kKeys / kSc;                   // dK / dV: keys of a warp (D/2 columns)
+  static constexpr int kMs = kTr / 16, kNs = kTc / 16;      // S / dP fragments
+  static constexpr int kMk = kTk / 16, kNk = kD / 32;       // dK / dV fragments
+  static constexpr int kMq = kTr / 16, kNq = kD / kSc / 16;  // dQ fragments (S's warp rows)
+  static_assert((kWarps == 4 || kWarps == 8) && (kBuffers == 1 || kBuffers == 2), "a wide row");
   static_assert(kMs > 0 && kNs > 0 && kMk > 0 && kNk > 0 && kNq > 0, "whole fragments");
 };
 
-// Shared-memory plan of row TILE (elements of T unless named): K and V; two step buffers (Q,
+// Shared-memory plan of row TILE (elements of T unless named): K and V; the step buffers (Q,
 // dO, then the step's logsumexps and row sums in f32); P and dS of the step (query rows x keys).
 // Rows padded by 16 bytes (ldmatrix without bank conflicts).
 template <typename T, int TILE>
@@ -54,9 +55,10 @@ struct Smem {
   static constexpr size_t kQ = size_t(kRows) * kLd * sizeof(T);
   static constexpr size_t kStage = 2 * kQ + 2 * kRows * sizeof(float);
   static constexpr size_t kP = size_t(kRows) * kLp * sizeof(T);
-  static constexpr size_t kBytes = 2 * kKv + 2 * kStage + 2 * kP;
+  static constexpr size_t kBytes = 2 * kKv + Tiling<TILE>::kBuffers * kStage + 2 * kP;
   static_assert(size_t(kKeys) * kLq * sizeof(float) <= 2 * kKv, "dK staging fits K and V");
-  static_assert(kWarps * 1536 <= 2 * kStage, "layout check scratch");
+  static_assert(Tiling<TILE>::kWarps * 1536 <= Tiling<TILE>::kBuffers * kStage,
+                "layout check scratch");
   static_assert(kKv % 16 == 0 && kQ % 16 == 0 && kStage % 16 == 0 && kP % 16 == 0,
                 "16-byte aligned parts");
   static_assert(sizeof(T) != 2 ||
@@ -65,10 +67,11 @@ struct Smem {
 };
 
 template <typename T, int TILE>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Tiling<TILE>::kThreads, 1)
     key_block(__grid_constant__ const BackwardLaunch p, const float* sums, float* dq_acc) {
   using S = Smem<T, TILE>;
   using G = Tiling<TILE>;
+  constexpr int kThreads = G::kThreads, kSc = G::kSc, kBuffers = G::kBuffers;
   constexpr int D = G::kD, kKeys = G::kKeys, kRows = G::kRows;
   constexpr int kTr = G::kTr, kTc = G::kTc, kTk = G::kTk;
   constexpr int kMs = G::kMs, kNs = G::kNs, kMk = G::kMk, kNk = G::kNk, kMq = G::kMq;
@@ -81,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* ks = reinterpret_cast<T*>(smem);
   T* vs = ks + kKeys * S::kLd;
   unsigned char* stages = smem + 2 * S::kKv;
-  T* ps = reinterpret_cast<T*>(stages + 2 * S::kStage);  // P [row][key]
+  T* ps = reinterpret_cast<T*>(stages + kBuffers * S::kStage);  // P [row][key]
   T* dss = ps + kRows * S::kLp;                           // dS [row][key]
   const auto q_of = [&](int buf) { return reinterpret_cast<T*>(stages + buf * S::kStage); };
   const auto do_of = [&](int buf) { return q_of(buf) + kRows * S::kLd; };
@@ -141,8 +144,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __pipeline_commit();
 
   // Warp roles: S / dP and dQ rows [kTr wr, +kTr); S / dP keys [kTc wc, +kTc), dQ columns
-  // [D/4 wc, +D/4); dK / dV keys [kTk wk, +kTk) and columns [D/2 wd, +D/2).
-  const int wr = warp / 4, wc = warp % 4, wk = warp / 2, wd = warp % 2;
+  // [D/kSc wc, +D/kSc); dK / dV keys [kTk wk, +kTk) and columns [D/2 wd, +D/2).
+  const int wr = warp / kSc, wc = warp % kSc, wk = warp / 2, wd = warp % 2;
   FragAcc dk[kMk][kNk], dv[kMk][kNk];
 #pragma unroll
   for (int m = 0; m < kMk; ++m) {
@@ -155,15 +158,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool plain_scores = p.softcap == 0.f && p.alibi == nullptr && p.bias == nullptr;
   const float scale_log2 = p.scale * kLog2e;
 
+  // The next step's copies: with two buffers at the step's start, into the other one; with one,
+  // once every warp is done with the step's Q and dO (before dQ's products).
   for (int64_t s = 0; s < steps; ++s) {
     __pipeline_wait_prior(0);
     __syncthreads();  // step s's buffer is in; the previous step is done with the other, P, dS
-    if (s + 1 < steps) {
-      fetched = next_step(fetched);
-      fetch(fetched, int((s + 1) % 2));
+    if constexpr (kBuffers == 2) {
+      if (s + 1 < steps) {
+        fetched = next_step(fetched);
+        fetch(fetched, int((s + 1) % 2));
+      }
+      __pipeline_commit();
     }
-    __pipeline_commit();
-    const int buf = int(s % 2);
+    const int buf = int(s % kBuffers);
     const T* qs = q_of(buf);
     const T* dos = do_of(buf);
     const float* lse = stats_of(buf);
@@ -336,8 +343,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
 
-    // dQ = dS K for the warp's kTr rows x D/4 columns, over the block's keys, added to the rows'
-    // accumulators.
+    if constexpr (kBuffers == 1) {
+      __syncthreads();  // Q, dO and the row statistics are read
+      if (s + 1 < steps) {
+        fetched = next_step(fetched);
+        fetch(fetched, 0);
+      }
+      __pipeline_commit();
+    }
+
+    // dQ = dS K for the warp's kTr rows x D/kSc columns, over the block's keys, added to the
+    // rows' accumulators.
     FragAcc dq[kMq][kNq];
 #pragma unroll
     for (int m = 0; m < kMq; ++m) {
@@ -356,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int n = 0; n < kNq; ++n) {
         FragBRow<T> x;
-        wmma_fa::load_b_row(x, ks + kk * 16 * S::kLd + (D / 4) * wc + 16 * n, S::kLd, lane);
+        wmma_fa::load_b_row(x, ks + kk * 16 * S::kLd + (D / kSc) * wc + 16 * n, S::kLd, lane);
 #pragma unroll
         for (int m = 0; m < kMq; ++m) {
           wm::mma_sync(dq[m][n], a[m], x, dq[m][n]);
@@ -372,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int w = 0; w < 4; ++w) {  // elements 2w and 2w + 1: one row, two adjacent columns
           const int r = kTr * wr + 16 * m + wmma_fa::acc_row(lane, 2 * w);
-          const int c = (D / 4) * wc + 16 * n + wmma_fa::acc_col(lane, 2 * w);
+          const int c = (D / kSc) * wc + 16 * n + wmma_fa::acc_col(lane, 2 * w);
           if (r < valid && c < p.head_dim) {
             add_pair(acc + int64_t(r) * D + c, dq[m][n].x[2 * w], dq[m][n].x[2 * w + 1]);
           }

@@ -33,20 +33,24 @@ constexpr int64_t backward_tier(int64_t head_dim) {
 // kernel's), key block and query step.
 constexpr int64_t kBackwardWarps = 4, kBackwardKeys = 16 * kBackwardWarps, kBackwardRows = 32;
 // What both key-block kernels hold at head-dim tier d (2-byte elements; rows padded by 8):
-// `keys` rows of K and of V, and two step buffers of `rows` rows of Q and dO with the step's
-// logsumexps and row sums (f32); each kernel adds its own score buffers.
-constexpr int64_t key_block_smem_bytes(int64_t keys, int64_t rows, int64_t d) {
-  return 2 * keys * (d + 8) * 2 + 2 * (2 * rows * (d + 8) * 2 + 2 * rows * 4);
+// `keys` rows of K and of V, and `buffers` step buffers of `rows` rows of Q and dO with the
+// step's logsumexps and row sums (f32); each kernel adds its own score buffers.
+constexpr int64_t key_block_smem_bytes(int64_t keys, int64_t rows, int64_t d, int64_t buffers) {
+  return 2 * keys * (d + 8) * 2 + buffers * (2 * rows * (d + 8) * 2 + 2 * rows * 4);
 }
 
 // A row of the backward tile table (flashcore/plan.h: BackwardTileRow), its shared memory
 // computed: K, V and the step buffers, plus the narrow kernel's dS^T (keys x rows) or the wide
 // kernel's P and dS (rows x keys each).
 constexpr BackwardTileRow backward_row(BackwardKernel kernel, int32_t tier, int32_t warps,
-                                       int32_t keys, int32_t rows, const char* reason) {
+                                       int32_t keys, int32_t rows, int32_t buffers,
+                                       const char* reason) {
   const int64_t scores = kernel == BackwardKernel::Narrow ? int64_t(keys) * (rows + 8) * 2
                                                           : 2 * int64_t(rows) * (keys + 8) * 2;
-  return {kernel, tier, warps, keys, rows, key_block_smem_bytes(keys, rows, tier) + scores,
+  return {kernel,  tier,
+          warps,   keys,
+          rows,    buffers,
+          key_block_smem_bytes(keys, rows, tier, buffers) + scores,
           reason};
 }
 
@@ -54,18 +58,19 @@ constexpr BackwardTileRow backward_row(BackwardKernel kernel, int32_t tier, int3
 // each by its index), each tier's rows from the largest shared memory down. plan_backward runs
 // the first row of the problem's tier whose shared memory fits.
 inline constexpr BackwardTileRow kBackwardTiles[] = {
-    backward_row(BackwardKernel::Wide, 64, 8, 128, 64,
+    backward_row(BackwardKernel::Wide, 64, 8, 128, 64, 2,
                  "H100 / H200, A100: FlashAttention-2's tiling, tied with narrow at 64 (107 KB)"),
-    backward_row(BackwardKernel::Narrow, 64, kBackwardWarps, kBackwardKeys, kBackwardRows,
+    backward_row(BackwardKernel::Narrow, 64, kBackwardWarps, kBackwardKeys, kBackwardRows, 2,
                  "L4 (42 KB)"),
-    backward_row(BackwardKernel::Wide, 128, 8, 128, 64,
+    backward_row(BackwardKernel::Wide, 128, 8, 128, 64, 2,
                  "H100 / H200: 1.17-1.24x narrow (171 KB)"),
-    backward_row(BackwardKernel::Narrow, 128, kBackwardWarps, kBackwardKeys, kBackwardRows,
+    backward_row(BackwardKernel::Narrow, 128, kBackwardWarps, kBackwardKeys, kBackwardRows, 2,
                  "A100, L4 (74 KB)"),
-    backward_row(BackwardKernel::Wide, 256, 8, 64, 64,
+    backward_row(BackwardKernel::Wide, 256, 8, 64, 64, 2,
                  "H100 / H200: dK and dV of 16 keys x 128 columns per warp (217 KB)"),
-    backward_row(BackwardKernel::Wide, 256, 8, 64, 32,
-                 "A100: 32-row steps to fit (142 KB); no row fits an L4 at 256"),
+    backward_row(BackwardKernel::Wide, 256, 8, 64, 32, 2, "A100: 32-row steps to fit (142 KB)"),
+    backward_row(BackwardKernel::Wide, 256, 4, 32, 32, 1,
+                 "L4: 4 warps, one step buffer, the next step's copies during dQ (73 KB)"),
 };
 constexpr int kBackwardTileCount = int(sizeof(kBackwardTiles) / sizeof(kBackwardTiles[0]));
 

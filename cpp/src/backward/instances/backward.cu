@@ -40,7 +40,8 @@ void launch_tile(const BackwardLaunch& a, cudaStream_t stream) {
     check_cuda(cudaGetLastError(), "launch backward key_block");
   };
   if constexpr (kRow.kernel == BackwardKernel::Wide) {
-    key_blocks(wide::key_block<T, TILE>, wide::Smem<T, TILE>::kBytes, wide::kThreads);
+    key_blocks(wide::key_block<T, TILE>, wide::Smem<T, TILE>::kBytes,
+               wide::Tiling<TILE>::kThreads);
   } else {
     static_assert(kRow.warps == kWarps && kRow.keys_per_block == kKeys &&
                       kRow.rows_per_step == kRows,
