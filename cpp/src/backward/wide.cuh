@@ -2,19 +2,22 @@
 // shared memory holds it (core::plan_backward picks a row of core::kBackwardTiles by shared
 // memory; kernel.cuh's narrow kernel serves the others up to head dim 128).
 //
-// One block of 8 warps per (KEYS keys, kv head, sequence) keeps K, V, dK and dV on chip and walks
-// the ROWS-row query steps that see its keys (every query head of the group). Per step:
-//   S = Q K^T and dP = dO V^T as 2 x 4 warp tiles of ROWS/2 rows x KEYS/4 keys (each loaded
+// One block of W warps (8, or 4) per (KEYS keys, kv head, sequence) keeps K, V, dK and dV on
+// chip and walks the ROWS-row query steps that see its keys (every query head of the group). Per
+// step, with C = W / 2:
+//   S = Q K^T and dP = dO V^T as 2 x C warp tiles of ROWS/2 rows x KEYS/C keys (each loaded
 //   fragment feeds several products);
 //   P and dS element by element in those accumulators, then to shared memory (T, row-major);
-//   dV += P^T dO and dK += dS^T Q as 4 x 2 warp tiles of KEYS/4 keys x D/2 columns over the
+//   dV += P^T dO and dK += dS^T Q as C x 2 warp tiles of KEYS/C keys x D/2 columns over the
 //   step's rows;
-//   dQ = dS K as 2 x 4 warp tiles of ROWS/2 rows x D/4 columns over the block's keys, added to
+//   dQ = dS K as 2 x C warp tiles of ROWS/2 rows x D/C columns over the block's keys, added to
 //   the rows' f32 accumulators with atomics from registers.
-// The next step's Q, dO, logsumexps and row sums arrive by cp.async during the step.
-// Rows (core/backward.h): 128 keys and 64-row steps at head-dim tiers 64 and 128 (32 x 32 score
-// tiles per warp); 64 keys at tier 256, with 64- or 32-row steps (a warp's dK and dV: 16 keys x
-// 128 columns, the registers of tier 128's 32 x 64).
+// The next step's Q, dO, logsumexps and row sums arrive by cp.async during the step (with one
+// step buffer: during dQ's products).
+// Rows (core/backward.h): 8 warps, 128 keys and 64-row steps at head-dim tiers 64 and 128 (32 x
+// 32 score tiles per warp); at tier 256, 8 warps, 64 keys and 64- or 32-row steps (a warp's dK
+// and dV: 16 keys x 128 columns, the registers of tier 128's 32 x 64), or 4 warps, 32 keys,
+// 32-row steps and one step buffer (an L4).
 #pragma once
 
 #include "backward/kernel.cuh"
@@ -32,10 +35,10 @@ struct Tiling {
   static constexpr int kWarps = kRow.warps, kThreads = 32 * kWarps, kSc = kWarps / 2;
   static constexpr int kD = kRow.max_head_dim, kKeys = kRow.keys_per_block;
   static constexpr int kRows = kRow.rows_per_step, kBuffers = kRow.step_buffers;
-  static constexpr int kTr = kRows / 2, kTc = kKeys / kSc;  // S / dP: rows x keys of a warp
-  static constexpr int kTk = kKeys / kSc;                   // dK / dV: keys of a warp (D/2 columns)
-  static constexpr int kMs = kTr / 16, kNs = kTc / 16;      // S / dP fragments
-  static constexpr int kMk = kTk / 16, kNk = kD / 32;       // dK / dV fragments
+  static constexpr int kTr = kRows / 2, kTc = kKeys / kSc;   // S / dP: rows x keys of a warp
+  static constexpr int kTk = kKeys / kSc;                    // dK / dV: a warp's keys (D/2 cols)
+  static constexpr int kMs = kTr / 16, kNs = kTc / 16;       // S / dP fragments
+  static constexpr int kMk = kTk / 16, kNk = kD / 32;        // dK / dV fragments
   static constexpr int kMq = kTr / 16, kNq = kD / kSc / 16;  // dQ fragments (S's warp rows)
   static_assert((kWarps == 4 || kWarps == 8) && (kBuffers == 1 || kBuffers == 2), "a wide row");
   static_assert(kMs > 0 && kNs > 0 && kMk > 0 && kNk > 0 && kNq > 0, "whole fragments");
@@ -61,8 +64,7 @@ struct Smem {
                 "layout check scratch");
   static_assert(kKv % 16 == 0 && kQ % 16 == 0 && kStage % 16 == 0 && kP % 16 == 0,
                 "16-byte aligned parts");
-  static_assert(sizeof(T) != 2 ||
-                    int64_t(kBytes) == Tiling<TILE>::kRow.smem_bytes,
+  static_assert(sizeof(T) != 2 || int64_t(kBytes) == Tiling<TILE>::kRow.smem_bytes,
                 "core/backward.h plans this layout");
 };
 
@@ -85,7 +87,7 @@ __global__ void __launch_bounds__(Tiling<TILE>::kThreads, 1)
   T* vs = ks + kKeys * S::kLd;
   unsigned char* stages = smem + 2 * S::kKv;
   T* ps = reinterpret_cast<T*>(stages + kBuffers * S::kStage);  // P [row][key]
-  T* dss = ps + kRows * S::kLp;                           // dS [row][key]
+  T* dss = ps + kRows * S::kLp;                                  // dS [row][key]
   const auto q_of = [&](int buf) { return reinterpret_cast<T*>(stages + buf * S::kStage); };
   const auto do_of = [&](int buf) { return q_of(buf) + kRows * S::kLd; };
   const auto stats_of = [&](int buf) {  // the step's logsumexps, then its row sums

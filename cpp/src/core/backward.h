@@ -59,18 +59,19 @@ constexpr BackwardTileRow backward_row(BackwardKernel kernel, int32_t tier, int3
 // the first row of the problem's tier whose shared memory fits.
 inline constexpr BackwardTileRow kBackwardTiles[] = {
     backward_row(BackwardKernel::Wide, 64, 8, 128, 64, 2,
-                 "H100 / H200, A100: FlashAttention-2's tiling, tied with narrow at 64 (107 KB)"),
+                 "H100 / H200, A100: 1.02x narrow on 8x16x2048x64 causal (H200, call 263)"),
     backward_row(BackwardKernel::Narrow, 64, kBackwardWarps, kBackwardKeys, kBackwardRows, 2,
-                 "L4 (42 KB)"),
+                 "L4: fits its 99 KB"),
     backward_row(BackwardKernel::Wide, 128, 8, 128, 64, 2,
-                 "H100 / H200: 1.17-1.24x narrow (171 KB)"),
+                 "H100 / H200: 1.15-1.22x narrow at 4x16x2048x128 (H200, call 263)"),
     backward_row(BackwardKernel::Narrow, 128, kBackwardWarps, kBackwardKeys, kBackwardRows, 2,
-                 "A100, L4 (74 KB)"),
+                 "A100, L4: fits their 163 / 99 KB"),
     backward_row(BackwardKernel::Wide, 256, 8, 64, 64, 2,
-                 "H100 / H200: dK and dV of 16 keys x 128 columns per warp (217 KB)"),
-    backward_row(BackwardKernel::Wide, 256, 8, 64, 32, 2, "A100: 32-row steps to fit (142 KB)"),
+                 "H100 / H200: 1.09x row 5 at 4x16x2048x256 causal (H200, call 263)"),
+    backward_row(BackwardKernel::Wide, 256, 8, 64, 32, 2,
+                 "A100: fits its 163 KB; 1.19x row 6 (H200, call 263)"),
     backward_row(BackwardKernel::Wide, 256, 4, 32, 32, 1,
-                 "L4: 4 warps, one step buffer, the next step's copies during dQ (73 KB)"),
+                 "L4: fits its 99 KB (4 warps, one step buffer)"),
 };
 constexpr int kBackwardTileCount = int(sizeof(kBackwardTiles) / sizeof(kBackwardTiles[0]));
 

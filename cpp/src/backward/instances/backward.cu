@@ -35,7 +35,8 @@ void launch_tile(const BackwardLaunch& a, cudaStream_t stream) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)),
                "cudaFuncSetAttribute(backward key_block)");
-    const int64_t blocks = (a.seq_k + kRow.keys_per_block - 1) / kRow.keys_per_block * a.batch * a.heads_kv;
+    const int64_t keys = kRow.keys_per_block;
+    const int64_t blocks = (a.seq_k + keys - 1) / keys * a.batch * a.heads_kv;
     kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a, sums, dq_acc);
     check_cuda(cudaGetLastError(), "launch backward key_block");
   };
