@@ -179,6 +179,40 @@ __device__ inline RowRange rows_seeing(const Seq& s, int64_t j0, int keys) {
   return {first, max(first, end)};
 }
 
+// A key block's query steps: every query head of its kv head's group times the ROWS-row steps
+// whose rows see its keys (rows_seeing), heads in turn; next() walks them without a division.
+template <int ROWS>
+struct StepWalk {
+  struct Step {
+    int64_t h, i0;  // a query step: its head and first row
+  };
+  int64_t first, end, count;
+  Step start;
+  __device__ StepWalk(const Seq& seq, int64_t j0, int keys, int64_t kvh, int group) {
+    const RowRange range = rows_seeing(seq, j0, keys);
+    first = range.first / ROWS * ROWS, end = range.end;
+    count = (end - first + ROWS - 1) / ROWS * group;
+    start = {kvh * group, first};
+  }
+  // The step after `at`: the next ROWS rows of its head, or the next head's first.
+  __device__ Step next(Step at) const {
+    at.i0 += ROWS;
+    if (at.i0 >= end) {
+      at.i0 = first;
+      ++at.h;
+    }
+    return at;
+  }
+};
+
+// Token `token` of head `head` in batch entry `entry` of a [batch, seq, heads, head_dim] tensor
+// at `base` with strides `stride` (elements).
+template <typename P>
+__device__ __forceinline__ P* token_row(P* base, const int64_t (&stride)[3], int64_t entry,
+                                        int64_t token, int64_t head) {
+  return base + entry * stride[0] + token * stride[1] + head * stride[2];
+}
+
 // Writes `keys` key rows of a gradient (the warps' accumulators `acc`) to `out` (the block's
 // first key row of its kv head; rows `stride` elements apart), through `stage` (f32 rows of
 // Smem::kLq).
@@ -334,33 +368,19 @@ __global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
     return;  // past this sequence's keys (a variable-length batch's shorter ones)
   }
   const int64_t kt = seq.k0 + j0;  // the block's first key token
-  const T* k = static_cast<const T*>(p.k) + seq.entry * p.k_stride[0] + kt * p.k_stride[1] +
-               kvh * p.k_stride[2];
-  const T* v = static_cast<const T*>(p.v) + seq.entry * p.v_stride[0] + kt * p.v_stride[1] +
-               kvh * p.v_stride[2];
+  const T* k = token_row(static_cast<const T*>(p.k), p.k_stride, seq.entry, kt, kvh);
+  const T* v = token_row(static_cast<const T*>(p.v), p.v_stride, seq.entry, kt, kvh);
   const int keys = static_cast<int>(min(int64_t(kKeys), seq.seq_k - j0));
   using KeyCopy = wmma_fa::TileCopy<kKeys, D, S::kLd, kThreads, T>;
   KeyCopy(k, p.k_stride[1], keys, p.head_dim).start(ks, 0);
   KeyCopy(v, p.v_stride[1], keys, p.head_dim).start(vs, 0);
 
-  // The steps: every query head of the group times the 32-row steps whose rows see the keys.
-  const RowRange range = rows_seeing(seq, j0, kKeys);
-  const int64_t first = range.first / kRows * kRows;
-  const int64_t steps = (range.end - first + kRows - 1) / kRows * group;
-  struct Step {
-    int64_t h, i0;  // a query step: its head and first row
-  };
-  const Step start{kvh * group, first};
+  // The query steps that see the keys: every query head of the group, kRows rows at a time.
+  const StepWalk<kRows> walk(seq, j0, kKeys, kvh, group);
+  using Step = StepWalk<kRows>::Step;
+  const int64_t steps = walk.count;
+  const Step start = walk.start;
   Step fetched = start, step = start;  // the step copied last, the step computed next
-  // The step after `at`: the next kRows rows of its head, or the next head's first (no division).
-  const auto next_step = [&](Step at) {
-    at.i0 += kRows;
-    if (at.i0 >= range.end) {
-      at.i0 = first;
-      ++at.h;
-    }
-    return at;
-  };
   const auto lse_row0 = [&](int64_t h) { return seq.row0 + h * seq.rows; };
   // Starts step `at`'s copies into buffer `buf` (not committed).
   const auto fetch = [&](Step at, int buf) {
@@ -385,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
     __pipeline_wait_prior(0);
     __syncthreads();  // step s's buffer is in; the previous step is done with the other and dS^T
     if (s + 1 < steps) {
-      fetched = next_step(fetched);
+      fetched = walk.next(fetched);
       fetch(fetched, int((s + 1) % 2));
     }
     __pipeline_commit();
@@ -395,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
     const float* lse = stats_of(buf);
     const float* dsum = lse + kRows;
     const int64_t h = step.h, i0 = step.i0;
-    step = next_step(step);
+    step = walk.next(step);
 
     // S^T and dP^T for the warp's 16 keys: two 16-column tiles of query rows each.
     FragAcc st[kRows / 16], dpt[kRows / 16];
@@ -566,7 +586,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 ? kBlocks64 : 2))
   // dK and dV leave through K and V's space (f32 rows of kLq), one after the other.
   float* stage = reinterpret_cast<float*>(smem);
   const auto at = [&](void* t, const int64_t (&stride)[3]) {
-    return static_cast<T*>(t) + seq.entry * stride[0] + kt * stride[1] + kvh * stride[2];
+    return token_row(static_cast<T*>(t), stride, seq.entry, kt, kvh);
   };
   store_rows<T, D>(dk, stage, at(p.dk, p.dk_stride), p.dk_stride[1], seq.seq_k - j0, p.head_dim);
   store_rows<T, D>(dv, stage, at(p.dv, p.dv_stride), p.dv_stride[1], seq.seq_k - j0, p.head_dim);

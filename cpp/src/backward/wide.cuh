@@ -108,32 +108,19 @@ __global__ void __launch_bounds__(Tiling<TILE>::kThreads, 1)
     return;  // past this sequence's keys (a variable-length batch's shorter ones)
   }
   const int64_t kt = seq.k0 + j0;  // the block's first key token
-  const T* k = static_cast<const T*>(p.k) + seq.entry * p.k_stride[0] + kt * p.k_stride[1] +
-               kvh * p.k_stride[2];
-  const T* v = static_cast<const T*>(p.v) + seq.entry * p.v_stride[0] + kt * p.v_stride[1] +
-               kvh * p.v_stride[2];
+  const T* k = token_row(static_cast<const T*>(p.k), p.k_stride, seq.entry, kt, kvh);
+  const T* v = token_row(static_cast<const T*>(p.v), p.v_stride, seq.entry, kt, kvh);
   const int keys = static_cast<int>(min(int64_t(kKeys), seq.seq_k - j0));
   using KeyCopy = wmma_fa::TileCopy<kKeys, D, S::kLd, kThreads, T>;
   KeyCopy(k, p.k_stride[1], keys, p.head_dim).start(ks, 0);
   KeyCopy(v, p.v_stride[1], keys, p.head_dim).start(vs, 0);
 
-  // The steps: every query head of the group times the kRows-row steps whose rows see the keys.
-  const RowRange range = rows_seeing(seq, j0, kKeys);
-  const int64_t first = range.first / kRows * kRows;
-  const int64_t steps = (range.end - first + kRows - 1) / kRows * group;
-  struct Step {
-    int64_t h, i0;  // a query step: its head and first row
-  };
-  const Step start{kvh * group, first};
+  // The query steps that see the keys: every query head of the group, kRows rows at a time.
+  const StepWalk<kRows> walk(seq, j0, kKeys, kvh, group);
+  using Step = typename StepWalk<kRows>::Step;
+  const int64_t steps = walk.count;
+  const Step start = walk.start;
   Step fetched = start, step = start;  // the step copied last, the step computed next
-  const auto next_step = [&](Step at) {
-    at.i0 += kRows;
-    if (at.i0 >= range.end) {
-      at.i0 = first;
-      ++at.h;
-    }
-    return at;
-  };
   const auto lse_row0 = [&](int64_t h) { return seq.row0 + h * seq.rows; };
   // Starts step `at`'s copies into buffer `buf` (not committed).
   const auto fetch = [&](Step at, int buf) {
@@ -167,7 +154,7 @@ __global__ void __launch_bounds__(Tiling<TILE>::kThreads, 1)
     __syncthreads();  // step s's buffer is in; the previous step is done with the other, P, dS
     if constexpr (kBuffers == 2) {
       if (s + 1 < steps) {
-        fetched = next_step(fetched);
+        fetched = walk.next(fetched);
         fetch(fetched, int((s + 1) % 2));
       }
       __pipeline_commit();
@@ -178,7 +165,7 @@ __global__ void __launch_bounds__(Tiling<TILE>::kThreads, 1)
     const float* lse = stats_of(buf);
     const float* dsum = lse + kRows;
     const int64_t h = step.h, i0 = step.i0;
-    step = next_step(step);
+    step = walk.next(step);
 
     // S and dP for the warp's kTr rows x kTc keys.
     FragAcc sc[kMs][kNs], dp[kMs][kNs];
@@ -348,7 +335,7 @@ __global__ void __launch_bounds__(Tiling<TILE>::kThreads, 1)
     if constexpr (kBuffers == 1) {
       __syncthreads();  // Q, dO and the row statistics are read
       if (s + 1 < steps) {
-        fetched = next_step(fetched);
+        fetched = walk.next(fetched);
         fetch(fetched, 0);
       }
       __pipeline_commit();
@@ -413,7 +400,7 @@ __global__ void __launch_bounds__(Tiling<TILE>::kThreads, 1)
       }
     }
     __syncthreads();
-    T* out = static_cast<T*>(t) + seq.entry * stride[0] + kt * stride[1] + kvh * stride[2];
+    T* out = token_row(static_cast<T*>(t), stride, seq.entry, kt, kvh);
     for (int e = threadIdx.x; e < kKeys * D; e += kThreads) {
       const int r = e / D, c = e % D;
       if (r < keys && c < p.head_dim) {
