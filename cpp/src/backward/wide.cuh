@@ -149,15 +149,18 @@ __global__ void __launch_bounds__(Tiling<TILE>::kThreads, 1)
 
   // The next step's copies: with two buffers at the step's start, into the other one; with one,
   // once every warp is done with the step's Q and dO (before dQ's products).
+  const auto fetch_next = [&](int64_t s) {
+    if (s + 1 < steps) {
+      fetched = walk.next(fetched);
+      fetch(fetched, int((s + 1) % kBuffers));
+    }
+    __pipeline_commit();
+  };
   for (int64_t s = 0; s < steps; ++s) {
     __pipeline_wait_prior(0);
     __syncthreads();  // step s's buffer is in; the previous step is done with the other, P, dS
     if constexpr (kBuffers == 2) {
-      if (s + 1 < steps) {
-        fetched = walk.next(fetched);
-        fetch(fetched, int((s + 1) % 2));
-      }
-      __pipeline_commit();
+      fetch_next(s);
     }
     const int buf = int(s % kBuffers);
     const T* qs = q_of(buf);
@@ -334,11 +337,7 @@ __global__ void __launch_bounds__(Tiling<TILE>::kThreads, 1)
 
     if constexpr (kBuffers == 1) {
       __syncthreads();  // Q, dO and the row statistics are read
-      if (s + 1 < steps) {
-        fetched = walk.next(fetched);
-        fetch(fetched, 0);
-      }
-      __pipeline_commit();
+      fetch_next(s);
     }
 
     // dQ = dS K for the warp's kTr rows x D/kSc columns, over the block's keys, added to the
