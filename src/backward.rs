@@ -282,30 +282,39 @@ fn route<T: AttentionElement>(
     Ok((request, route))
 }
 
-/// What the GPU backward pass reports: its one kernel family, and the row that ran.
+/// The backward pass on device tensors, all on one GPU (the C++ entry validates, plans and
+/// launches: cpp/src/backward.cpp), enqueued or recorded into `recording`; what it reports: its
+/// one kernel family, and the row that ran.
 #[cfg(feature = "cuda")]
-fn gpu(row: crate::plan::BackwardTileRow) -> Execution {
-    Execution {
+fn launch_on_gpu<T: AttentionElement>(
+    request: &RequestFfi,
+    inputs: [&Tensor<T>; 5],
+    lse: &Tensor<f32>,
+    grads: [&mut Tensor<T>; 3],
+    (batch, opts): (Batching<'_>, &AttentionOptions),
+    recording: Option<crate::cuda::launch::Recording<'_>>,
+) -> Result<Execution> {
+    let scores = crate::dispatch::ScoreTensors::of(opts);
+    let batching = (batch, scores);
+    let row = crate::cuda::launch::backward(request, inputs, lse, grads, batching, recording)?;
+    Ok(Execution {
         backend: crate::BackendKind::Kernel(crate::plan::Kernel::Wmma),
         tile: None,
         splits: 1,
         backward_tile: Some(row),
-    }
+    })
 }
 
-/// The backward pass on device tensors, all on one GPU (the C++ entry validates, plans and
-/// launches: cpp/src/backward.cpp).
+/// [`launch_on_gpu`], enqueued.
 #[cfg(feature = "cuda")]
 fn on_gpu<T: AttentionElement>(
     request: &RequestFfi,
     inputs: [&Tensor<T>; 5],
     lse: &Tensor<f32>,
     grads: [&mut Tensor<T>; 3],
-    (batch, opts): (Batching<'_>, &AttentionOptions),
+    batch: (Batching<'_>, &AttentionOptions),
 ) -> Result<Execution> {
-    let scores = crate::dispatch::ScoreTensors::of(opts);
-    let row = crate::cuda::launch::backward(request, inputs, lse, grads, (batch, scores), None)?;
-    Ok(gpu(row))
+    launch_on_gpu(request, inputs, lse, grads, batch, None)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -341,18 +350,15 @@ pub(crate) fn record<T: AttentionElement>(
         }),
         Route::Gpu => {
             let inputs = [q, k, v, forward.out, dout];
-            let scores = crate::dispatch::ScoreTensors::of(opts);
-            let grads = [dq, dk, dv];
-            let batching = (batch, scores);
-            let row = crate::cuda::launch::backward(
+            let batching = (batch, opts);
+            launch_on_gpu(
                 &request,
                 inputs,
                 forward.lse,
-                grads,
+                [dq, dk, dv],
                 batching,
                 Some(recording),
-            )?;
-            Ok(gpu(row))
+            )
         }
     }
 }
