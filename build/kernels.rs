@@ -50,7 +50,7 @@ impl Optional {
     }
 }
 
-pub const FAMILIES: [Family; 5] = [
+pub const FAMILIES: [Family; 6] = [
     // CUTLASS example 41.
     Family {
         dir: "sm80",
@@ -98,6 +98,15 @@ pub const FAMILIES: [Family; 5] = [
         cutlass_example: None,
         hopper: false,
         ampere_as_sm80: true,
+        no_spills: false,
+        optional: None,
+    },
+    // flashcore's Hopper backward kernel (wgmma and TMA through CuTe; example 88's helpers).
+    Family {
+        dir: "backward/sm90",
+        cutlass_example: Some("examples/88_hopper_fmha"),
+        hopper: true,
+        ampere_as_sm80: false,
         no_spills: false,
         optional: None,
     },
@@ -189,7 +198,7 @@ pub fn units(cpp: &Path, archs: &[String]) -> Vec<Unit> {
         for source in sources {
             let stem = source.file_stem().unwrap().to_string_lossy();
             units.push(Unit {
-                name: format!("fmha_{}_{stem}", family.dir),
+                name: format!("fmha_{}_{stem}", family.dir.replace('/', "_")),
                 source,
                 family,
             });

@@ -568,14 +568,32 @@ const BACKWARD_ROWS: [(&str, usize, usize, usize, usize, usize, bool); 5] = [
     ("4x16x2048x256 causal", 4, 16, 16, 2048, 256, true),
 ];
 
-/// The backward pass (bf16) on [`BACKWARD_ROWS`], with `force`'s kernel choice where given: per
-/// row (name, median us, TFLOP/s at 2.5 times the forward pass's FLOPs, as FlashAttention counts,
-/// the backward tile row that ran).
+/// The backward pass (bf16) on [`BACKWARD_ROWS`] on each of `kernels` that has a backward pass
+/// (WMMA, the Hopper kernel), with `force`'s kernel choice where given: per row and kernel that
+/// takes it (name, kernel, median us, TFLOP/s at 2.5 times the forward pass's FLOPs, as
+/// FlashAttention counts, the backward tile row that ran).
 fn backward_rows(
     stream: &Stream,
     iters: usize,
     force: Option<ArchClass>,
-) -> flashcore::Result<Vec<(String, f64, f64, String)>> {
+    kernels: &[Kernel],
+) -> flashcore::Result<Vec<(String, &'static str, f64, f64, String)>> {
+    let mut out = Vec::new();
+    for kernel in [Kernel::CutlassSm90, Kernel::Wmma] {
+        if kernels.contains(&kernel) {
+            out.extend(backward_rows_on(stream, iters, force, kernel)?);
+        }
+    }
+    Ok(out)
+}
+
+/// [`backward_rows`] on `kernel`, skipping the rows it does not take (BackendUnavailable).
+fn backward_rows_on(
+    stream: &Stream,
+    iters: usize,
+    force: Option<ArchClass>,
+    kernel: Kernel,
+) -> flashcore::Result<Vec<(String, &'static str, f64, f64, String)>> {
     use flashcore::{attention_backward_into, AttentionState, GradientsMut};
     let mut out = Vec::new();
     for (name, b, hq, hk, s, d, causal) in BACKWARD_ROWS {
@@ -586,18 +604,19 @@ fn backward_rows(
         } else {
             Causal::None
         };
-        let opts = AttentionOptions {
+        let forward_opts = AttentionOptions {
             force_arch_class: force,
             ..AttentionOptions::default().causal(causal).with_lse()
         };
-        let fwd = attention(&q, &k, &v, &opts)?;
+        let fwd = attention(&q, &k, &v, &forward_opts)?;
+        let opts = forward_opts.backend(Backend::Kernel(kernel));
         let state = AttentionState {
             out: &fwd.out,
             lse: fwd.lse.as_ref().expect("asked for"),
         };
         let (mut dq, mut dk, mut dv) = (dev(hq)?, dev(hk)?, dev(hk)?);
         let mut row = None;
-        let times = time_fn(stream, 3, iters, |_| {
+        let timed = time_fn(stream, 3, iters, |_| {
             let grads = GradientsMut {
                 dq: &mut dq,
                 dk: &mut dk,
@@ -606,7 +625,11 @@ fn backward_rows(
             let ran = attention_backward_into(&q, &k, &v, state, &dout, grads, &opts)?;
             row = ran.backward_tile;
             Ok(())
-        })?;
+        });
+        let times = match timed {
+            Err(flashcore::Error::BackendUnavailable { .. }) => continue,
+            other => other?,
+        };
         let row = row.map_or("none".to_owned(), |r| {
             format!(
                 "{:?} {} keys x {} rows",
@@ -616,7 +639,8 @@ fn backward_rows(
         let us = percentiles(&mut times.clone()).0;
         let forward =
             4.0 * (b * hq * s * s * d) as f64 * if causal == Causal::None { 1.0 } else { 0.5 };
-        out.push((name.to_owned(), us, 2.5 * forward / (us * 1e-6) / 1e12, row));
+        let tflops = 2.5 * forward / (us * 1e-6) / 1e12;
+        out.push((name.to_owned(), kernel.name(), us, tflops, row));
     }
     Ok(out)
 }
@@ -1090,12 +1114,14 @@ fn main() {
     let backward = if !args.wants("backward") {
         serde_json::Value::Null
     } else {
-        match backward_rows(&stream, args.iters, args.force) {
+        match backward_rows(&stream, args.iters, args.force, &args.kernels) {
             Ok(rows) => {
                 let mut out = Vec::new();
-                for (name, us, tflops, row) in rows {
-                    println!("backward {name} bf16: {us:.1} us, {tflops:.1} TFLOP/s ({row})");
-                    out.push(json!({ "shape": name, "us": us, "tflops": tflops, "row": row }));
+                for (name, kernel, us, tflops, row) in rows {
+                    println!(
+                        "backward {name} bf16 {kernel}: {us:.1} us, {tflops:.1} TFLOP/s ({row})"
+                    );
+                    out.push(json!({ "shape": name, "kernel": kernel, "us": us, "tflops": tflops, "row": row }));
                 }
                 serde_json::Value::Array(out)
             }

@@ -50,14 +50,22 @@ pub struct GradientsMut<'a, T: Element> {
 /// backward passes do). ALiBi slopes and a bias are constants: they get no gradient.
 ///
 /// **Where it runs:** host tensors on the CPU backend, in f64 (the reference); device tensors on
-/// the GPU backward kernels (compute capability 8.0 and later, WMMA tensor cores, f32
-/// accumulation; reported as [`crate::plan::Kernel::Wmma`], with the row of
-/// [`crate::plan::backward_tile_table`] that ran in [`Execution::backward_tile`]), on dq's
-/// stream, ordered after pending work on the other operands' streams. The GPU takes every head
-/// dim (up to 256), on the first row of its tier that fits the GPU's shared memory (an L4 takes
-/// every tier; a GPU with less than 73 KB per block none at 256:
-/// [`crate::Error::SharedMemoryExceeded`]). Forcing
-/// another kernel family is [`crate::Error::BackendUnavailable`]. It allocates an f32 dQ
+/// the GPU backward kernels (f32 accumulation), on dq's stream, ordered after pending work on
+/// the other operands' streams, with the row of [`crate::plan::backward_tile_table`] that ran
+/// in [`Execution::backward_tile`]:
+/// - under [`crate::Backend::Auto`] or with [`crate::plan::Kernel::Wmma`] forced, the WMMA
+///   kernels (compute capability 8.0 and later), every head dim up to 256, on the first row of
+///   its tier that fits the GPU's shared memory (an L4 takes every tier; a GPU with less than
+///   73 KB per block none at 256: [`crate::Error::SharedMemoryExceeded`]);
+/// - with [`crate::plan::Kernel::CutlassSm90`] forced, on an H100 / H200 (compute capability
+///   9.0, a build with 90 among its archs), the Hopper kernel (warpgroup MMAs and TMA) where it
+///   covers the call: a dense batch with queries, without a softcap, ALiBi or bias, head dims up
+///   to 128, q, k, v and dout with positive strides (no broadcast K / V); elsewhere
+///   [`crate::Error::BackendUnavailable`]. In its first version it runs at 0.80-0.86x the WMMA
+///   rows on the H200 (docs/BACKWARD.md, session 69), so Auto does not take it.
+///
+/// Forcing [`crate::plan::Kernel::CutlassSm80`] is [`crate::Error::BackendUnavailable`]. It
+/// allocates an f32 dQ
 /// accumulator of `batch * heads_q * seq_q * D` floats for the call (D: 64, 128 or 256, the
 /// head dim rounded up to one of them); dQ's f32 additions (atomics) arrive in no fixed order,
 /// so dQ may differ in its last bits between runs. **Speed:** 0.47-0.55x torch's cuDNN
@@ -283,8 +291,8 @@ fn route<T: AttentionElement>(
 }
 
 /// The backward pass on device tensors, all on one GPU (the C++ entry validates, plans and
-/// launches: cpp/src/backward.cpp), enqueued or recorded into `recording`; what it reports: its
-/// one kernel family, and the row that ran.
+/// launches: cpp/src/backward.cpp), enqueued or recorded into `recording`; what it reports: the
+/// kernel family and the row that ran.
 #[cfg(feature = "cuda")]
 fn launch_on_gpu<T: AttentionElement>(
     request: &RequestFfi,
@@ -297,8 +305,12 @@ fn launch_on_gpu<T: AttentionElement>(
     let scores = crate::dispatch::ScoreTensors::of(opts);
     let batching = (batch, scores);
     let row = crate::cuda::launch::backward(request, inputs, lse, grads, batching, recording)?;
+    let kernel = match row.kernel {
+        crate::plan::BackwardKernel::Hopper => crate::plan::Kernel::CutlassSm90,
+        _ => crate::plan::Kernel::Wmma,
+    };
     Ok(Execution {
-        backend: crate::BackendKind::Kernel(crate::plan::Kernel::Wmma),
+        backend: crate::BackendKind::Kernel(kernel),
         tile: None,
         splits: 1,
         backward_tile: Some(row),

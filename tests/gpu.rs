@@ -14,7 +14,8 @@ use flashcore::interop::{
     cpp_attention_forward, cpp_attention_paged, cpp_attention_varlen, CppDeviceBuffer,
 };
 use flashcore::plan::{
-    auto_kernel, decode_table, kv_splits, sequence_splits, tile_table, ArchClass, Kernel,
+    auto_kernel, decode_table, kv_splits, sequence_splits, tile_table, ArchClass, BackwardKernel,
+    Kernel,
 };
 use flashcore::{
     attention, attention_into, attention_paged, attention_paged_into, attention_varlen,
@@ -4509,6 +4510,8 @@ fn fuzz_varlen_one<T: AttentionElement>(s: &Stream, p: &DrawnVarlen, fuzz: &mut 
 #[derive(Debug)]
 struct DrawnBackward {
     bf16: bool,
+    /// Force the Hopper kernel where it covers the problem on this GPU (else Auto).
+    hopper: bool,
     case: Case,
     mods: common::Mods,
     /// A variable-length batch's query and key lengths (the case is then its packed batch 1).
@@ -4556,6 +4559,7 @@ impl DrawnBackward {
         }
         DrawnBackward {
             bf16: rng.below(2) == 0,
+            hopper: rng.below(2) == 0,
             case,
             mods,
             lengths,
@@ -4585,6 +4589,10 @@ fn backward_case<T: AttentionElement>(s: &Stream, p: &DrawnBackward) -> Option<[
     let (mut opts, mut cpu) = fuzz_options(s, c, &p.mods, (sequences, c.hq));
     opts.return_lse = true;
     opts.force_arch_class = c.force;
+    let on_hopper = p.hopper && hopper_backward_covers(p);
+    if on_hopper {
+        opts.backend = Backend::Kernel(Kernel::CutlassSm90);
+    }
     cpu.return_lse = true;
     cpu.bias = p.mods.bias.as_ref().map(|b| b.bias());
     opts.bias = p.mods.bias.as_ref().map(|b| device_bias(b, s));
@@ -4666,16 +4674,35 @@ fn backward_case<T: AttentionElement>(s: &Stream, p: &DrawnBackward) -> Option<[
         (device.as_ref(), &opts),
     )
     .unwrap_or_else(|e| panic!("{p:?}: {e}"));
-    assert_eq!(ran.backend, BackendKind::Kernel(Kernel::Wmma));
-    assert_eq!(ran.backward_tile, Some(expected_backward_row(c)), "{p:?}");
+    let row = expected_backward_row(c, on_hopper);
+    let kernel = match row.kernel {
+        BackwardKernel::Hopper => Kernel::CutlassSm90,
+        _ => Kernel::Wmma,
+    };
+    assert_eq!(ran.backend, BackendKind::Kernel(kernel), "{p:?}");
+    assert_eq!(ran.backward_tile, Some(row), "{p:?}");
     let got = [&gq, &gk, &gv].map(|t| logical(&t.to_host().unwrap()));
     let want = [&wq, &wk, &wv].map(|t| logical(t));
     Some([0, 1, 2].map(|i| gradient_error(&got[i], &want[i])))
 }
 
+/// Whether the Hopper backward kernel covers drawn problem `p` on device 0: it runs here, no
+/// other class is forced, and the call is a dense batch without a softcap, ALiBi or bias, at
+/// head dims up to 128 (validation gives multiples of 8 and aligned strides).
+fn hopper_backward_covers(p: &DrawnBackward) -> bool {
+    runs_here(Kernel::CutlassSm90)
+        && p.case.force.is_none_or(|f| f == ArchClass::Sm90)
+        && p.lengths.is_none()
+        && p.mods.softcap.is_none()
+        && p.mods.alibi.is_none()
+        && p.mods.bias.is_none()
+        && p.case.d <= 128
+}
+
 /// The row of the backward tile table that case `c` should run on device 0: the first of its
-/// head dim's tier whose shared memory fits the device and the forced class.
-fn expected_backward_row(c: &Case) -> flashcore::plan::BackwardTileRow {
+/// head dim's tier that takes it (a Hopper row where `hopper`) and whose shared memory fits the
+/// device and the forced class.
+fn expected_backward_row(c: &Case, hopper: bool) -> flashcore::plan::BackwardTileRow {
     let device = Device::open(0).unwrap();
     let budget = c
         .force
@@ -4690,7 +4717,11 @@ fn expected_backward_row(c: &Case) -> flashcore::plan::BackwardTileRow {
         .unwrap();
     *flashcore::plan::backward_tile_table()
         .iter()
-        .find(|r| r.max_head_dim == tier && r.smem_bytes <= budget)
+        .find(|r| {
+            r.max_head_dim == tier
+                && r.smem_bytes <= budget
+                && (r.kernel == BackwardKernel::Hopper) == hopper
+        })
         .expect("a row fits")
 }
 
@@ -4716,8 +4747,9 @@ fn gradient_error(got: &[f64], want: &[f64]) -> f64 {
 /// MQA, head dims 8 to 256, lengths 1 to 300 both ways, variable-length batches of 1 to 4
 /// sequences of 0 to 200 queries, causal modes, layouts, softcaps, windows, ALiBi, biases; a
 /// third of the problems each with an L4's or an A100's kernel choice forced (on an H200 the
-/// narrow kernel and the other rows at 256) (`FLASHCORE_FUZZ_CASES`, `FLASHCORE_FUZZ_SEED` as
-/// the fuzz tests).
+/// narrow kernel and the other rows at 256), half of those the Hopper kernel covers on it
+/// (an H100 / H200) forced there (`FLASHCORE_FUZZ_CASES`, `FLASHCORE_FUZZ_SEED` as the fuzz
+/// tests).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn backward_matches_the_cpu() {
@@ -4754,9 +4786,11 @@ fn backward_matches_the_cpu() {
 }
 
 /// The GPU backward pass refuses what it does not take, after validation and without writing
-/// the gradients: another forced family, a device batch with a sequence that sees no key
-/// (checked against the offsets' host copies); head dim 256 runs on this GPU's row and an L4's;
-/// and a problem without queries zeroes dK and dV.
+/// the gradients: example 41 forced, the Hopper kernel forced off an H100 / H200, with another
+/// class's choice or at head dim 256, a device batch with a sequence that sees no key (checked
+/// against the offsets' host copies); head dim 256 runs on this GPU's row and an L4's; Auto and
+/// Wmma run the WMMA rows, CutlassSm90 the Hopper one on an H100 / H200; and a problem without
+/// queries zeroes dK and dV.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn backward_refusals_and_empty_problems() {
@@ -4766,11 +4800,17 @@ fn backward_refusals_and_empty_problems() {
     let mut rng = Rng::fresh();
     let dev = |t: Tensor<f16>| t.to_device(&s).unwrap();
     let dev32 = |t: Tensor<f32>| t.to_device(&s).unwrap();
-    // Refused: another family forced. Run: head dim 256, on this GPU's row and an L4's.
+    // Refused: example 41 forced; the Hopper kernel forced where it does not run or cover the
+    // call. Run: head dim 256, on this GPU's row and an L4's; the rest.
+    let hopper = runs_here(Kernel::CutlassSm90);
+    let sm90 = Backend::Kernel(Kernel::CutlassSm90);
     let cases = [
         (64, Backend::Kernel(Kernel::CutlassSm80), None, true),
-        (64, Backend::Kernel(Kernel::CutlassSm90), None, true),
+        (64, sm90, None, !hopper),
+        (128, sm90, Some(ArchClass::Sm86Sm89), true),
+        (256, sm90, None, true),
         (128, Backend::Kernel(Kernel::Wmma), None, false),
+        (128, Backend::Auto, None, false),
         (256, Backend::Auto, None, false),
         (256, Backend::Auto, Some(ArchClass::Sm86Sm89), false),
     ];
@@ -4830,8 +4870,18 @@ fn backward_refusals_and_empty_problems() {
             }
         } else {
             let ran = got.unwrap();
-            assert_eq!(ran.backend, BackendKind::Kernel(Kernel::Wmma));
-            assert_eq!(ran.backward_tile.map(|r| r.max_head_dim), Some(d as u32));
+            let on_hopper = backend == sm90;
+            let (kernel, row) = if on_hopper {
+                (Kernel::CutlassSm90, BackwardKernel::Hopper)
+            } else {
+                (Kernel::Wmma, ran.backward_tile.unwrap().kernel)
+            };
+            assert_eq!(ran.backend, BackendKind::Kernel(kernel), "{d} {backend:?}");
+            assert_eq!(
+                ran.backward_tile.map(|r| (r.max_head_dim, r.kernel)),
+                Some((d as u32, row))
+            );
+            assert_ne!(on_hopper, row != BackwardKernel::Hopper, "{d} {backend:?}");
         }
     }
     // No queries: dK and dV are zero (the CPU backend does the same).
@@ -4879,8 +4929,9 @@ fn backward_refusals_and_empty_problems() {
     }
 }
 
-/// The backward pass recorded into a CUDA graph, dense (GQA 4:1) and over a variable-length
-/// batch (with a sequence without queries): recording runs nothing, and each launch computes
+/// The backward pass recorded into a CUDA graph, dense (GQA 4:1; on the WMMA rows and, on an
+/// H100 / H200, the Hopper one) and over a variable-length batch (with a sequence without
+/// queries): recording runs nothing, and each launch computes
 /// the gradients of the tensors' contents at that launch (fresh inputs, forward state and
 /// NaN-poisoned gradients before the second), against the CPU backend's. An operand on another
 /// stream, or a host operand, is refused and records nothing.
@@ -4894,7 +4945,13 @@ fn backward_in_a_cuda_graph() {
     let opts = AttentionOptions::default()
         .causal(Causal::BottomRight)
         .with_lse();
-    for varlen in [false, true] {
+    // Dense on the WMMA rows and, on an H100 / H200, the Hopper one; over the batch on WMMA.
+    let hopper = Backend::Kernel(Kernel::CutlassSm90);
+    let runs = [(false, Backend::Auto), (true, Backend::Auto)]
+        .into_iter()
+        .chain(runs_here(Kernel::CutlassSm90).then_some((false, hopper)));
+    for (varlen, backend) in runs {
+        let gpu_opts = opts.clone().backend(backend);
         let host_batch = VarlenBatch::from_lengths(&[37, 0, 130], &[64, 20, 200]).unwrap();
         let batch = varlen.then(|| host_batch.to_device(&s).unwrap());
         let (sq, sk, b) = if varlen { (167, 284, 1) } else { (100, 150, 2) };
@@ -4937,8 +4994,8 @@ fn backward_in_a_cuda_graph() {
                 dv: &mut dv,
             };
             match &batch {
-                Some(b) => capture.varlen_backward(q, &k, &v, b, state, dout, grads, &opts),
-                None => capture.backward(q, &k, &v, state, dout, grads, &opts),
+                Some(b) => capture.varlen_backward(q, &k, &v, b, state, dout, grads, &gpu_opts),
+                None => capture.backward(q, &k, &v, state, dout, grads, &gpu_opts),
             }
         };
         // Refused, recording nothing: dout on another stream, q on the host.
@@ -4956,8 +5013,13 @@ fn backward_in_a_cuda_graph() {
         assert!(matches!(e, Error::DeviceMismatch { .. }), "{e:?}");
         assert_eq!(capture.calls(), 0);
         let ran = record(&mut capture, &dout, &q).unwrap();
-        assert_eq!(ran.backend, BackendKind::Kernel(Kernel::Wmma));
-        assert!(ran.backward_tile.is_some(), "the recorded row");
+        let (kernel, on_hopper) = match backend {
+            Backend::Auto => (Kernel::Wmma, false),
+            _ => (Kernel::CutlassSm90, true),
+        };
+        assert_eq!(ran.backend, BackendKind::Kernel(kernel));
+        let row = ran.backward_tile.expect("the recorded row");
+        assert_eq!(row.kernel == BackwardKernel::Hopper, on_hopper, "{row:?}");
         assert_eq!(capture.calls(), 1);
         let graph = capture.finish().unwrap();
         let is_nan = |t: &Tensor<f16>| logical(&t.to_host().unwrap()).iter().all(|x| x.is_nan());
@@ -4983,7 +5045,10 @@ fn backward_in_a_cuda_graph() {
             graph.launch().unwrap();
             for (got, want) in [&dq, &dk, &dv].into_iter().zip(&want) {
                 let err = rel_l2(&logical(&got.to_host().unwrap()), &logical(want));
-                assert!(err < 2e-3, "varlen {varlen}, launch {launch}: rel L2 {err}");
+                assert!(
+                    err < 2e-3,
+                    "varlen {varlen}, {backend:?}, launch {launch}: rel L2 {err}"
+                );
             }
         }
     }

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include "attention.h"
+#include "check.h"
 #include "backward/launch.h"
 #include "core/backward.h"
 #include "describe.h"
@@ -61,6 +62,25 @@ BackwardLaunch make_launch(const core::BackwardRequest& r, const core::Problem& 
   return a;
 }
 
+// The Hopper kernel's passes for `a` (a row that plan_backward picks only in a build with it).
+void launch_backward_hopper(const BackwardLaunch& a, cudaStream_t stream) {
+  if (!has_gradients(a)) {
+    return;
+  }
+#ifdef FLASHCORE_WITH_SM90
+  const bool f16 = a.dtype == DType::F16;
+  if (core::backward_tier(a.head_dim) == 64) {
+    f16 ? launch_backward_sm90<DType::F16, 64>(a, stream)
+        : launch_backward_sm90<DType::BF16, 64>(a, stream);
+  } else {
+    f16 ? launch_backward_sm90<DType::F16, 128>(a, stream)
+        : launch_backward_sm90<DType::BF16, 128>(a, stream);
+  }
+#else
+  throw detail::Failure(Code::Launch, "", "backward: the Hopper kernel is not in this build");
+#endif
+}
+
 }  // namespace
 
 Status attention_backward(const BackwardArgs& args, cudaStream_t stream,
@@ -84,13 +104,17 @@ Status attention_backward(const BackwardArgs& args, cudaStream_t stream,
       return core::fail(Code::DeviceMismatch, Operand::Q, Field::None, p.location, device, 0);
     }
     int tile = -1;
-    if (Status s = core::plan_backward(r.forward, p, detail::device_caps(device), &tile);
+    if (Status s = core::plan_backward(r, p, detail::device_caps(device), &tile);
         !s.ok()) {
       return s;
     }
     BackwardLaunch launch = make_launch(r, p);
     launch.tile = tile;
-    launch_backward(launch, stream);
+    if (core::kBackwardTiles[tile].kernel == BackwardKernel::Hopper) {
+      launch_backward_hopper(launch, stream);
+    } else {
+      launch_backward(launch, stream);
+    }
     if (row != nullptr) {
       *row = core::kBackwardTiles[tile];
     }

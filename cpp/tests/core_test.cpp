@@ -1670,32 +1670,37 @@ void backward() {
   r.dq.address = r.forward.lse.address;
   overlap(r, Operand::DQ, Operand::Lse, "dq over the logsumexp");
 
-  // The GPU backward pass's plan: Auto or Wmma; compute capability 8.0 on; a tile row that fits
-  // the shared memory; the grid's limits.
+  // The GPU backward pass's plan: Auto, Wmma or CutlassSm90 (the Hopper kernel where it covers
+  // the call); compute capability 8.0 on; a tile row that takes the call and fits the shared
+  // memory; the grid's limits.
   flashcore::core::DeviceCaps l4;
   l4.major = 8, l4.minor = 9, l4.smem_per_block_optin = 99 * 1024;
   const auto plan = [&](const BackwardRequest& b, const flashcore::core::DeviceCaps& caps) {
     Problem q{};
     const Status v = flashcore::core::validate_backward(b, &q);
-    return v.ok() ? flashcore::core::plan_backward(b.forward, q, caps) : v;
+    return v.ok() ? flashcore::core::plan_backward(b, q, caps) : v;
   };
   r = valid_backward();
   expect(plan(r, l4).ok(), "backward plans on an L4: " + plan(r, l4).message);
+  using flashcore::BackwardKernel;
   using flashcore::core::kBackwardTiles;
   const flashcore::BackwardTable table = flashcore::backward_tile_table();
   expect(table.rows == kBackwardTiles &&
              table.count == size_t(flashcore::core::kBackwardTileCount),
          "the public backward table is core's");
-  // Each tier's rows from the largest shared memory down; the narrow rows fit an L4.
+  // Each tier's WMMA rows from the largest shared memory down (the Hopper rows, first in their
+  // tiers, take only the calls they cover); the narrow rows fit an L4.
   for (int i = 0; i < flashcore::core::kBackwardTileCount; ++i) {
     const auto& t = kBackwardTiles[i];
-    expect(t.kernel == flashcore::BackwardKernel::Wide ||
-               t.smem_bytes <= 99 * 1024,
+    expect(t.kernel != BackwardKernel::Narrow || t.smem_bytes <= 99 * 1024,
            "a narrow row fits an L4");
     for (int j = i + 1; j < flashcore::core::kBackwardTileCount; ++j) {
-      expect(kBackwardTiles[j].max_head_dim != t.max_head_dim ||
-                 kBackwardTiles[j].smem_bytes < t.smem_bytes,
-             "a tier's rows descend in shared memory");
+      const auto& u = kBackwardTiles[j];
+      expect(u.max_head_dim != t.max_head_dim || t.kernel == BackwardKernel::Hopper ||
+                 u.smem_bytes < t.smem_bytes,
+             "a tier's WMMA rows descend in shared memory");
+      expect(u.max_head_dim != t.max_head_dim || u.kernel != BackwardKernel::Hopper,
+             "a tier's Hopper row comes first");
     }
   }
   r.forward.options.backend = flashcore::Backend::Wmma;
@@ -1704,22 +1709,33 @@ void backward() {
   Status s = plan(r, l4);
   expect(s.code == Code::BackendUnavailable && s.values[0] == int64_t(Kernel::CutlassSm80),
          "backward forced on example 41: " + s.message);
+  r.forward.options.backend = flashcore::Backend::CutlassSm90;
+  s = plan(r, l4);
+  expect(s.code == Code::BackendUnavailable && s.values[0] == int64_t(Kernel::CutlassSm90),
+         "the Hopper backward forced on an L4: " + s.message);
   r = valid_backward();
   flashcore::core::DeviceCaps t4 = l4;
   t4.major = 7, t4.minor = 5, t4.smem_per_block_optin = 64 * 1024;
   expect(plan(r, t4).code == Code::UnsupportedDevice, "backward on compute capability 7.5");
   flashcore::core::DeviceCaps small = l4;
-  small.smem_per_block_optin = kBackwardTiles[1].smem_bytes - 1;  // a byte short
-  expect(kBackwardTiles[1].max_head_dim == 64 && r.forward.q.shape[3] == 64, "the smallest row of 64");
+  small.smem_per_block_optin = kBackwardTiles[2].smem_bytes - 1;  // a byte short
+  expect(kBackwardTiles[2].max_head_dim == 64 && r.forward.q.shape[3] == 64 &&
+             kBackwardTiles[2].kernel == BackwardKernel::Narrow,
+         "the smallest row of 64");
   expect(plan(r, small).code == Code::SharedMemoryExceeded, "backward beyond shared memory");
-  // The row that runs: the wide kernel where its shared memory fits, an H100 / H200 (227 KB) at
-  // head dims 64 and 128, an A100 (164 KB) at 64 only, an L4 (99 KB) never below 256; at 256 the
-  // wide kernel's 64-row steps on an H100 / H200, its 32-row steps on an A100, its 4-warp row on
-  // an L4.
+  // The row that runs on compute capability 9.0 with `smem` bytes per block, head dim
+  // `head_dim`, `forced` class, `backend`, and (`hopper`) a build with the Hopper kernels; -1
+  // where no row fits. Without the Hopper kernels: the wide kernel where its shared memory
+  // fits, an H100 / H200 (227 KB) at head dims 64 and 128, an A100 (164 KB) at 64 only, an L4
+  // (99 KB) never below 256; at 256 the wide kernel's 64-row steps on an H100 / H200, its
+  // 32-row steps on an A100, its 4-warp row on an L4.
   const auto tile_on = [&](int64_t head_dim, int64_t smem,
-                           std::optional<flashcore::ArchClass> forced = std::nullopt) {
+                           std::optional<flashcore::ArchClass> forced = std::nullopt,
+                           bool hopper = false,
+                           flashcore::Backend backend = flashcore::Backend::Auto) {
     BackwardRequest b = valid_backward();
     b.forward.options.force_arch_class = forced;
+    b.forward.options.backend = backend;
     for (flashcore::core::TensorDesc* t : {&b.forward.q, &b.forward.k, &b.forward.v,
                                            &b.forward.out, &b.dout, &b.dq, &b.dk, &b.dv}) {
       t->shape[3] = head_dim;
@@ -1728,10 +1744,13 @@ void backward() {
     }
     flashcore::core::DeviceCaps caps = l4;
     caps.major = 9, caps.minor = 0, caps.smem_per_block_optin = smem;
+    if (!hopper) {
+      caps.kernels &= ~(1u << int(Kernel::CutlassSm90));
+    }
     Problem q{};
     int tile = -1;
     const Status v = flashcore::core::validate_backward(b, &q);
-    const Status p = v.ok() ? flashcore::core::plan_backward(b.forward, q, caps, &tile) : v;
+    const Status p = v.ok() ? flashcore::core::plan_backward(b, q, caps, &tile) : v;
     if (p.code == Code::SharedMemoryExceeded) {
       return -1;
     }
@@ -1743,24 +1762,24 @@ void backward() {
   const auto wide_on = [&](int64_t head_dim, int64_t smem,
                            std::optional<flashcore::ArchClass> forced = std::nullopt) {
     const int tile = tile_on(head_dim, smem, forced);
-    return tile >= 0 && kBackwardTiles[tile].kernel == flashcore::BackwardKernel::Wide;
+    return tile >= 0 && kBackwardTiles[tile].kernel == BackwardKernel::Wide;
   };
   expect(wide_on(128, 227 * 1024) && wide_on(64, 227 * 1024), "wide on an H200");
   expect(!wide_on(128, 164 * 1024) && wide_on(64, 164 * 1024), "wide at 64 only on an A100");
   expect(!wide_on(128, 99 * 1024) && !wide_on(64, 99 * 1024), "narrow on an L4");
-  expect(wide_on(128, kBackwardTiles[2].smem_bytes) &&
-             !wide_on(128, kBackwardTiles[2].smem_bytes - 1),
+  expect(kBackwardTiles[4].kernel == BackwardKernel::Wide && wide_on(128, kBackwardTiles[4].smem_bytes) &&
+             !wide_on(128, kBackwardTiles[4].smem_bytes - 1),
          "wide exactly where its shared memory fits");
-  expect(tile_on(256, 227 * 1024) == 4 && tile_on(256, 164 * 1024) == 5 &&
-             tile_on(256, 99 * 1024) == 6,
+  expect(tile_on(256, 227 * 1024) == 6 && tile_on(256, 164 * 1024) == 7 &&
+             tile_on(256, 99 * 1024) == 8,
          "head dim 256: 64-row steps on an H200, 32-row steps on an A100, 4 warps on an L4");
-  expect(tile_on(200, kBackwardTiles[4].smem_bytes) == 4 &&
-             tile_on(136, kBackwardTiles[4].smem_bytes - 1) == 5 &&
-             tile_on(256, kBackwardTiles[5].smem_bytes - 1) == 6 &&
-             tile_on(256, kBackwardTiles[6].smem_bytes - 1) == -1,
+  expect(tile_on(200, kBackwardTiles[6].smem_bytes) == 6 &&
+             tile_on(136, kBackwardTiles[6].smem_bytes - 1) == 7 &&
+             tile_on(256, kBackwardTiles[7].smem_bytes - 1) == 8 &&
+             tile_on(256, kBackwardTiles[8].smem_bytes - 1) == -1,
          "head dims 136 to 256: the tier's rows exactly where they fit");
-  expect(tile_on(256, 227 * 1024, flashcore::ArchClass::Sm80) == 5 &&
-             tile_on(256, 227 * 1024, flashcore::ArchClass::Sm86Sm89) == 6,
+  expect(tile_on(256, 227 * 1024, flashcore::ArchClass::Sm80) == 7 &&
+             tile_on(256, 227 * 1024, flashcore::ArchClass::Sm86Sm89) == 8,
          "head dim 256 with an A100's and an L4's class forced on an H200");
   // A forced class plans as that class would on the device: an L4's narrow kernel, an A100's.
   expect(!wide_on(128, 227 * 1024, flashcore::ArchClass::Sm86Sm89) &&
@@ -1770,15 +1789,70 @@ void backward() {
              wide_on(64, 227 * 1024, flashcore::ArchClass::Sm80),
          "an A100's kernels forced on an H200");
   expect(wide_on(128, 227 * 1024, flashcore::ArchClass::Sm90), "an H200's own class forced");
+  // With the Hopper kernels built: their rows at 64 and 128 with CutlassSm90 forced (also with
+  // the H200's own class forced); under Auto or Wmma the WMMA rows.
+  const auto sm90 = flashcore::Backend::CutlassSm90;
+  expect(kBackwardTiles[0].kernel == BackwardKernel::Hopper &&
+             kBackwardTiles[3].kernel == BackwardKernel::Hopper,
+         "the Hopper rows at 64 and 128");
+  expect(tile_on(64, 227 * 1024, std::nullopt, true, sm90) == 0 &&
+             tile_on(128, 227 * 1024, std::nullopt, true, sm90) == 3 &&
+             tile_on(96, 227 * 1024, flashcore::ArchClass::Sm90, true, sm90) == 3 &&
+             tile_on(8, 227 * 1024, std::nullopt, true, sm90) == 0,
+         "the Hopper rows on an H200");
+  expect(tile_on(128, 227 * 1024, std::nullopt, true, flashcore::Backend::Wmma) == 4 &&
+             tile_on(128, 227 * 1024, std::nullopt, true) == 4 &&
+             tile_on(64, 227 * 1024, std::nullopt, true) == 1 &&
+             tile_on(128, 227 * 1024, flashcore::ArchClass::Sm80, true) == 5 &&
+             tile_on(256, 227 * 1024, std::nullopt, true) == 6,
+         "the WMMA rows under Auto and Wmma");
+  // Forced on what it does not cover: BackendUnavailable, whatever else would run.
+  const auto hopper_forced = [&](BackwardRequest b, flashcore::core::DeviceCaps caps) {
+    b.forward.options.backend = flashcore::Backend::CutlassSm90;
+    const Status got = plan(b, caps);
+    return got.code == Code::BackendUnavailable &&
+           got.values[0] == int64_t(Kernel::CutlassSm90) && !got.message.empty();
+  };
+  flashcore::core::DeviceCaps h200 = l4;
+  h200.major = 9, h200.minor = 0, h200.smem_per_block_optin = 227 * 1024;
+  r = valid_backward();
+  r.forward.options.backend = flashcore::Backend::CutlassSm90;
+  expect(plan(r, h200).ok(), "the Hopper backward forced on an H200: " + plan(r, h200).message);
+  for (TensorDesc* t : {&r.forward.q, &r.forward.k, &r.forward.v, &r.forward.out, &r.dout, &r.dq,
+                        &r.dk, &r.dv}) {
+    t->shape[3] = 256;
+    flashcore::bshd_strides(t->shape, t->stride);
+  }
+  expect(hopper_forced(r, h200), "the Hopper backward forced at head dim 256");
+  h200.smem_per_block_optin = kBackwardTiles[0].smem_bytes - 1;
+  r = valid_backward();
+  r.forward.options.backend = flashcore::Backend::CutlassSm90;
+  s = plan(r, h200);
+  expect(s.code == Code::SharedMemoryExceeded && s.values[0] == kBackwardTiles[0].smem_bytes,
+         "the Hopper backward forced, a byte short at 64: " + s.message);
+  h200.smem_per_block_optin = 227 * 1024;
+  flashcore::core::DeviceCaps unbuilt = h200;
+  unbuilt.kernels &= ~(1u << int(Kernel::CutlassSm90));
+  expect(hopper_forced(valid_backward(), unbuilt), "the Hopper backward forced, not built");
+  r = valid_backward();
+  r.forward.options.force_arch_class = flashcore::ArchClass::Sm86Sm89;
+  expect(hopper_forced(r, h200), "the Hopper backward forced with an L4's class");
+  r = valid_backward();
+  r.forward.options.softcap = 30.0f;
+  expect(hopper_forced(r, h200), "the Hopper backward forced with a softcap");
+  r = valid_backward();
+  r.forward.k.stride[0] = 0, r.forward.v.stride[0] = 0;  // one K and V for both batch entries
+  expect(plan(r, h200).ok() && hopper_forced(r, h200),
+         "the Hopper backward forced on broadcast K and V (stride 0: no TMA descriptor)");
   for (TensorDesc* t : {&r.forward.q, &r.forward.k, &r.forward.v, &r.forward.out, &r.dout, &r.dq,
                         &r.dk, &r.dv}) {
     t->shape[3] = 256;
     flashcore::bshd_strides(t->shape, t->stride);
   }
   flashcore::core::DeviceCaps smaller = l4;
-  smaller.smem_per_block_optin = kBackwardTiles[6].smem_bytes - 1;
+  smaller.smem_per_block_optin = kBackwardTiles[8].smem_bytes - 1;
   s = plan(r, smaller);
-  expect(s.code == Code::SharedMemoryExceeded && s.values[0] == kBackwardTiles[6].smem_bytes &&
+  expect(s.code == Code::SharedMemoryExceeded && s.values[0] == kBackwardTiles[8].smem_bytes &&
              s.values[1] == smaller.smem_per_block_optin,
          "backward at head dim 256 a byte short of the smallest row: " + s.message);
   // The valid call with `heads` query and kv heads and `keys` keys per sequence, each tensor in

@@ -235,7 +235,9 @@ bool backward(flashcore::DType dtype, const char* name, double tolerance, cudaSt
                 "dv %.2e (< %.0e), %s kernel, %d keys x %d rows: %s\n",
                 name, long(p.batch), long(p.heads_q), long(p.seq_q), long(p.heads_kv),
                 long(p.head_dim), eq, ek, ev, tolerance,
-                row.kernel == flashcore::BackwardKernel::Wide ? "wide" : "narrow",
+                row.kernel == flashcore::BackwardKernel::Hopper ? "hopper"
+                : row.kernel == flashcore::BackwardKernel::Wide ? "wide"
+                                                                : "narrow",
                 int(row.keys_per_block), int(row.rows_per_step), ok ? "ok" : "FAILED");
   }
 

@@ -13,6 +13,12 @@ pub enum BackwardKernel {
     /// 8 warps, FlashAttention-2's tiling: more keys or rows per block, where shared memory
     /// allows (and every row of head dims above 128).
     Wide,
+    /// Warpgroup MMAs fed by TMA (compute capability 9.0, in a build with
+    /// [`crate::Kernel::CutlassSm90`]): a producer warpgroup and two computing ones per 128
+    /// keys. It takes the calls it covers (a dense batch without a softcap, ALiBi or bias, head
+    /// dims up to 128) when that kernel is forced; [`crate::Backend::Auto`] does not take it
+    /// while it is slower than the wide rows.
+    Hopper,
 }
 
 /// One row of [`backward_tile_table`]: head dims up to `max_head_dim` (the row's tier; columns
@@ -40,9 +46,10 @@ pub struct BackwardTileRow {
     pub reason: &'static str,
 }
 
-/// The backward tile table. A GPU backward call runs the first row of its head dim's tier whose
-/// shared memory fits the device (and a forced [`crate::plan::ArchClass`]); the call's
-/// [`crate::Execution::backward_tile`] says which.
+/// The backward tile table. A GPU backward call runs the first row of its head dim's tier that
+/// takes it (the [`BackwardKernel::Hopper`] rows take the calls that kernel covers when it is
+/// forced, the others every other call) and whose shared memory fits the device (and a forced
+/// [`crate::plan::ArchClass`]); the call's [`crate::Execution::backward_tile`] says which.
 ///
 /// ```
 /// use flashcore::plan::{backward_tile_table, BackwardKernel};
@@ -57,10 +64,10 @@ pub fn backward_tile_table() -> &'static [BackwardTileRow] {
         sys::backward_rows()
             .into_iter()
             .map(|r| BackwardTileRow {
-                kernel: if r.kernel == 0 {
-                    BackwardKernel::Narrow
-                } else {
-                    BackwardKernel::Wide
+                kernel: match r.kernel {
+                    0 => BackwardKernel::Narrow,
+                    1 => BackwardKernel::Wide,
+                    _ => BackwardKernel::Hopper,
                 },
                 max_head_dim: r.max_head_dim as u32,
                 warps: r.warps as u32,

@@ -68,9 +68,10 @@ Table tile_table(Kernel kernel) noexcept;
 Table decode_table(Kernel kernel) noexcept;
 
 // The backward pass's key-block kernels (cpp/src/backward/): the narrow one (4 warps, 64 keys,
-// 32-row query steps: it fits an L4 up to head dim 128) and the wide one (8 warps,
-// FlashAttention-2's tiling).
-enum class BackwardKernel : int32_t { Narrow = 0, Wide = 1 };
+// 32-row query steps: it fits an L4 up to head dim 128), the wide one (8 warps,
+// FlashAttention-2's tiling), both on WMMA, and the Hopper one (backward/sm90/: warpgroup MMAs fed
+// by TMA, compute capability 9.0, in builds with Kernel::CutlassSm90).
+enum class BackwardKernel : int32_t { Narrow = 0, Wide = 1, Hopper = 2 };
 
 // One row of the backward tile table: head dims up to `max_head_dim` (the row's tier; columns
 // past the head dim are zero) on `kernel`, one block of `warps` warps per `keys_per_block` keys
@@ -88,7 +89,8 @@ struct BackwardTileRow {
 };
 
 // The backward tile table: `count` rows from `rows`. attention_backward runs the first row of
-// the head dim's tier whose shared memory fits the device (and a forced class).
+// the head dim's tier that takes the call (the Hopper rows: the calls that kernel covers when it
+// is forced, see attention_backward) and whose shared memory fits the device (and a forced class).
 struct BackwardTable {
   const BackwardTileRow* rows;
   size_t count;

@@ -44,9 +44,21 @@ struct BackwardLaunch {
   int32_t tile;  // the row of core::kBackwardTiles that runs (core::plan_backward's choice)
 };
 
+// Whether `a` has a gradient element (dK and dV exist); without, nothing is launched
+// (seq_k = 0 with queries was refused by validation).
+inline bool has_gradients(const BackwardLaunch& a) {
+  return a.batch > 0 && a.heads_kv > 0 && a.seq_k > 0;
+}
+
 // Enqueues the backward pass on `stream` (of the current device): the row sums D = rowsum(dO *
 // O) and a zeroed f32 dQ accumulator in stream-ordered scratch memory, the key-block kernel
 // (dK and dV written, dQ accumulated), then dQ converted. Throws detail::Failure.
 void launch_backward(const BackwardLaunch& args, cudaStream_t stream);
+
+// The same on the Hopper kernel (backward/sm90/: one instance per dtype, F16 or BF16, and
+// head-dim tier, 64 or 128), for a row of BackwardKernel::Hopper. Built only with the Hopper
+// family (FLASHCORE_WITH_SM90).
+template <DType kType, int D>
+void launch_backward_sm90(const BackwardLaunch& args, cudaStream_t stream);
 
 }  // namespace flashcore

@@ -84,30 +84,89 @@ Status validate_backward(const BackwardRequest& r, Problem* problem) noexcept {
   }
 }
 
-Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
+Status hopper_backward_covers(const BackwardRequest& r, const Problem& p,
+                              const DeviceCaps& caps) noexcept {
+  try {
+    const Request& f = r.forward;
+    const auto refuse = [](const std::string& why) {
+      return fail(Code::BackendUnavailable, Operand::None, Field::None,
+                  static_cast<int64_t>(Kernel::CutlassSm90), 0, 0,
+                  "the Hopper backward kernel " + why);
+    };
+    if ((caps.kernels >> static_cast<int32_t>(Kernel::CutlassSm90) & 1u) == 0) {
+      return refuse("is not in this build (FLASHCORE_CUDA_ARCHS lacks 90)");
+    }
+    if (caps.major != 9 || caps.minor != 0) {
+      return refuse("runs on compute capability 9.0 only (sm_90a SASS)");
+    }
+    if (f.options.force_arch_class && *f.options.force_arch_class != ArchClass::Sm90) {
+      return refuse("is not another class's choice (force_arch_class)");
+    }
+    if (p.varlen || f.options.softcap.value_or(0.0f) != 0.0f || f.has_alibi || f.has_bias) {
+      return refuse("takes no variable-length batch, softcap, ALiBi or bias");
+    }
+    if (p.head_dim > 128 || p.head_dim % 8 != 0 || p.seq_q == 0) {
+      return refuse("takes head dims up to 128 in multiples of 8, and queries");
+    }
+    // TMA: 16-byte aligned rows and bases, strides below 2^40 bytes (dimensions of extent 1 get
+    // a stride from the launcher).
+    constexpr int64_t kMaxStride = (int64_t{1} << 40) / 2;
+    for (const TensorDesc* t : {&f.q, &f.k, &f.v, &r.dout}) {
+      if (t->address % 16 != 0) {
+        return refuse("reads operands at 16-byte aligned addresses (TMA)");
+      }
+      for (int i = 0; i < 3; ++i) {
+        if (t->shape[i] > 1 && (t->stride[i] % 8 != 0 || t->stride[i] <= 0 ||
+                                t->stride[i] >= kMaxStride)) {
+          return refuse("reads operands with positive strides in multiples of 8 elements below "
+                        "2^39 (TMA)");
+        }
+      }
+    }
+    return {};
+  } catch (...) {
+    return out_of_host_memory();
+  }
+}
+
+Status plan_backward(const BackwardRequest& r, const Problem& p, const DeviceCaps& caps,
                      int* tile) noexcept {
   try {
-    const std::optional<Kernel> forced = kernel_of(r.options.backend);
-    if (forced && *forced != Kernel::Wmma) {
+    const Request& f = r.forward;
+    const std::optional<Kernel> forced = kernel_of(f.options.backend);
+    if (forced && *forced == Kernel::CutlassSm80) {
       return fail(Code::BackendUnavailable, Operand::None, Field::None,
                   static_cast<int64_t>(*forced), 0, 0,
-                  "the backward pass has one GPU kernel, of the wmma family (ask for Auto or Wmma)");
+                  "the backward pass runs on the wmma kernels and, on compute capability 9.0, "
+                  "the Hopper kernel (ask for Auto, Wmma or CutlassSm90)");
     }
     if (!arch_class(caps.major, caps.minor, caps.smem_per_block_optin)) {
       return fail(Code::UnsupportedDevice, Operand::None, Field::None, caps.major, caps.minor);
     }
-    // The first row of the head dim's tier that fits the device and the class forced in the
-    // options (testing an L4's or an A100's choice on another GPU).
-    const std::optional<ArchClass> forced_class = r.options.force_arch_class;
+    // The Hopper rows take the calls they cover when CutlassSm90 is forced (which must cover
+    // the call), not under Auto: in its first version the kernel is slower than the wide WMMA
+    // row (docs/BACKWARD.md, session 69).
+    const bool on_hopper = forced == Kernel::CutlassSm90;
+    if (on_hopper) {
+      if (Status s = hopper_backward_covers(r, p, caps); !s.ok()) {
+        return s;
+      }
+    }
+    const auto takes = [&](const BackwardTileRow& t) {
+      return (t.kernel == BackwardKernel::Hopper) == on_hopper;
+    };
+    // The first row of the head dim's tier that takes the call and fits the device and the
+    // class forced in the options (testing an L4's or an A100's choice on another GPU).
+    const std::optional<ArchClass> forced_class = f.options.force_arch_class;
     const int64_t budget = forced_class ? std::min(caps.smem_per_block_optin,
                                                    smem_per_block_optin(*forced_class))
                                         : caps.smem_per_block_optin;
     const int64_t tier = backward_tier(p.head_dim);
     int chosen = -1;
-    int64_t least = INT64_MAX;  // the tier's smallest need
+    int64_t least = INT64_MAX;  // the smallest need of the tier's rows that take the call
     for (int i = 0; i < kBackwardTileCount; ++i) {
       const BackwardTileRow& t = kBackwardTiles[i];
-      if (t.max_head_dim == tier) {
+      if (t.max_head_dim == tier && takes(t)) {
         least = std::min(least, t.smem_bytes);
         if (chosen < 0 && t.smem_bytes <= budget) {
           chosen = i;
@@ -127,12 +186,15 @@ Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
         {Field::Heads, {p.heads_q, INT32_MAX}},
         {Field::WorkUnits, {key_blocks * p.batch * p.heads_kv, INT32_MAX}},
         {Field::WorkUnits,
-         {p.heads_q * (p.varlen ? r.q.shape[1] : p.batch * p.seq_q) / kBackwardWarps,
+         {p.heads_q * (p.varlen ? f.q.shape[1] : p.batch * p.seq_q) / kBackwardWarps,
           INT32_MAX}}};
+    const Kernel kernel = kBackwardTiles[chosen].kernel == BackwardKernel::Hopper
+                              ? Kernel::CutlassSm90
+                              : Kernel::Wmma;
     for (const auto& [field, bound] : limits) {
       if (bound.first > bound.second) {
         return fail(Code::IndexOverflow, Operand::None, field, bound.first, bound.second,
-                    static_cast<int64_t>(Kernel::Wmma));
+                    static_cast<int64_t>(kernel));
       }
     }
     if (tile != nullptr) {

@@ -39,9 +39,18 @@ constexpr int64_t key_block_smem_bytes(int64_t keys, int64_t rows, int64_t d, in
   return 2 * keys * (d + 8) * 2 + buffers * (2 * rows * (d + 8) * 2 + 2 * rows * 4);
 }
 
+// The Hopper kernel's (backward/sm90/kernel.cuh): K and V, `buffers` stages of Q and dO,
+// unpadded (swizzled), two buffers of dS (rows x keys) and of the step's row statistics (two
+// f32 per row), and 1 KB for its barriers (the layout's 1024-byte alignment).
+constexpr int64_t hopper_key_block_smem_bytes(int64_t keys, int64_t rows, int64_t d,
+                                              int64_t buffers) {
+  return 2 * keys * d * 2 + buffers * 2 * rows * d * 2 + 2 * rows * keys * 2 + 2 * 2 * rows * 4 +
+         1024;
+}
+
 // A row of the backward tile table (flashcore/plan.h: BackwardTileRow), its shared memory
 // computed: K, V and the step buffers, plus the narrow kernel's dS^T (keys x rows) or the wide
-// kernel's P and dS (rows x keys each).
+// kernel's P and dS (rows x keys each); the Hopper kernel's layout.
 constexpr BackwardTileRow backward_row(BackwardKernel kernel, int32_t tier, int32_t warps,
                                        int32_t keys, int32_t rows, int32_t buffers,
                                        const char* reason) {
@@ -50,7 +59,9 @@ constexpr BackwardTileRow backward_row(BackwardKernel kernel, int32_t tier, int3
   return {kernel,  tier,
           warps,   keys,
           rows,    buffers,
-          key_block_smem_bytes(keys, rows, tier, buffers) + scores,
+          kernel == BackwardKernel::Hopper
+              ? hopper_key_block_smem_bytes(keys, rows, tier, buffers)
+              : key_block_smem_bytes(keys, rows, tier, buffers) + scores,
           reason};
 }
 
@@ -58,10 +69,16 @@ constexpr BackwardTileRow backward_row(BackwardKernel kernel, int32_t tier, int3
 // each by its index), each tier's rows from the largest shared memory down. plan_backward runs
 // the first row of the problem's tier whose shared memory fits.
 inline constexpr BackwardTileRow kBackwardTiles[] = {
+    backward_row(BackwardKernel::Hopper, 64, 12, 128, 64, 2,
+                 "H100 / H200, CutlassSm90 forced: 0.80x the wide row on 8x16x2048x64 causal "
+                 "(H200, call 266)"),
     backward_row(BackwardKernel::Wide, 64, 8, 128, 64, 2,
                  "H100 / H200, A100: 1.02x narrow on 8x16x2048x64 causal (H200, call 263)"),
     backward_row(BackwardKernel::Narrow, 64, kBackwardWarps, kBackwardKeys, kBackwardRows, 2,
                  "L4: fits its 99 KB"),
+    backward_row(BackwardKernel::Hopper, 128, 12, 128, 64, 2,
+                 "H100 / H200, CutlassSm90 forced: 0.80-0.86x the wide row at d = 128 "
+                 "(H200, call 266)"),
     backward_row(BackwardKernel::Wide, 128, 8, 128, 64, 2,
                  "H100 / H200: 1.15-1.22x narrow at 4x16x2048x128 (H200, call 263)"),
     backward_row(BackwardKernel::Narrow, 128, kBackwardWarps, kBackwardKeys, kBackwardRows, 2,
@@ -75,13 +92,22 @@ inline constexpr BackwardTileRow kBackwardTiles[] = {
 };
 constexpr int kBackwardTileCount = int(sizeof(kBackwardTiles) / sizeof(kBackwardTiles[0]));
 
+// Whether the Hopper key-block kernel covers the validated problem `p` of `r` (a dense batch
+// without a softcap, ALiBi or bias, a head dim of at most 128 in multiples of 8, q, k, v and
+// dout 16-byte aligned with strides in multiples of 8 elements) on a device with `caps`
+// (compute capability 9.0, a build with the Hopper family, no forced class but Sm90); OK, or
+// BackendUnavailable saying why not.
+Status hopper_backward_covers(const BackwardRequest& r, const Problem& p,
+                              const DeviceCaps& caps) noexcept;
+
 // Whether the GPU backward kernels take the validated problem `p` of `r` on a device with `caps`:
-// the backend (Auto or Wmma; another forced family is BackendUnavailable), the device (compute
-// capability 8.0 or later), shared memory (a row of the head dim's tier that fits the device
-// and r.options.force_arch_class's class, when one is forced, else SharedMemoryExceeded with the
-// tier's smallest need), and the grid's limits (IndexOverflow). `*tile` (when not null): the
-// row of kBackwardTiles that runs.
-Status plan_backward(const Request& r, const Problem& p, const DeviceCaps& caps,
+// the backend (Auto or Wmma: the WMMA rows; CutlassSm90: the Hopper rows, where the kernel
+// covers the call, else BackendUnavailable; CutlassSm80 is BackendUnavailable), the device (compute
+// capability 8.0 or later), shared memory (a row of the head dim's tier that takes the call and
+// fits the device and r.forward.options.force_arch_class's class, when one is forced, else
+// SharedMemoryExceeded with the smallest need of those rows), and the grid's limits
+// (IndexOverflow). `*tile` (when not null): the row of kBackwardTiles that runs.
+Status plan_backward(const BackwardRequest& r, const Problem& p, const DeviceCaps& caps,
                      int* tile = nullptr) noexcept;
 
 }  // namespace flashcore::core
