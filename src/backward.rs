@@ -53,16 +53,20 @@ pub struct GradientsMut<'a, T: Element> {
 /// the GPU backward kernels (f32 accumulation), on dq's stream, ordered after pending work on
 /// the other operands' streams, with the row of [`crate::plan::backward_tile_table`] that ran
 /// in [`Execution::backward_tile`]:
-/// - under [`crate::Backend::Auto`] or with [`crate::plan::Kernel::Wmma`] forced, the WMMA
-///   kernels (compute capability 8.0 and later), every head dim up to 256, on the first row of
-///   its tier that fits the GPU's shared memory (an L4 takes every tier; a GPU with less than
-///   73 KB per block none at 256: [`crate::Error::SharedMemoryExceeded`]);
-/// - with [`crate::plan::Kernel::CutlassSm90`] forced, on an H100 / H200 (compute capability
-///   9.0, a build with 90 among its archs), the Hopper kernel (warpgroup MMAs and TMA) where it
-///   covers the call: a dense batch with queries, without a softcap, ALiBi or bias, head dims up
-///   to 128, q, k, v and dout with positive strides (no broadcast K / V); elsewhere
-///   [`crate::Error::BackendUnavailable`]. In its first version it runs at 0.80-0.86x the WMMA
-///   rows on the H200 (docs/BACKWARD.md, session 69), so Auto does not take it.
+/// - the WMMA kernels (compute capability 8.0 and later; [`crate::plan::Kernel::Wmma`]),
+///   every head dim up to 256, on the first row of its tier that fits the GPU's shared memory
+///   (an L4 takes every tier; a GPU with less than 73 KB per block none at 256:
+///   [`crate::Error::SharedMemoryExceeded`]);
+/// - the Hopper kernel ([`crate::plan::Kernel::CutlassSm90`]: warpgroup MMAs and TMA, on an
+///   H100 / H200 in a build with 90 among its archs) where it covers the call: a dense batch
+///   with queries, without a softcap, ALiBi or bias, head dims up to 128, q, k, v and dout with
+///   positive strides (no broadcast K / V). Forced elsewhere, it is
+///   [`crate::Error::BackendUnavailable`].
+///
+/// [`crate::Backend::Auto`] takes the Hopper kernel for the calls it covers at head dims 72 to
+/// 128 whose grid (128-key blocks x batch x kv heads) has a block per SM: 1.04-1.15x the WMMA
+/// rows there on the H200, 0.98x at head dim 64 (docs/BACKWARD.md, session 69); the WMMA
+/// kernels elsewhere.
 ///
 /// Forcing [`crate::plan::Kernel::CutlassSm80`] is [`crate::Error::BackendUnavailable`]. It
 /// allocates an f32 dQ

@@ -4589,10 +4589,11 @@ fn backward_case<T: AttentionElement>(s: &Stream, p: &DrawnBackward) -> Option<[
     let (mut opts, mut cpu) = fuzz_options(s, c, &p.mods, (sequences, c.hq));
     opts.return_lse = true;
     opts.force_arch_class = c.force;
-    let on_hopper = p.hopper && hopper_backward_covers(p);
-    if on_hopper {
+    let covered = hopper_backward_covers(p);
+    if p.hopper && covered {
         opts.backend = Backend::Kernel(Kernel::CutlassSm90);
     }
+    let on_hopper = covered && (p.hopper || hopper_by_auto(c));
     cpu.return_lse = true;
     cpu.bias = p.mods.bias.as_ref().map(|b| b.bias());
     opts.bias = p.mods.bias.as_ref().map(|b| device_bias(b, s));
@@ -4697,6 +4698,13 @@ fn hopper_backward_covers(p: &DrawnBackward) -> bool {
         && p.mods.alibi.is_none()
         && p.mods.bias.is_none()
         && p.case.d <= 128
+}
+
+/// Whether Auto takes the Hopper backward kernel for case `c` where it covers it: head dims 72
+/// to 128 and a grid (128-key blocks x batch x kv heads) of a block per SM at least.
+fn hopper_by_auto(c: &Case) -> bool {
+    let sms = Device::open(0).unwrap().sm_count();
+    c.d > 64 && c.sk.div_ceil(128) * c.b * c.hk >= sms
 }
 
 /// The row of the backward tile table that case `c` should run on device 0: the first of its
@@ -4883,6 +4891,43 @@ fn backward_refusals_and_empty_problems() {
             );
             assert_ne!(on_hopper, row != BackwardKernel::Hopper, "{d} {backend:?}");
         }
+    }
+    // Auto on a covered call whose grid fills the GPU: the Hopper kernel on an H100 / H200
+    // (else WMMA), its gradients those of WMMA forced.
+    let sms = Device::open(0).unwrap().sm_count();
+    let heads = sms.div_ceil(8); // 8 key blocks of 1024 keys per head
+    let [q, k, v, dout] =
+        [0; 4].map(|_| dev(randn::<f16>(&mut rng, &[1, 1024, heads, 128], Layout::Bshd)));
+    let forward = AttentionOptions::default()
+        .causal(Causal::TopLeft)
+        .with_lse();
+    let fwd = attention(&q, &k, &v, &forward).unwrap();
+    let state = AttentionState {
+        out: &fwd.out,
+        lse: fwd.lse.as_ref().unwrap(),
+    };
+    let mut grads = Vec::new();
+    for backend in [Backend::Auto, Backend::Kernel(Kernel::Wmma)] {
+        let ran = attention_backward(&q, &k, &v, state, &dout, &forward.clone().backend(backend))
+            .unwrap();
+        let hopper = backend == Backend::Auto && runs_here(Kernel::CutlassSm90);
+        let kernel = if hopper {
+            Kernel::CutlassSm90
+        } else {
+            Kernel::Wmma
+        };
+        assert_eq!(
+            ran.execution.backend,
+            BackendKind::Kernel(kernel),
+            "{backend:?}"
+        );
+        let row = ran.execution.backward_tile.expect("a row");
+        assert_eq!(row.kernel == BackwardKernel::Hopper, hopper, "{row:?}");
+        grads.push([ran.dq, ran.dk, ran.dv].map(|t| logical(&t.to_host().unwrap())));
+    }
+    for (got, want) in grads[0].iter().zip(&grads[1]) {
+        let err = rel_l2(got, want);
+        assert!(err < 2e-3, "Auto against WMMA: rel L2 {err}");
     }
     // No queries: dK and dV are zero (the CPU backend does the same).
     let q = dev(Tensor::full(f16::ZERO, &[2, 0, 4, 64], Layout::Bshd).unwrap());

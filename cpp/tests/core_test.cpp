@@ -1744,6 +1744,7 @@ void backward() {
     }
     flashcore::core::DeviceCaps caps = l4;
     caps.major = 9, caps.minor = 0, caps.smem_per_block_optin = smem;
+    caps.multiprocessors = 132;  // more than the call's blocks: Auto keeps the WMMA rows
     if (!hopper) {
       caps.kernels &= ~(1u << int(Kernel::CutlassSm90));
     }
@@ -1805,7 +1806,36 @@ void backward() {
              tile_on(64, 227 * 1024, std::nullopt, true) == 1 &&
              tile_on(128, 227 * 1024, flashcore::ArchClass::Sm80, true) == 5 &&
              tile_on(256, 227 * 1024, std::nullopt, true) == 6,
-         "the WMMA rows under Auto and Wmma");
+         "the WMMA rows under Wmma, and under Auto for a grid smaller than the GPU");
+  // Auto: the Hopper row at tier 128 where its grid (here 2 key blocks x 2 sequences x 2 kv
+  // heads = 8 blocks) has a block per SM, or the SM count is unknown; never at 64.
+  {
+    Problem q{};
+    int tile = -1;
+    const BackwardRequest b = valid_backward();  // head dim 64
+    BackwardRequest b128 = b;
+    for (TensorDesc* t : {&b128.forward.q, &b128.forward.k, &b128.forward.v, &b128.forward.out,
+                          &b128.dout, &b128.dq, &b128.dk, &b128.dv}) {
+      t->shape[3] = 128;
+      flashcore::bshd_strides(t->shape, t->stride);
+    }
+    flashcore::core::DeviceCaps caps = l4;
+    caps.major = 9, caps.minor = 0, caps.smem_per_block_optin = 227 * 1024;
+    const auto auto_tile = [&](const BackwardRequest& req, int32_t sms) {
+      caps.multiprocessors = sms;
+      tile = -1;
+      const Status v = flashcore::core::validate_backward(req, &q);
+      const Status got = v.ok() ? flashcore::core::plan_backward(req, q, caps, &tile) : v;
+      expect(got.ok(), "Auto's backward plan: " + got.message);
+      return tile;
+    };
+    expect(auto_tile(b128, 8) == 3 && auto_tile(b128, 0) == 3 && auto_tile(b128, 9) == 4,
+           "Auto: the Hopper row at 128 from a block per SM");
+    expect(auto_tile(b, 1) == 1 && auto_tile(b, 0) == 1, "Auto: the wide row at 64");
+    BackwardRequest capped = b128;
+    capped.forward.options.softcap = 30.0f;
+    expect(auto_tile(capped, 1) == 4, "Auto: the wide row for a call the Hopper kernel lacks");
+  }
   // Forced on what it does not cover: BackendUnavailable, whatever else would run.
   const auto hopper_forced = [&](BackwardRequest b, flashcore::core::DeviceCaps caps) {
     b.forward.options.backend = flashcore::Backend::CutlassSm90;

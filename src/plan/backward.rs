@@ -16,8 +16,8 @@ pub enum BackwardKernel {
     /// Warpgroup MMAs fed by TMA (compute capability 9.0, in a build with
     /// [`crate::Kernel::CutlassSm90`]): a producer warpgroup and two computing ones per 128
     /// keys. It takes the calls it covers (a dense batch without a softcap, ALiBi or bias, head
-    /// dims up to 128) when that kernel is forced; [`crate::Backend::Auto`] does not take it
-    /// while it is slower than the wide rows.
+    /// dims up to 128) when that kernel is forced, and under [`crate::Backend::Auto`] those at
+    /// head dims 72-128 whose grid has a block per SM.
     Hopper,
 }
 
@@ -48,7 +48,8 @@ pub struct BackwardTileRow {
 
 /// The backward tile table. A GPU backward call runs the first row of its head dim's tier that
 /// takes it (the [`BackwardKernel::Hopper`] rows take the calls that kernel covers when it is
-/// forced, the others every other call) and whose shared memory fits the device (and a forced
+/// forced or Auto picks it, the others every other call) and whose shared memory fits the
+/// device (and a forced
 /// [`crate::plan::ArchClass`]); the call's [`crate::Execution::backward_tile`] says which.
 ///
 /// ```

@@ -209,12 +209,14 @@ struct BackwardArgs {
 // enqueues the backward kernels on `stream` (of the current device), on the first row of
 // backward_tile_table() for the head dim's tier that takes the call and whose shared memory fits
 // (none: Code::SharedMemoryExceeded, below 73 KB per block at head dim 256):
-// - Auto or Kernel::Wmma: the WMMA kernels, every head dim, compute capability 8.0 or later;
-// - Kernel::CutlassSm90 forced: the Hopper kernel (compute capability 9.0, a build with 90 among
-//   its archs; in its first version slower than the WMMA rows, so Auto does not take it) where
-//   it covers the call: a dense batch with queries, no softcap, ALiBi or bias, a head dim of at
-//   most 128, and q, k, v and dout with positive strides (TMA); not with a forced arch class
-//   other than Sm90; elsewhere Code::BackendUnavailable, as is Kernel::CutlassSm80. It
+// - Kernel::Wmma: the WMMA kernels, every head dim, compute capability 8.0 or later;
+// - Kernel::CutlassSm90: the Hopper kernel (compute capability 9.0, a build with 90 among its
+//   archs) where it covers the call: a dense batch with queries, no softcap, ALiBi or bias, a
+//   head dim of at most 128, and q, k, v and dout with positive strides (TMA); not with a forced
+//   arch class other than Sm90; elsewhere Code::BackendUnavailable, as is Kernel::CutlassSm80;
+// - Auto: the Hopper kernel for the calls it covers at head dims 72-128 whose grid (128-key
+//   blocks x batch x kv heads) has a block per SM (1.04-1.15x the WMMA rows there on the H200;
+//   at 64 and below 0.98x), else the WMMA kernels. It
 // allocates an f32 dQ accumulator of batch x heads_q x seq_q x D floats (D: the tier, 64, 128
 // or 256), stream-ordered, for the call. `row` (when not null) receives the row that runs.
 // Nothing is launched when the Status is not ok; a problem without gradient elements succeeds

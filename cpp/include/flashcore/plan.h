@@ -89,8 +89,8 @@ struct BackwardTileRow {
 };
 
 // The backward tile table: `count` rows from `rows`. attention_backward runs the first row of
-// the head dim's tier that takes the call (the Hopper rows: the calls that kernel covers when it
-// is forced, see attention_backward) and whose shared memory fits the device (and a forced class).
+// the head dim's tier that takes the call (the Hopper rows or the others: see
+// attention_backward) and whose shared memory fits the device (and a forced class).
 struct BackwardTable {
   const BackwardTileRow* rows;
   size_t count;

@@ -44,6 +44,23 @@ Failed check_gradient_overlaps(const BackwardRequest& r, const Gradient (&grads)
   return std::nullopt;
 }
 
+// Whether Auto takes the Hopper kernel for a call it covers (problem `p`, the head dim's `tier`)
+// on a device with `caps`: at tier 128 (head dims 72-128) where its grid has a block per SM at
+// least (or the SM count is unknown). Measured on the H200 (call 267, bf16, against the wide
+// WMMA row): 1.15x on 4x16x2048x128, 1.04x causal, 1.14x on GQA 4x32(kv8)x2048x128 causal, but
+// 0.98x on 8x16x2048x64 causal, so tier 64 stays on WMMA; smaller grids are unmeasured.
+bool hopper_by_auto(int64_t tier, const Problem& p, const DeviceCaps& caps) {
+  constexpr int64_t kAutoTier = 128;
+  for (const BackwardTileRow& t : kBackwardTiles) {
+    if (t.kernel == BackwardKernel::Hopper && t.max_head_dim == tier && tier == kAutoTier) {
+      const int64_t blocks =
+          (p.seq_k + t.keys_per_block - 1) / t.keys_per_block * p.batch * p.heads_kv;
+      return caps.multiprocessors == 0 || blocks >= caps.multiprocessors;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 Status validate_backward(const BackwardRequest& r, Problem* problem) noexcept {
@@ -143,15 +160,15 @@ Status plan_backward(const BackwardRequest& r, const Problem& p, const DeviceCap
     if (!arch_class(caps.major, caps.minor, caps.smem_per_block_optin)) {
       return fail(Code::UnsupportedDevice, Operand::None, Field::None, caps.major, caps.minor);
     }
-    // The Hopper rows take the calls they cover when CutlassSm90 is forced (which must cover
-    // the call), not under Auto: in its first version the kernel is slower than the wide WMMA
-    // row (docs/BACKWARD.md, session 69).
-    const bool on_hopper = forced == Kernel::CutlassSm90;
-    if (on_hopper) {
-      if (Status s = hopper_backward_covers(r, p, caps); !s.ok()) {
-        return s;
-      }
+    // The Hopper rows take the calls the kernel covers when CutlassSm90 is forced (it must then
+    // cover the call) and those hopper_by_auto picks under Auto; the WMMA rows the others.
+    const int64_t tier = backward_tier(p.head_dim);
+    const Status hopper = hopper_backward_covers(r, p, caps);
+    if (forced == Kernel::CutlassSm90 && !hopper.ok()) {
+      return hopper;
     }
+    const bool on_hopper = forced == Kernel::CutlassSm90 ||
+                           (!forced && hopper.ok() && hopper_by_auto(tier, p, caps));
     const auto takes = [&](const BackwardTileRow& t) {
       return (t.kernel == BackwardKernel::Hopper) == on_hopper;
     };
@@ -161,7 +178,6 @@ Status plan_backward(const BackwardRequest& r, const Problem& p, const DeviceCap
     const int64_t budget = forced_class ? std::min(caps.smem_per_block_optin,
                                                    smem_per_block_optin(*forced_class))
                                         : caps.smem_per_block_optin;
-    const int64_t tier = backward_tier(p.head_dim);
     int chosen = -1;
     int64_t least = INT64_MAX;  // the smallest need of the tier's rows that take the call
     for (int i = 0; i < kBackwardTileCount; ++i) {
