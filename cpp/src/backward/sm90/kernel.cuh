@@ -348,16 +348,25 @@ __global__ void __launch_bounds__(Config<T, D>::kThreads, 1)
 
     warpgroup_wait<1>();  // S^T
     warpgroup_fence_operand(acc_s);
-    CUTLASS_PRAGMA_UNROLL
-    for (int e = 0; e < kElements; ++e) {
-      float prob = fast_exp2(acc_s(e) * scale_log2 - stat[slot_of(e)]);
-      if (!full) {
-        const int64_t j = j0 + get<0>(cS(e)), gap = j - (i0 + get<1>(cS(e)));
-        const bool visible = j < seq.seq_k && (!seq.has_hi || gap <= seq.hi) &&
-                             (!seq.has_lo || gap >= seq.lo);
-        prob = visible ? prob : 0.f;
+    if (full) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int e = 0; e < kElements; ++e) {
+        acc_s(e) = fast_exp2(acc_s(e) * scale_log2 - stat[slot_of(e)]);
       }
-      acc_s(e) = prob;
+    } else {
+      // Key j0 + kk is visible to row i0 + r when kk < keys and lo <= kk - r <= hi, the bounds
+      // taken relative to j0 - i0 and clamped to +-128 (|kk - r| < 64), so 32 bits suffice.
+      const int64_t base = j0 - i0;
+      const auto clamp = [](int64_t x) { return int(max<int64_t>(-128, min<int64_t>(128, x))); };
+      const int keys = clamp(seq.seq_k - j0);
+      const int hi = seq.has_hi ? clamp(seq.hi - base) : 128;
+      const int lo = seq.has_lo ? clamp(seq.lo - base) : -128;
+      CUTLASS_PRAGMA_UNROLL
+      for (int e = 0; e < kElements; ++e) {
+        const int kk = get<0>(cS(e)), gap = kk - get<1>(cS(e));
+        const float prob = fast_exp2(acc_s(e) * scale_log2 - stat[slot_of(e)]);
+        acc_s(e) = kk < keys && gap <= hi && gap >= lo ? prob : 0.f;
+      }
     }
     // The row sums D_i.
     CUTLASS_PRAGMA_UNROLL
@@ -418,13 +427,16 @@ __global__ void __launch_bounds__(Config<T, D>::kThreads, 1)
     ++read;
 
     // This warpgroup's half of the step's dQ rows, added to their accumulators (pairs of
-    // adjacent columns).
-    float* dq = params.dq_acc + row0 * D + w * C::kHalf;
+    // adjacent columns), addressed from the thread's first element (the others lie at offsets
+    // known at compile time).
+    const int r0 = get<0>(cQ(0)), c0 = get<1>(cQ(0));
+    float* dq = params.dq_acc + (row0 + r0) * D + w * C::kHalf + c0;
+    const int64_t rows_left = seq.seq_q - (i0 + r0);
     CUTLASS_PRAGMA_UNROLL
     for (int e = 0; e < size(acc_dq); e += 2) {
-      const int r = get<0>(cQ(e)), c = get<1>(cQ(e));
-      if (i0 + r < seq.seq_q) {
-        add_pair(dq + int64_t(r) * D + c, acc_dq(e), acc_dq(e + 1));
+      const int dr = get<0>(cQ(e)) - r0, dc = get<1>(cQ(e)) - c0;
+      if (dr < rows_left) {
+        add_pair(dq + dr * D + dc, acc_dq(e), acc_dq(e + 1));
       }
     }
   }
