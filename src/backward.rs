@@ -63,10 +63,9 @@ pub struct GradientsMut<'a, T: Element> {
 ///   positive strides (no broadcast K / V). Forced elsewhere, it is
 ///   [`crate::Error::BackendUnavailable`].
 ///
-/// [`crate::Backend::Auto`] takes the Hopper kernel for the calls it covers at head dims 72 to
-/// 128 whose grid (128-key blocks x batch x kv heads) has a block per SM: 1.04-1.15x the WMMA
-/// rows there on the H200, 0.98x at head dim 64 (docs/BACKWARD.md, session 69); the WMMA
-/// kernels elsewhere.
+/// [`crate::Backend::Auto`] takes the Hopper kernel for the calls it covers whose grid (128-key
+/// blocks x batch x kv heads) has a block per SM: 1.08-1.25x the WMMA rows there on the H200
+/// (docs/BACKWARD.md, session 69); the WMMA kernels elsewhere.
 ///
 /// Forcing [`crate::plan::Kernel::CutlassSm80`] is [`crate::Error::BackendUnavailable`]. It
 /// allocates an f32 dQ

@@ -4700,11 +4700,11 @@ fn hopper_backward_covers(p: &DrawnBackward) -> bool {
         && p.case.d <= 128
 }
 
-/// Whether Auto takes the Hopper backward kernel for case `c` where it covers it: head dims 72
-/// to 128 and a grid (128-key blocks x batch x kv heads) of a block per SM at least.
+/// Whether Auto takes the Hopper backward kernel for case `c` where it covers it: a grid
+/// (128-key blocks x batch x kv heads) of a block per SM at least.
 fn hopper_by_auto(c: &Case) -> bool {
     let sms = Device::open(0).unwrap().sm_count();
-    c.d > 64 && c.sk.div_ceil(128) * c.b * c.hk >= sms
+    c.sk.div_ceil(128) * c.b * c.hk >= sms
 }
 
 /// The row of the backward tile table that case `c` should run on device 0: the first of its

@@ -1807,8 +1807,10 @@ void backward() {
              tile_on(128, 227 * 1024, flashcore::ArchClass::Sm80, true) == 5 &&
              tile_on(256, 227 * 1024, std::nullopt, true) == 6,
          "the WMMA rows under Wmma, and under Auto for a grid smaller than the GPU");
-  // Auto: the Hopper row at tier 128 where its grid (here 2 key blocks x 2 sequences x 2 kv
-  // heads = 8 blocks) has a block per SM, or the SM count is unknown; never at 64.
+  expect(tile_on(64, 227 * 1024, std::nullopt, true, flashcore::Backend::Auto) == 1,
+         "Auto at 64 for a grid smaller than the GPU");
+  // Auto: the Hopper rows where the grid (here 2 key blocks x 2 sequences x 2 kv heads = 8
+  // blocks) has a block per SM, or the SM count is unknown.
   {
     Problem q{};
     int tile = -1;
@@ -1831,7 +1833,7 @@ void backward() {
     };
     expect(auto_tile(b128, 8) == 3 && auto_tile(b128, 0) == 3 && auto_tile(b128, 9) == 4,
            "Auto: the Hopper row at 128 from a block per SM");
-    expect(auto_tile(b, 1) == 1 && auto_tile(b, 0) == 1, "Auto: the wide row at 64");
+    expect(auto_tile(b, 8) == 0 && auto_tile(b, 9) == 1, "Auto at 64");
     BackwardRequest capped = b128;
     capped.forward.options.softcap = 30.0f;
     expect(auto_tile(capped, 1) == 4, "Auto: the wide row for a call the Hopper kernel lacks");

@@ -214,9 +214,9 @@ struct BackwardArgs {
 //   archs) where it covers the call: a dense batch with queries, no softcap, ALiBi or bias, a
 //   head dim of at most 128, and q, k, v and dout with positive strides (TMA); not with a forced
 //   arch class other than Sm90; elsewhere Code::BackendUnavailable, as is Kernel::CutlassSm80;
-// - Auto: the Hopper kernel for the calls it covers at head dims 72-128 whose grid (128-key
-//   blocks x batch x kv heads) has a block per SM (1.04-1.15x the WMMA rows there on the H200;
-//   at 64 and below 0.98x), else the WMMA kernels. It
+// - Auto: the Hopper kernel for the calls it covers whose grid (128-key blocks x batch x kv
+//   heads) has a block per SM (1.08-1.25x the WMMA rows there on the H200), else the WMMA
+//   kernels. It
 // allocates an f32 dQ accumulator of batch x heads_q x seq_q x D floats (D: the tier, 64, 128
 // or 256), stream-ordered, for the call. `row` (when not null) receives the row that runs.
 // Nothing is launched when the Status is not ok; a problem without gradient elements succeeds

@@ -45,14 +45,13 @@ Failed check_gradient_overlaps(const BackwardRequest& r, const Gradient (&grads)
 }
 
 // Whether Auto takes the Hopper kernel for a call it covers (problem `p`, the head dim's `tier`)
-// on a device with `caps`: at tier 128 (head dims 72-128) where its grid has a block per SM at
-// least (or the SM count is unknown). Measured on the H200 (call 267, bf16, against the wide
-// WMMA row): 1.15x on 4x16x2048x128, 1.04x causal, 1.14x on GQA 4x32(kv8)x2048x128 causal, but
-// 0.98x on 8x16x2048x64 causal, so tier 64 stays on WMMA; smaller grids are unmeasured.
+// on a device with `caps`: where its grid has a block per SM at least (or the SM count is
+// unknown). Measured on the H200 (calls 268 and 269, bf16, against the wide WMMA rows): 1.23x
+// on 4x16x2048x128, 1.12x causal, 1.25x on GQA 4x32(kv8)x2048x128 causal, 1.08x on
+// 8x16x2048x64 causal; smaller grids are unmeasured.
 bool hopper_by_auto(int64_t tier, const Problem& p, const DeviceCaps& caps) {
-  constexpr int64_t kAutoTier = 128;
   for (const BackwardTileRow& t : kBackwardTiles) {
-    if (t.kernel == BackwardKernel::Hopper && t.max_head_dim == tier && tier == kAutoTier) {
+    if (t.kernel == BackwardKernel::Hopper && t.max_head_dim == tier) {
       const int64_t blocks =
           (p.seq_k + t.keys_per_block - 1) / t.keys_per_block * p.batch * p.heads_kv;
       return caps.multiprocessors == 0 || blocks >= caps.multiprocessors;

@@ -70,15 +70,15 @@ constexpr BackwardTileRow backward_row(BackwardKernel kernel, int32_t tier, int3
 // the first row of the problem's tier whose shared memory fits.
 inline constexpr BackwardTileRow kBackwardTiles[] = {
     backward_row(BackwardKernel::Hopper, 64, 12, 128, 64, 2,
-                 "H100 / H200, CutlassSm90 forced: 0.98x the wide row on 8x16x2048x64 causal "
-                 "(H200, call 267)"),
+                 "H100 / H200, the calls it covers whose grid fills the GPU (or forced): "
+                 "1.08x the wide row on 8x16x2048x64 causal (H200, calls 268-269)"),
     backward_row(BackwardKernel::Wide, 64, 8, 128, 64, 2,
                  "H100 / H200, A100: 1.02x narrow on 8x16x2048x64 causal (H200, call 263)"),
     backward_row(BackwardKernel::Narrow, 64, kBackwardWarps, kBackwardKeys, kBackwardRows, 2,
                  "L4: fits its 99 KB"),
     backward_row(BackwardKernel::Hopper, 128, 12, 128, 64, 2,
                  "H100 / H200, the calls it covers whose grid fills the GPU (or forced): "
-                 "1.04-1.15x the wide row at d = 128 (H200, call 267)"),
+                 "1.12-1.25x the wide row at d = 128 (H200, calls 268-269)"),
     backward_row(BackwardKernel::Wide, 128, 8, 128, 64, 2,
                  "H100 / H200: 1.15-1.22x narrow at 4x16x2048x128 (H200, call 263)"),
     backward_row(BackwardKernel::Narrow, 128, kBackwardWarps, kBackwardKeys, kBackwardRows, 2,
@@ -102,8 +102,8 @@ Status hopper_backward_covers(const BackwardRequest& r, const Problem& p,
 
 // Whether the GPU backward kernels take the validated problem `p` of `r` on a device with `caps`:
 // the backend (Wmma: the WMMA rows; CutlassSm90: the Hopper rows, where the kernel covers the
-// call, else BackendUnavailable; Auto: the Hopper rows at tier 128 for the calls the kernel
-// covers whose grid has a block per SM, else the WMMA rows; CutlassSm80 is
+// call, else BackendUnavailable; Auto: the Hopper rows for the calls the kernel covers whose
+// grid has a block per SM, else the WMMA rows; CutlassSm80 is
 // BackendUnavailable), the device (compute
 // capability 8.0 or later), shared memory (a row of the head dim's tier that takes the call and
 // fits the device and r.forward.options.force_arch_class's class, when one is forced, else
