@@ -568,6 +568,9 @@ const BACKWARD_ROWS: [(&str, usize, usize, usize, usize, usize, bool); 5] = [
     ("4x16x2048x256 causal", 4, 16, 16, 2048, 256, true),
 ];
 
+/// One backward bench row: (shape name, kernel name, median us, TFLOP/s, the tile row that ran).
+type BackwardTiming = (String, &'static str, f64, f64, String);
+
 /// The backward pass (bf16) on [`BACKWARD_ROWS`] on each of `kernels` that has a backward pass
 /// (WMMA, the Hopper kernel), with `force`'s kernel choice where given: per row and kernel that
 /// takes it (name, kernel, median us, TFLOP/s at 2.5 times the forward pass's FLOPs, as
@@ -577,7 +580,7 @@ fn backward_rows(
     iters: usize,
     force: Option<ArchClass>,
     kernels: &[Kernel],
-) -> flashcore::Result<Vec<(String, &'static str, f64, f64, String)>> {
+) -> flashcore::Result<Vec<BackwardTiming>> {
     let mut out = Vec::new();
     for kernel in [Kernel::CutlassSm90, Kernel::Wmma] {
         if kernels.contains(&kernel) {
@@ -593,7 +596,7 @@ fn backward_rows_on(
     iters: usize,
     force: Option<ArchClass>,
     kernel: Kernel,
-) -> flashcore::Result<Vec<(String, &'static str, f64, f64, String)>> {
+) -> flashcore::Result<Vec<BackwardTiming>> {
     use flashcore::{attention_backward_into, AttentionState, GradientsMut};
     let mut out = Vec::new();
     for (name, b, hq, hk, s, d, causal) in BACKWARD_ROWS {

@@ -4692,7 +4692,7 @@ fn backward_case<T: AttentionElement>(s: &Stream, p: &DrawnBackward) -> Option<[
 /// head dims up to 128 (validation gives multiples of 8 and aligned strides).
 fn hopper_backward_covers(p: &DrawnBackward) -> bool {
     runs_here(Kernel::CutlassSm90)
-        && p.case.force.is_none_or(|f| f == ArchClass::Sm90)
+        && p.case.force.map_or(true, |f| f == ArchClass::Sm90)
         && p.lengths.is_none()
         && p.mods.softcap.is_none()
         && p.mods.alibi.is_none()

@@ -14,7 +14,7 @@ pub enum BackwardKernel {
     /// allows (and every row of head dims above 128).
     Wide,
     /// Warpgroup MMAs fed by TMA (compute capability 9.0, in a build with
-    /// [`crate::Kernel::CutlassSm90`]): a producer warpgroup and two computing ones per 128
+    /// [`crate::plan::Kernel::CutlassSm90`]): a producer warpgroup and two computing ones per 128
     /// keys. It takes the calls it covers (a dense batch without a softcap, ALiBi or bias, head
     /// dims up to 128) when that kernel is forced, and under [`crate::Backend::Auto`] those
     /// whose grid has a block per SM.
