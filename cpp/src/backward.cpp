@@ -3,8 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include "attention.h"
-#include "check.h"
 #include "backward/launch.h"
+#include "check.h"
 #include "core/backward.h"
 #include "describe.h"
 #include "flashcore/flashcore.h"

@@ -12,7 +12,9 @@
 //                                          of S^T is the A operand's)
 //   and, once both warpgroups have written their dS^T to shared memory (as dS, rows contiguous),
 //     dQ[:, half w] = dS K[:, half w]     (64 rows x D/2 columns over the block's 128 keys)
-//   added to the rows' f32 accumulators with float2 atomics.
+//   added to the rows' f32 accumulators with float2 atomics. The step's logsumexps and row sums
+//   reach shared memory a step ahead (threads 0-127 of the computing warpgroups load one each
+//   during the previous step), off the step's path (docs/BACKWARD.md, session 69).
 // K, Q and dO are each read by two products in two roles (the K-major operand of one, the
 // MN-major operand of another): Config's layouts give one byte layout both views.
 //
